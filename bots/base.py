@@ -1,0 +1,124 @@
+"""Normalized types shared by every platform adapter.
+
+Adapters turn a platform's callback into one `InboundMessage` and send replies back;
+they know nothing of Redis, the queue or the engine (see DESIGN.md). What they need
+from outside (a token cache) comes in through the small protocols defined here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ReplyTarget(BaseModel):
+    """Where an answer goes: enough for the adapter's `send` without the original callback."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str = ""
+    chat_id: str = ""
+    webhook_url: str = ""
+    webhook_expires_at: float = 0.0
+    stream_id: str = ""
+
+
+class InboundMessage(BaseModel):
+    """One message from a person, whatever platform it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: str
+    bot_id: str
+    msg_id: str
+    conversation_id: str
+    sender_id: str
+    text: str
+    msg_type: str = "text"
+    mentioned_bot: bool = False
+    received_at: float = Field(default_factory=time.time)
+    reply_to: ReplyTarget = Field(default_factory=ReplyTarget)
+
+    @property
+    def session_key(self) -> str:
+        """Whose memory this message belongs to: platform, bot, conversation and user."""
+        return f"{self.platform}:{self.bot_id}:{self.conversation_id}:{self.sender_id}"
+
+    @property
+    def conversation_key(self) -> str:
+        """Which conversation must be answered in order, one message at a time."""
+        return f"{self.platform}:{self.bot_id}:{self.conversation_id}"
+
+    @property
+    def dedup_key(self) -> str:
+        """Which delivery this is: the same for every retry of one platform message."""
+        digest = hashlib.sha1(self.msg_id.encode()).hexdigest()[:20]
+        return f"{self.platform}:{self.bot_id}:{digest}"
+
+
+class CallbackRejected(Exception):
+    """A callback that must not be processed: bad signature, replay, malformed body.
+
+    `status` is the HTTP status to answer; `reason` is a short, secret-free label used
+    in logs and metrics.
+    """
+
+    def __init__(self, reason: str, status: int = 400, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+        self.status = status
+        self.detail = detail or reason
+
+
+class SendError(Exception):
+    """A reply could not be delivered. `retryable` says whether trying again can help."""
+
+    retryable: bool = True
+
+    def __init__(self, message: str, *, code: int | str = "", retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
+
+
+class RetryableSendError(SendError):
+    """Throttled or a transient server failure: retry after `retry_after` seconds or a backoff."""
+
+    retryable = True
+
+
+class PermanentSendError(SendError):
+    """Configuration or request error (bad secret, IP not trusted): retrying cannot help."""
+
+    retryable = False
+
+
+class TokenStore(Protocol):
+    """Shared cache for platform access tokens, refreshed by one process at a time."""
+
+    async def get(self, name: str) -> str | None: ...
+
+    async def put(self, name: str, token: str, ttl_s: float) -> None: ...
+
+    async def invalidate(self, name: str, token: str) -> None: ...
+
+    def refresh_lock(self, name: str) -> RefreshLock: ...
+
+
+class RefreshLock(Protocol):
+    """An async context manager held while one process fetches a new token."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class Sender(Protocol):
+    """What the worker needs from an adapter to deliver one answer."""
+
+    async def send_text(self, target: ReplyTarget, text: str, *, dedup_hint: str) -> int:
+        """Deliver `text` (split as the platform needs); return the number of platform messages."""
+        ...

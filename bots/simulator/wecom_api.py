@@ -1,0 +1,185 @@
+"""A local stand-in for WeCom's server API (qyapi): gettoken and message/send.
+
+It answers like WeCom (errcodes, token expiry, the 2048-byte cut, enable_duplicate_check),
+records every message it "delivers", and takes faults on demand, so that tests,
+benchmarks and the local playground can drive every path of a real deployment.
+Control endpoints live under /__sim__/wecom/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+TEXT_CUT_BYTES = 2048
+TOKEN_LIFETIME_S = 7200
+
+
+class Fault(BaseModel):
+    """What the next `times` send (or gettoken) calls answer instead of success."""
+
+    errcode: int | None = None
+    errmsg: str = ""
+    http_status: int | None = None
+    hold: bool = False
+    times: int = 1
+    endpoint: str = "send"
+
+
+@dataclass
+class Delivered:
+    """A message WeCom would have shown to the user."""
+
+    msgid: str
+    agentid: int
+    touser: str
+    content: str
+    at: float
+    truncated: bool
+
+
+@dataclass
+class WeComApiState:
+    """Everything the simulated WeCom remembers: apps, tokens, deliveries, pending faults."""
+
+    apps: set[tuple[str, str]] = field(default_factory=set)  # (corpid, secret)
+    tokens: dict[str, float] = field(default_factory=dict)  # token -> expires_at
+    delivered: list[Delivered] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    gettoken_calls: int = 0
+    send_calls: int = 0
+    duplicates_dropped: int = 0
+    held: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def reset(self) -> None:
+        self.tokens.clear()
+        self.delivered.clear()
+        self.faults.clear()
+        self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = 0
+        self.release.set()
+        self.release = asyncio.Event()
+
+    def next_fault(self, endpoint: str) -> Fault | None:
+        for fault in self.faults:
+            if fault.endpoint == endpoint:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.remove(fault)
+                return fault
+        return None
+
+
+def _error(errcode: int, errmsg: str) -> JSONResponse:
+    return JSONResponse({"errcode": errcode, "errmsg": errmsg})
+
+
+def wecom_api_router(state: WeComApiState) -> APIRouter:
+    """WeCom's API routes plus the simulator's control routes, over one shared state."""
+    router = APIRouter()
+
+    @router.get("/cgi-bin/gettoken")
+    async def gettoken(corpid: str = "", corpsecret: str = "") -> JSONResponse:
+        state.gettoken_calls += 1
+        fault = state.next_fault("gettoken")
+        if fault and fault.errcode is not None:
+            return _error(fault.errcode, fault.errmsg or "simulated")
+        if (corpid, corpsecret) not in state.apps:
+            return _error(40001, "invalid credential")
+        token = secrets.token_urlsafe(48)
+        state.tokens[token] = time.time() + TOKEN_LIFETIME_S
+        return JSONResponse({"errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": TOKEN_LIFETIME_S})
+
+    @router.post("/cgi-bin/message/send")
+    async def message_send(request: Request, access_token: str = "") -> JSONResponse:
+        state.send_calls += 1
+        fault = state.next_fault("send")
+        if fault and fault.hold:
+            state.held += 1
+            await state.release.wait()
+            state.held -= 1
+        elif fault and fault.http_status:
+            return JSONResponse({"error": "simulated"}, status_code=fault.http_status)
+        elif fault and fault.errcode is not None:
+            if fault.errcode in (40014, 42001):
+                state.tokens.pop(access_token, None)
+            return _error(fault.errcode, fault.errmsg or "simulated")
+        expires_at = state.tokens.get(access_token)
+        if expires_at is None:
+            return _error(40014, "invalid access_token")
+        if expires_at < time.time():
+            return _error(42001, "access_token expired")
+        try:
+            body: dict[str, Any] = await request.json()
+        except ValueError:
+            return _error(47001, "data format error")
+        if body.get("msgtype") != "text" or not body.get("touser"):
+            return _error(40008, "invalid message type")
+        content = str(body.get("text", {}).get("content", ""))
+        encoded = content.encode("utf-8")
+        truncated = len(encoded) > TEXT_CUT_BYTES
+        if truncated:
+            content = encoded[:TEXT_CUT_BYTES].decode("utf-8", errors="ignore")
+        if body.get("enable_duplicate_check"):
+            window = float(body.get("duplicate_check_interval", 1800))
+            for earlier in state.delivered:
+                same = earlier.touser == body["touser"] and earlier.content == content
+                if same and earlier.agentid == body.get("agentid") and time.time() - earlier.at < window:
+                    state.duplicates_dropped += 1
+                    return JSONResponse({"errcode": 0, "errmsg": "ok", "msgid": earlier.msgid})
+        msgid = secrets.token_hex(12)
+        state.delivered.append(
+            Delivered(msgid, int(body.get("agentid", 0)), str(body["touser"]), content, time.time(), truncated)
+        )
+        return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
+
+    @router.get("/__sim__/wecom/messages")
+    async def messages(touser: str = "", since: float = 0.0) -> list[dict[str, Any]]:
+        return [
+            vars(item)
+            for item in state.delivered
+            if (not touser or item.touser == touser) and item.at >= since
+        ]
+
+    @router.post("/__sim__/wecom/faults")
+    async def add_fault(fault: Fault) -> dict[str, int]:
+        state.faults.append(fault)
+        return {"pending_faults": len(state.faults)}
+
+    @router.post("/__sim__/wecom/release")
+    async def release() -> dict[str, int]:
+        held = state.held
+        state.release.set()
+        state.release = asyncio.Event()
+        return {"released": held}
+
+    @router.post("/__sim__/wecom/expire-tokens")
+    async def expire_tokens() -> dict[str, int]:
+        for token in state.tokens:
+            state.tokens[token] = 0.0
+        return {"expired": len(state.tokens)}
+
+    @router.get("/__sim__/wecom/stats")
+    async def stats() -> dict[str, int]:
+        return {
+            "gettoken_calls": state.gettoken_calls,
+            "send_calls": state.send_calls,
+            "delivered": len(state.delivered),
+            "duplicates_dropped": state.duplicates_dropped,
+            "held": state.held,
+            "pending_faults": len(state.faults),
+        }
+
+    @router.post("/__sim__/reset")
+    async def reset() -> dict[str, str]:
+        state.reset()
+        return {"status": "reset"}
+
+    return router

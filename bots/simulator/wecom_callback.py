@@ -1,0 +1,72 @@
+"""WeCom's callback side: builds the signed, encrypted requests WeCom sends to a bot's URL."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+from bots.wecom.config import WeComAppConfig
+from bots.wecom.crypto import WeComCrypto
+
+
+@dataclass(frozen=True)
+class SignedCallback:
+    """Query parameters and body of one callback, exactly as WeCom would POST them."""
+
+    params: dict[str, str]
+    body: bytes
+
+
+def _cdata(value: str) -> str:
+    return "<![CDATA[" + value.replace("]]>", "]]]]><![CDATA[>") + "]]>"
+
+
+def text_message_xml(bot: WeComAppConfig, user: str, text: str, msg_id: str, create_time: int) -> str:
+    """The inner XML of a text message from `user` to the app."""
+    return (
+        f"<xml><ToUserName>{_cdata(bot.corp_id)}</ToUserName><FromUserName>{_cdata(user)}</FromUserName>"
+        f"<CreateTime>{create_time}</CreateTime><MsgType>{_cdata('text')}</MsgType>"
+        f"<Content>{_cdata(text)}</Content><MsgId>{escape(msg_id)}</MsgId><AgentID>{bot.agent_id}</AgentID></xml>"
+    )
+
+
+def event_xml(bot: WeComAppConfig, user: str, event: str, create_time: int) -> str:
+    """The inner XML of an event such as enter_agent."""
+    return (
+        f"<xml><ToUserName>{_cdata(bot.corp_id)}</ToUserName><FromUserName>{_cdata(user)}</FromUserName>"
+        f"<CreateTime>{create_time}</CreateTime><MsgType>{_cdata('event')}</MsgType>"
+        f"<Event>{_cdata(event)}</Event><AgentID>{bot.agent_id}</AgentID></xml>"
+    )
+
+
+class WeComCallbackSigner:
+    """Signs and encrypts callbacks with one app's token and AES key, as WeCom does."""
+
+    def __init__(self, bot: WeComAppConfig) -> None:
+        self.bot = bot
+        self.crypto = WeComCrypto(bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), bot.corp_id)
+
+    def sign_plaintext(self, plaintext: str, timestamp: int | None = None, nonce: str | None = None) -> SignedCallback:
+        ts = str(timestamp if timestamp is not None else int(time.time()))
+        nonce = nonce or str(secrets.randbelow(10**9))
+        encrypted, signature = self.crypto.signed_envelope(plaintext, ts, nonce)
+        body = (
+            f"<xml><ToUserName>{_cdata(self.bot.corp_id)}</ToUserName><AgentID>{_cdata(str(self.bot.agent_id))}"
+            f"</AgentID><Encrypt>{_cdata(encrypted)}</Encrypt></xml>"
+        )
+        params = {"msg_signature": signature, "timestamp": ts, "nonce": nonce}
+        return SignedCallback(params, body.encode("utf-8"))
+
+    def text(self, user: str, text: str, msg_id: str | None = None, timestamp: int | None = None) -> SignedCallback:
+        ts = timestamp if timestamp is not None else int(time.time())
+        msg_id = msg_id or str(secrets.randbits(63))
+        return self.sign_plaintext(text_message_xml(self.bot, user, text, msg_id, ts), timestamp=ts)
+
+    def url_verification(self, echo: str, timestamp: int | None = None) -> dict[str, str]:
+        """Query of the GET WeCom sends when the operator saves the callback URL."""
+        ts = str(timestamp if timestamp is not None else int(time.time()))
+        nonce = str(secrets.randbelow(10**9))
+        encrypted, signature = self.crypto.signed_envelope(echo, ts, nonce)
+        return {"msg_signature": signature, "timestamp": ts, "nonce": nonce, "echostr": encrypted}

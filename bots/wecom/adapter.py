@@ -1,0 +1,77 @@
+"""WeCom self-built app adapter: URL verification, callback → InboundMessage, replies.
+
+The order in `parse` is the security order: query present → timestamp in window →
+signature (constant time) → decrypt → receiver id → inner XML. Nothing is decrypted
+before the signature checks out, and nothing is trusted before the receiver id does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+
+from bots.base import CallbackRejected, InboundMessage, ReplyTarget, TokenStore
+from bots.wecom.client import WeComApiClient
+from bots.wecom.config import WeComAppConfig
+from bots.wecom.crypto import WeComCrypto
+from bots.wecom.models import parse_app_message
+from bots.xml import parse_flat_xml
+
+TEXT_MAX_BYTES = 2048
+
+
+def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
+    """Reject a timestamp outside ±window_s of now (0 turns the check off)."""
+    try:
+        sent_at = int(timestamp)
+    except ValueError as exc:
+        raise CallbackRejected("bad_timestamp", 400, "timestamp is not an integer") from exc
+    if window_s and abs(now - sent_at) > window_s:
+        raise CallbackRejected("stale_timestamp", 403, "timestamp outside the replay window")
+
+
+def _required(query: Mapping[str, str], *names: str) -> list[str]:
+    values = [query.get(name, "") for name in names]
+    if not all(values):
+        raise CallbackRejected("missing_params", 400, f"query must carry {', '.join(names)}")
+    return values
+
+
+class WeComAppAdapter:
+    """One WeCom app: verifies and parses its callbacks, sends its replies."""
+
+    platform = "wecom"
+    max_message_bytes = TEXT_MAX_BYTES
+
+    def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
+        self.config = config
+        self.bot_id = config.id
+        self.crypto = WeComCrypto(
+            config.token.get_secret_value(), config.encoding_aes_key.get_secret_value(), config.corp_id
+        )
+        self._api = WeComApiClient(config, http, tokens)
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str:
+        """GET URL verification: the decrypted echostr, to be answered bare."""
+        signature, timestamp, nonce, echostr = _required(query, "msg_signature", "timestamp", "nonce", "echostr")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+
+    def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
+        """POST callback → InboundMessage (None for events that need no answer)."""
+        signature, timestamp, nonce = _required(query, "msg_signature", "timestamp", "nonce")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        encrypted = parse_flat_xml(body).get("Encrypt", "")
+        if not encrypted:
+            raise CallbackRejected("missing_encrypt", 400, "envelope has no Encrypt element")
+        plaintext = self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
+        return parse_app_message(self.bot_id, plaintext, now)
+
+    def ack(self) -> tuple[int, str]:
+        """WeCom app callbacks are acknowledged with 200 and an empty body; replies go by message/send."""
+        return 200, ""
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+        """Deliver one piece (already within `max_message_bytes`) to the user."""
+        await self._api.send_text(target.user_id, text, duplicate_check=duplicate_check)

@@ -1,0 +1,159 @@
+"""Async client for vLLM's OpenAI-compatible API: streamed chat, token counting, readiness.
+
+It knows nothing of platforms or Redis. Backpressure: at most `max_in_flight` requests
+are open at once per process, so that bursts wait in the durable queue, not in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from engine.settings import EngineSettings
+
+DeltaCallback = Callable[[str], Awaitable[None]]
+
+
+class EngineError(Exception):
+    """The engine could not answer; `retryable` says whether asking again may help."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished answer with the engine's own token counts."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    first_token_s: float
+    total_s: float
+
+
+class EngineClient:
+    """One engine endpoint (vLLM) as the worker uses it."""
+
+    def __init__(self, settings: EngineSettings, http: httpx.AsyncClient | None = None) -> None:
+        self._settings = settings
+        self._base = settings.base_url.rstrip("/")
+        self._own_http = http is None
+        timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._headers = {}
+        if settings.api_key:
+            self._headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
+
+    @property
+    def model(self) -> str:
+        return self._settings.model
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> Completion:
+        """Stream one chat completion; `on_delta` sees each piece of text as it arrives."""
+        body = {
+            "model": self._settings.model,
+            "messages": messages,
+            "max_tokens": max_tokens or self._settings.max_tokens,
+            "temperature": self._settings.temperature if temperature is None else temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with self._slots:
+            try:
+                return await asyncio.wait_for(
+                    self._stream(body, on_delta), timeout=self._settings.request_timeout_s
+                )
+            except TimeoutError as exc:
+                raise EngineError("engine did not finish the answer in time") from exc
+            except httpx.HTTPError as exc:
+                raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
+
+    async def _stream(self, body: dict, on_delta: DeltaCallback | None) -> Completion:
+        started = time.monotonic()
+        first_token_at = 0.0
+        parts: list[str] = []
+        usage: dict = {}
+        finish_reason = ""
+        url = f"{self._base}/v1/chat/completions"
+        async with self._http.stream("POST", url, json=body, headers=self._headers) as response:
+            if response.status_code != 200:
+                detail = (await response.aread())[:300].decode(errors="replace")
+                retryable = response.status_code >= 500 or response.status_code == 429
+                raise EngineError(f"engine answered HTTP {response.status_code}: {detail}", retryable=retryable)
+            lines = response.aiter_lines()
+            while True:
+                timeout = self._settings.first_token_timeout_s if not first_token_at else None
+                try:
+                    line = await asyncio.wait_for(anext(lines), timeout=timeout)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError as exc:
+                    raise EngineError("engine sent no first token in time") from exc
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices", []):
+                    delta = (choice.get("delta") or {}).get("content") or ""
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                    if delta:
+                        first_token_at = first_token_at or time.monotonic()
+                        parts.append(delta)
+                        if on_delta:
+                            await on_delta(delta)
+        return Completion(
+            text="".join(parts),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=finish_reason,
+            first_token_s=(first_token_at or time.monotonic()) - started,
+            total_s=time.monotonic() - started,
+        )
+
+    async def count_tokens(self, text: str) -> int:
+        """Tokens of `text` by the engine's own tokenizer (vLLM's /tokenize), never by characters."""
+        body = {"model": self._settings.model, "prompt": text, "add_special_tokens": False}
+        try:
+            response = await self._http.post(f"{self._base}/tokenize", json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise EngineError(f"/tokenize answered HTTP {response.status_code}")
+        return int(response.json()["count"])
+
+    async def is_ready(self) -> bool:
+        """True when /health answers 200 and /v1/models lists our model."""
+        try:
+            health = await self._http.get(f"{self._base}/health", timeout=2.0)
+            if health.status_code != 200:
+                return False
+            models = await self._http.get(f"{self._base}/v1/models", headers=self._headers, timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        if models.status_code != 200:
+            return False
+        return any(item.get("id") == self._settings.model for item in models.json().get("data", []))

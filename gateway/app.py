@@ -1,0 +1,46 @@
+"""The FastAPI gateway: create_app and its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from slowapi import Limiter, _rate_limit_exceeded_handler
+from slowapi.errors import RateLimitExceeded
+from slowapi.middleware import SlowAPIASGIMiddleware
+from slowapi.util import get_remote_address
+
+from gateway.config import Settings
+from gateway.ingest import Ingest
+from gateway.limits import UserLimiter
+from gateway.routes import router
+from gateway.runtime import open_runtime
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A gateway process: callbacks in, durable queue out. Replicas share nothing but Redis."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_runtime(settings) as runtime:
+            await runtime.queue.ensure_group()
+            limiter = UserLimiter(settings.redis_url, settings.limits.per_user, runtime.keys.limits_prefix)
+            app.state.runtime = runtime
+            app.state.ingest = Ingest(
+                runtime.redis, runtime.keys, runtime.queue, limiter, settings.effective_dedup_ttl_s()
+            )
+            yield
+
+    app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # Flood guard at the HTTP layer; per-user fairness is UserLimiter's job, after decryption.
+    app.state.limiter = Limiter(
+        key_func=get_remote_address,
+        default_limits=[settings.limits.http_per_source],
+        storage_uri=settings.limits.http_storage,
+        key_prefix=f"{settings.namespace}:http",
+    )
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
+    app.add_middleware(SlowAPIASGIMiddleware)
+    app.include_router(router)
+    return app

@@ -1,0 +1,234 @@
+"""The `botgw` command: serve, worker, engine, sim."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+from pydantic import ValidationError
+
+from gateway.config import ConfigError, load_settings
+from gateway.logs import setup_logging
+
+HUB_PROBE = (
+    "import sys\nfrom huggingface_hub import model_info\n"
+    "try:\n    model_info(sys.argv[1], timeout=5)\nexcept Exception:\n    sys.exit(1)\n"
+)
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8080"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    settings = load_settings(args.config)
+    setup_logging(settings.log_level)
+    uvicorn.run(
+        create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on"
+    )
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from gateway.runtime import open_runtime
+    from gateway.worker import Worker
+
+    settings = load_settings(args.config)
+    setup_logging(settings.log_level)
+    consumer = args.name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if settings.worker.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.worker.metrics_port)
+        async with open_runtime(settings) as runtime:
+            await Worker(runtime, consumer).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _hub_reachable(python: str, repo: str) -> bool:
+    try:
+        probe = subprocess.run([python, "-c", HUB_PROBE, repo], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], bool]:
+    from engine import launcher
+
+    python = args.python or launcher.default_engine_python()
+    name = args.profile
+    if name == "auto":
+        real = launcher.get_profile("ernie-0.3b")
+        if _hub_reachable(python, real.model):
+            name = "ernie-0.3b"
+            print(f"botgw: model hub reachable, serving {real.model}", file=sys.stderr)
+        else:
+            name = "tiny"
+            print(
+                f"botgw: no model hub reachable, so {real.model} cannot be downloaded; serving the tiny "
+                "random-weight ERNIE-4.5 MoE instead (its answers are gibberish, the pipeline is real)",
+                file=sys.stderr,
+            )
+    profile = launcher.get_profile(name)
+    overrides = list(args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides)
+    if args.served_model_name:
+        overrides += ["--served-model-name", args.served_model_name]
+    argv, env = launcher.build_command(profile, python=python, host=args.host, port=args.port, overrides=overrides)
+    return argv, env, profile.model == launcher.TINY_MODEL
+
+
+def _engine_plan(args: argparse.Namespace) -> int:
+    import shlex
+
+    argv, env, _ = _engine_command(args)
+    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
+    return 0
+
+
+def _engine_serve(args: argparse.Namespace) -> int:
+    from engine import launcher
+
+    argv, env, tiny = _engine_command(args)
+    if tiny:
+        launcher.ensure_tiny_model(argv[0], launcher.default_tiny_model_dir())
+    os.execve(argv[0], argv, {**os.environ, **env})
+    return 0
+
+
+def _sim_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from bots.simulator.server import create_simulator_app
+
+    settings = load_settings(args.config)
+    setup_logging(settings.log_level)
+    app = create_simulator_app(settings.bots)
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
+    return 0
+
+
+def _sim_wecom(args: argparse.Namespace) -> int:
+    from bots.simulator.wecom_callback import WeComCallbackSigner
+
+    settings = load_settings(args.config)
+    bot = settings.bot(args.bot)
+    since = time.time()
+    callback = WeComCallbackSigner(bot).text(args.user, args.text)
+    gateway = args.gateway.rstrip("/")
+    with httpx.Client(timeout=10) as http:
+        try:
+            ack = http.post(f"{gateway}/callback/{bot.id}", params=callback.params, content=callback.body)
+        except httpx.HTTPError as exc:
+            print(f"botgw sim: the gateway at {gateway} is not reachable ({type(exc).__name__})", file=sys.stderr)
+            return 2
+        if ack.status_code != 200:
+            print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
+            return 1
+        print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+        pieces = _wait_for_reply(http, bot.api_base, args.user, since, args.timeout)
+    if not pieces:
+        print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    print("".join(pieces))
+    return 0
+
+
+def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
+    """Poll the simulated WeCom for what it delivered to `user`; done once nothing new came for 1 s."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    quiet_since = 0.0
+    while time.monotonic() < deadline:
+        delivered = http.get(f"{api_base}/__sim__/wecom/messages", params={"touser": user, "since": since}).json()
+        contents = [item["content"] for item in delivered]
+        if contents != seen:
+            seen, quiet_since = contents, time.monotonic()
+        elif seen and time.monotonic() - quiet_since > 1.0:
+            return seen
+        time.sleep(0.1)
+    return seen
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="botgw", description="WeCom/DingTalk bots answered by ERNIE-4.5 on vLLM")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway (FastAPI on uvicorn)")
+    serve.add_argument("--config", required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.set_defaults(run=_serve)
+
+    worker = sub.add_parser("worker", help="run a worker (any number, anywhere, sharing Redis)")
+    worker.add_argument("--config", required=True)
+    worker.add_argument("--name", default=None, help="consumer name (default host-pid-random)")
+    worker.set_defaults(run=_worker)
+
+    engine = sub.add_parser("engine", help="the co-located vLLM engine")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
+    for name, func, help_text in (
+        ("serve", _engine_serve, "start vLLM with a profile"),
+        ("plan", _engine_plan, "print the vLLM command and environment of a profile"),
+    ):
+        cmd = engine_sub.add_parser(name, help=help_text)
+        cmd.add_argument("--profile", default="tiny", help="tiny, ernie-0.3b, ernie-0.3b-gpu, ernie-21b-a3b, auto")
+        cmd.add_argument("--host", default="127.0.0.1")
+        cmd.add_argument("--port", type=int, default=8000)
+        cmd.add_argument("--python", default=None, help="the engine venv's interpreter")
+        cmd.add_argument("--served-model-name", default=None)
+        cmd.add_argument("overrides", nargs=argparse.REMAINDER, help="extra vLLM flags after --")
+        cmd.set_defaults(run=func)
+
+    sim = sub.add_parser("sim", help="the platform simulator (local playground)")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    sim_serve = sim_sub.add_parser("serve", help="run the simulated platform servers")
+    sim_serve.add_argument("--config", required=True)
+    sim_serve.add_argument("--host", default="127.0.0.1")
+    sim_serve.add_argument("--port", type=int, default=8090)
+    sim_serve.set_defaults(run=_sim_serve)
+    sim_wecom = sim_sub.add_parser("wecom", help="send a message as a WeCom user and print the bot's reply")
+    sim_wecom.add_argument("--config", required=True)
+    sim_wecom.add_argument("--bot", required=True)
+    sim_wecom.add_argument("--user", required=True)
+    sim_wecom.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_wecom.add_argument("--timeout", type=float, default=120.0)
+    sim_wecom.add_argument("text")
+    sim_wecom.set_defaults(run=_sim_wecom)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (ConfigError, ValidationError) as exc:
+        print(f"botgw: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

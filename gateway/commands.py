@@ -1,0 +1,22 @@
+"""Chat commands a user can type instead of a question."""
+
+from __future__ import annotations
+
+HELP_TEXT = (
+    "I am the team assistant. Ask me anything in plain words; I remember our conversation.\n"
+    "Commands:\n"
+    "/reset  forget our conversation and start over\n"
+    "/help   show this help\n"
+    "我是团队助手，直接提问即可；我会记住我们的对话。发送 /reset 清空对话记忆，/help 查看帮助。"
+)
+RESET_TEXT = "Done: I have forgotten our conversation. 已清空对话记忆。"
+TEXT_ONLY_TEXT = "I can only read text messages for now. 目前只支持文字消息。"
+EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 助手没有给出回答，请换个说法。"
+
+
+def parse_command(text: str) -> str | None:
+    """'/reset' → 'reset'; a question → None. Unknown slash words are questions, not errors."""
+    word = text.strip().split(maxsplit=1)[0].lower() if text.strip() else ""
+    if word in ("/reset", "/help"):
+        return word[1:]
+    return None

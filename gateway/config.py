@@ -1,0 +1,135 @@
+"""Configuration: one YAML file, `BOTGW_*` environment variables over it (pydantic-settings).
+
+Secrets can stay out of the file: any string value may be written `${ENV_VAR}` and is
+filled from the environment at load time; an unset variable is a clear error.
+Nested keys come from the environment with `__`, e.g. `BOTGW_ENGINE__BASE_URL`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bots.wecom.config import WeComAppConfig
+from engine.settings import EngineSettings
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+class MemorySettings(BaseModel):
+    """Per-session conversation memory kept in Redis."""
+
+    ttl_s: int = Field(default=7 * 86400, ge=60)
+    token_budget: int = Field(default=2048, ge=0)
+    max_turns: int = Field(default=40, ge=0)
+
+
+class LimitSettings(BaseModel):
+    """Per-user fairness (limits on Redis) and the HTTP flood guard (slowapi)."""
+
+    per_user: str = "20/minute"
+    http_per_source: str = "2000/second"
+    http_storage: str = "memory://"
+
+
+class WorkerSettings(BaseModel):
+    """The worker pool: parallelism, redelivery of a dead worker's messages, retries."""
+
+    concurrency: int = Field(default=8, ge=1)
+    claim_idle_ms: int = Field(default=30_000, ge=100)
+    block_ms: int = Field(default=1000, ge=10)
+    max_send_attempts: int = Field(default=6, ge=1)
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    turn_wait_s: float = 600.0
+    metrics_port: int | None = None
+
+
+class Settings(BaseSettings):
+    """Everything a gateway or worker process needs."""
+
+    model_config = SettingsConfigDict(env_prefix="BOTGW_", env_nested_delimiter="__", extra="forbid")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = Field(default="botgw", pattern=r"^[A-Za-z0-9_.-]+$")
+    system_prompt: str = "You are a helpful assistant."
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    dedup_ttl_s: int = Field(default=86400, ge=600)
+    log_level: str = "INFO"
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    bots: list[WeComAppConfig] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first, so that BOTGW_* overrides what the YAML file (passed as init) says.
+        return env_settings, init_settings
+
+    def bot(self, bot_id: str) -> WeComAppConfig:
+        for bot in self.bots:
+            if bot.id == bot_id:
+                return bot
+        raise ConfigError(f"no bot with id {bot_id!r} in the configuration")
+
+    def effective_dedup_ttl_s(self) -> int:
+        """Dedup must outlive every replay window, so that no replay is processed twice."""
+        windows = [bot.replay_window_s for bot in self.bots]
+        return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
+
+
+def _expand_env(value: Any) -> Any:
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"configuration refers to ${{{name}}}, which is not set in the environment")
+            return os.environ[name]
+
+        return _ENV_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {key: _expand_env(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(item) for item in value]
+    return value
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Read the YAML file (if any), expand `${VAR}`, apply `BOTGW_*` over it, validate."""
+    data: dict[str, Any] = {}
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"configuration file {file} does not exist")
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{file} must hold a mapping at the top level")
+        data = _expand_env(loaded)
+    ids = [bot.get("id") for bot in data.get("bots", []) if isinstance(bot, dict)]
+    if len(ids) != len(set(ids)):
+        raise ConfigError("bot ids must be unique")
+    return Settings(**data)
+
+

@@ -1,0 +1,30 @@
+"""Prometheus metrics of the gateway and the workers (next to vLLM's own)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ACK_LATENCY = Histogram(
+    "botgw_ack_latency_seconds",
+    "Time from a callback's arrival to its acknowledgement",
+    ["platform"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+CALLBACKS = Counter("botgw_callbacks_total", "Callbacks by outcome", ["platform", "outcome"])
+REJECTED = Counter("botgw_callbacks_rejected_total", "Callbacks refused, by reason", ["platform", "reason"])
+DEDUP_HITS = Counter("botgw_dedup_hits_total", "Platform retries recognised and dropped", ["platform"])
+LIMIT_HITS = Counter("botgw_limit_hits_total", "Messages over a user's limit", ["platform"])
+QUEUE_DEPTH = Gauge("botgw_queue_depth", "Entries waiting or in progress in the work queue")
+QUEUE_AGE = Gauge("botgw_queue_oldest_age_seconds", "Age of the oldest entry in the work queue")
+
+ENGINE_LATENCY = Histogram(
+    "botgw_engine_latency_seconds",
+    "Engine time per answer",
+    ["phase"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160),
+)
+ENGINE_TOKENS = Counter("botgw_engine_tokens_total", "Tokens used, by kind and platform", ["platform", "kind"])
+ENGINE_ERRORS = Counter("botgw_engine_errors_total", "Engine calls that failed", ["retryable"])
+REPLIES = Counter("botgw_replies_total", "Answers handled by the workers, by outcome", ["platform", "outcome"])
+SEND_FAILURES = Counter("botgw_send_failures_total", "Failed platform sends by error code", ["platform", "code"])
+REDELIVERIES = Counter("botgw_redeliveries_total", "Queue entries taken over from a worker that stopped")

@@ -1,0 +1,121 @@
+"""HTTP routes: platform callbacks, health, readiness and metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bots.base import CallbackRejected
+from gateway import metrics
+from gateway.logs import request_id
+from gateway.runtime import Runtime
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+class BodyTooLarge(Exception):
+    """The request body is larger than `max_body_bytes`."""
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read at most max_bytes of the body; an announced or actual overflow is refused early."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+def _rejected(platform: str, exc: CallbackRejected) -> PlainTextResponse:
+    metrics.REJECTED.labels(platform, exc.reason).inc()
+    log.warning("callback rejected", extra={"reason": exc.reason, "status": exc.status})
+    return PlainTextResponse(exc.detail, status_code=exc.status)
+
+
+@router.get("/callback/{bot_id}")
+async def verify_url(bot_id: str, request: Request) -> Response:
+    """WeCom URL verification: answer the decrypted echostr, bare."""
+    runtime = _runtime(request)
+    adapter = runtime.adapters.get(bot_id)
+    if adapter is None:
+        return PlainTextResponse("unknown bot", status_code=404)
+    try:
+        echo = adapter.handshake(request.query_params, time.time())
+    except CallbackRejected as exc:
+        return _rejected(adapter.platform, exc)
+    return Response(content=echo, media_type="text/plain")
+
+
+@router.post("/callback/{bot_id}")
+async def receive(bot_id: str, request: Request) -> Response:
+    """A platform callback: verify, parse, dedup, limit, enqueue, and acknowledge at once."""
+    started = time.perf_counter()
+    request_id.set(request.headers.get("x-request-id") or uuid.uuid4().hex[:16])
+    runtime = _runtime(request)
+    adapter = runtime.adapters.get(bot_id)
+    if adapter is None:
+        return PlainTextResponse("unknown bot", status_code=404)
+    try:
+        body = await read_body(request, runtime.settings.max_body_bytes)
+        message = adapter.parse(request.query_params, body, time.time())
+    except BodyTooLarge:
+        return _rejected(adapter.platform, CallbackRejected("body_too_large", 413, "request body too large"))
+    except CallbackRejected as exc:
+        return _rejected(adapter.platform, exc)
+    if message is None:
+        outcome = "ignored"
+    else:
+        outcome = await request.app.state.ingest.accept(message)
+        log.info("callback accepted", extra={"outcome": outcome, "bot_id": bot_id, "msg_id": message.msg_id})
+    metrics.CALLBACKS.labels(adapter.platform, outcome).inc()
+    status, content = adapter.ack()
+    metrics.ACK_LATENCY.labels(adapter.platform).observe(time.perf_counter() - started)
+    return Response(content=content, status_code=status, media_type="text/plain")
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive (no dependency is checked)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when Redis answers and the engine is up with our model loaded."""
+    runtime = _runtime(request)
+    try:
+        redis_ok = bool(await runtime.redis.ping())
+    except Exception:
+        redis_ok = False
+    engine_ok = await runtime.engine.is_ready()
+    ready = redis_ok and engine_ok
+    body = {"ready": ready, "redis": redis_ok, "engine": engine_ok, "model": runtime.engine.model}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    try:
+        depth, age = await runtime.queue.stats()
+        metrics.QUEUE_DEPTH.set(depth)
+        metrics.QUEUE_AGE.set(age)
+    except Exception:
+        log.warning("queue stats unavailable")
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

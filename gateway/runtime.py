@@ -1,0 +1,63 @@
+"""The per-process resources that the gateway and the workers share the shape of.
+
+One Redis client, one httpx.AsyncClient, one engine client, and one adapter per bot,
+opened together and closed together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from redis.asyncio import Redis
+
+from bots.wecom.adapter import WeComAppAdapter
+from engine.client import EngineClient
+from gateway.config import Settings
+from gateway.keys import Keys
+from gateway.queue import WorkQueue
+from gateway.tokens import RedisTokenStore
+
+HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
+
+
+@dataclass
+class Runtime:
+    """What a process needs to take a message from callback to reply."""
+
+    settings: Settings
+    redis: Redis
+    http: httpx.AsyncClient
+    keys: Keys
+    queue: WorkQueue
+    engine: EngineClient
+    adapters: dict[str, WeComAppAdapter]
+
+
+@asynccontextmanager
+async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
+    redis = Redis.from_url(settings.redis_url, health_check_interval=30)
+    http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
+    engine_http = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),
+        limits=httpx.Limits(max_connections=settings.engine.max_in_flight + 8),
+    )
+    keys = Keys(settings.namespace)
+    tokens = RedisTokenStore(redis, keys)
+    runtime = Runtime(
+        settings=settings,
+        redis=redis,
+        http=http,
+        keys=keys,
+        queue=WorkQueue(redis, keys, conversation_ttl_s=settings.memory.ttl_s),
+        engine=EngineClient(settings.engine, engine_http),
+        adapters={bot.id: WeComAppAdapter(bot, http, tokens) for bot in settings.bots},
+    )
+    try:
+        yield runtime
+    finally:
+        await http.aclose()
+        await engine_http.aclose()
+        await redis.aclose()

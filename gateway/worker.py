@@ -1,0 +1,278 @@
+"""The worker: claim → command? → memory → engine → reply → memory → ack.
+
+Exactly-once delivery is built from at-least-once pieces: each message has a reply
+record in Redis (its answer and how many pieces were sent). The answer and the
+conversation memory are committed together before anything is sent, so a worker that
+takes over a dead worker's message resends the same answer without asking the engine
+again, and a piece whose outcome is unknown is resent with the platform's duplicate
+check on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError, WatchError
+
+from bots.base import InboundMessage, SendError
+from bots.text import split_utf8
+from bots.wecom.adapter import WeComAppAdapter
+from engine.client import EngineError
+from gateway import commands, metrics
+from gateway.logs import request_id
+from gateway.memory import ConversationMemory, Turn, fit_to_budget
+from gateway.queue import Entry
+from gateway.retry import retry
+from gateway.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+ENGINE_ATTEMPTS = 3
+ENGINE_UNAVAILABLE_TEXT = (
+    "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
+)
+
+
+def _text(raw: dict) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
+
+
+class Worker:
+    """One worker process's loop; any number of them share the queue."""
+
+    def __init__(self, runtime: Runtime, consumer: str) -> None:
+        self._rt = runtime
+        self._settings = runtime.settings
+        self._cfg = runtime.settings.worker
+        self._consumer = consumer
+        self._memory = ConversationMemory(
+            runtime.redis, runtime.keys, runtime.settings.memory.ttl_s, runtime.settings.memory.max_turns
+        )
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
+        """Work until `stop` is set, then let answers in progress finish (up to drain_s)."""
+        await self._rt.queue.ensure_group()
+        log.info("worker started", extra={"consumer": self._consumer})
+        loops = [
+            asyncio.create_task(self._read_loop(stop)),
+            asyncio.create_task(self._claim_loop(stop)),
+            asyncio.create_task(self._heartbeat_loop(stop)),
+        ]
+        await stop.wait()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        if self._inflight:
+            await asyncio.wait(list(self._inflight.values()), timeout=drain_s)
+        log.info("worker stopped", extra={"consumer": self._consumer, "left_pending": len(self._inflight)})
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    async def _read_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            free = self._cfg.concurrency - len(self._inflight)
+            if free <= 0:
+                await asyncio.wait(list(self._inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                entries = await self._rt.queue.read(self._consumer, free, self._cfg.block_ms)
+            except RedisError as exc:
+                log.error("queue read failed", extra={"error": str(exc)})
+                await asyncio.sleep(1.0)
+                continue
+            for entry in entries:
+                self._start(entry)
+
+    async def _claim_loop(self, stop: asyncio.Event) -> None:
+        interval = max(0.05, self._cfg.claim_idle_ms / 2000)
+        while not stop.is_set():
+            await asyncio.sleep(interval)
+            try:
+                entries = await self._rt.queue.claim_stale(self._consumer, self._cfg.claim_idle_ms)
+            except RedisError as exc:
+                log.error("claiming stale entries failed", extra={"error": str(exc)})
+                continue
+            for entry in entries:
+                if entry.entry_id not in self._inflight:
+                    metrics.REDELIVERIES.inc()
+                    log.warning("took over a stalled message", extra={"entry": entry.entry_id})
+                    self._start(entry)
+
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        interval = max(0.03, self._cfg.claim_idle_ms / 3000)
+        while not stop.is_set():
+            await asyncio.sleep(interval)
+            with contextlib.suppress(RedisError):
+                await self._rt.queue.touch(self._consumer, list(self._inflight))
+
+    def _start(self, entry: Entry) -> None:
+        task = asyncio.create_task(self._handle(entry))
+        self._inflight[entry.entry_id] = task
+        task.add_done_callback(lambda _: self._inflight.pop(entry.entry_id, None))
+
+    # -- one entry ---------------------------------------------------------------------------
+
+    async def _handle(self, entry: Entry) -> None:
+        request_id.set(entry.fields.get("rid", ""))
+        queue = self._rt.queue
+        try:
+            if not await queue.wait_turn(entry.conversation_key, entry.seq, self._cfg.turn_wait_s):
+                log.warning("an earlier message of this conversation is still unanswered; going ahead")
+            outcome = await self._answer(entry)
+        except Exception as exc:
+            await self._failed(entry, exc)
+            return
+        await queue.finish_turn(entry.conversation_key, entry.seq)
+        await queue.ack(entry.entry_id)
+        log.info("message handled", extra={"entry": entry.entry_id, "outcome": outcome})
+
+    async def _failed(self, entry: Entry, exc: Exception) -> None:
+        """An unexpected failure: leave the entry pending for a retry, or dead-letter it after too many."""
+        log.exception("handling a message failed", extra={"entry": entry.entry_id})
+        with contextlib.suppress(RedisError):
+            key = self._rt.keys.reply(f"entry:{entry.entry_id}")
+            failures = await self._rt.redis.incr(key)
+            await self._rt.redis.expire(key, 86400)
+            if failures >= self._cfg.max_send_attempts:
+                await self._give_up(entry, f"failed {failures} times: {exc}")
+
+    async def _give_up(self, entry: Entry, reason: str) -> None:
+        queue = self._rt.queue
+        await queue.dead_letter(entry, reason)
+        await queue.finish_turn(entry.conversation_key, entry.seq)
+        await queue.ack(entry.entry_id)
+
+    async def _answer(self, entry: Entry) -> str:
+        message = InboundMessage.model_validate_json(entry.fields["msg"])
+        adapter = self._rt.adapters.get(message.bot_id)
+        if adapter is None:
+            await self._give_up(entry, f"bot {message.bot_id!r} is no longer configured")
+            return "unknown_bot"
+        record_key = self._rt.keys.reply(message.dedup_key)
+        record = _text(await self._rt.redis.hgetall(record_key))
+        if record.get("done"):
+            return "already_sent"
+        text = record.get("text")
+        if text is None:
+            text = await self._compose(entry, message, record_key)
+        try:
+            await self._deliver(adapter, message, record_key, text, record)
+        except SendError as exc:
+            metrics.SEND_FAILURES.labels(message.platform, str(exc.code)).inc()
+            metrics.REPLIES.labels(message.platform, "send_failed").inc()
+            log.error("reply could not be delivered", extra={"code": str(exc.code), "error": str(exc)})
+            await self._give_up(entry, str(exc))
+            return "send_failed"
+        metrics.REPLIES.labels(message.platform, "sent").inc()
+        return "sent"
+
+    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str) -> str:
+        """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
+        if entry.fields.get("kind") == "notice":
+            return await self._commit(record_key, entry.fields.get("notice", ""))
+        if message.msg_type != "text" or not message.text.strip():
+            return await self._commit(record_key, commands.TEXT_ONLY_TEXT)
+        command = commands.parse_command(message.text)
+        if command == "help":
+            return await self._commit(record_key, commands.HELP_TEXT)
+        if command == "reset":
+            await self._memory.clear(message.session_key)
+            return await self._commit(record_key, commands.RESET_TEXT)
+        try:
+            return await self._ask_engine(message, record_key)
+        except EngineError as exc:
+            metrics.ENGINE_ERRORS.labels(str(exc.retryable)).inc()
+            log.error("engine failed; the user is told to try later", extra={"error": str(exc)})
+            return await self._commit(record_key, ENGINE_UNAVAILABLE_TEXT)
+
+    async def _ask_engine(self, message: InboundMessage, record_key: str) -> str:
+        engine = self._rt.engine
+
+        def engine_retry(call):
+            return retry(
+                call,
+                attempts=ENGINE_ATTEMPTS,
+                base_s=self._cfg.backoff_base_s,
+                cap_s=self._cfg.backoff_max_s,
+                retryable=lambda exc: isinstance(exc, EngineError) and exc.retryable,
+                what="engine",
+            )
+
+        user_tokens = await engine_retry(lambda _: engine.count_tokens(message.text))
+        turns = await self._memory.load(message.session_key)
+        history = fit_to_budget(turns, max(0, self._settings.memory.token_budget - user_tokens))
+        prompt = [
+            {"role": "system", "content": self._settings.system_prompt},
+            *({"role": turn.role, "content": turn.content} for turn in history),
+            {"role": "user", "content": message.text},
+        ]
+        completion = await engine_retry(lambda _: engine.chat(prompt))
+        metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
+        metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
+        metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
+        metrics.ENGINE_TOKENS.labels(message.platform, "completion").inc(completion.completion_tokens)
+        answer = completion.text if completion.text.strip() else commands.EMPTY_ANSWER_TEXT
+        exchange = (
+            Turn("user", message.text, user_tokens),
+            Turn("assistant", completion.text, completion.completion_tokens),
+        )
+        return await self._commit(record_key, answer, message.session_key, exchange)
+
+    async def _commit(
+        self, record_key: str, text: str, session_key: str = "", exchange: tuple[Turn, Turn] | None = None
+    ) -> str:
+        """Store the answer (and the exchange in memory) once; if another worker got there first, use its answer."""
+        redis = self._rt.redis
+        async with redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(record_key)
+                existing = await pipe.hget(record_key, "text")
+                if existing is not None:
+                    return existing.decode() if isinstance(existing, bytes) else existing
+                pipe.multi()
+                self._queue_record(pipe, record_key, text)
+                if exchange:
+                    self._memory.append_exchange(pipe, session_key, *exchange)
+                await pipe.execute()
+            except WatchError:
+                existing = await redis.hget(record_key, "text")
+                return existing.decode() if isinstance(existing, bytes) else str(existing)
+        return text
+
+    def _queue_record(self, pipe: Pipeline, record_key: str, text: str) -> None:
+        pipe.hset(record_key, mapping={"text": text, "created": f"{time.time():.3f}"})
+        pipe.expire(record_key, self._settings.effective_dedup_ttl_s())
+
+    async def _deliver(
+        self, adapter: WeComAppAdapter, message: InboundMessage, record_key: str, text: str, record: dict[str, str]
+    ) -> None:
+        """Send the answer piece by piece, recording progress so that a takeover resumes, not repeats."""
+        redis = self._rt.redis
+        pieces = split_utf8(text, adapter.max_message_bytes)
+        sent = int(record.get("sent", 0))
+        started = int(record.get("started", 0))
+        for index in range(sent, len(pieces)):
+            outcome_unknown = index < started
+            await redis.hset(record_key, "started", index + 1)
+            piece = pieces[index]
+            await retry(
+                lambda attempt, piece=piece, unknown=outcome_unknown: adapter.send_piece(
+                    message.reply_to, piece, duplicate_check=unknown or attempt > 0
+                ),
+                attempts=self._cfg.max_send_attempts,
+                base_s=self._cfg.backoff_base_s,
+                cap_s=self._cfg.backoff_max_s,
+                retryable=lambda exc: isinstance(exc, SendError) and exc.retryable,
+                hint=lambda exc: getattr(exc, "retry_after", 0.0),
+                what="send",
+            )
+            await redis.hset(record_key, "sent", index + 1)
+        await redis.hset(record_key, "done", "1")
