@@ -14,7 +14,7 @@ import time
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
