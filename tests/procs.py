@@ -1,0 +1,104 @@
+"""Real processes for the tests: redis-server, vLLM, the gateway, workers, the simulator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BOTGW = [sys.executable, "-m", "gateway.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Proc:
+    """A child process in its own session, with its output in a log file."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (vLLM has children)."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self.kill(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            self.popen.wait(5)
+        self._log.close()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def wait_http(url: str, timeout: float, proc: Proc | None = None, expect: int = 200) -> None:
+    """Wait until `url` answers `expect`; fail early with the log if the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.args[:4]} exited with {proc.popen.returncode}:\n{proc.tail()}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == expect:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} not up after {timeout}s\n{proc.tail() if proc else ''}")
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def start_gateway(config: Path, port: int, log_dir: Path, name: str = "gateway") -> Proc:
+    proc = Proc([*BOTGW, "serve", "--config", str(config), "--port", str(port)], log_dir / f"{name}.log")
+    wait_http(f"http://127.0.0.1:{port}/healthz", 30, proc)
+    return proc
+
+
+def start_worker(config: Path, log_dir: Path, name: str) -> Proc:
+    return Proc([*BOTGW, "worker", "--config", str(config), "--name", name], log_dir / f"{name}.log")
+
+
+def start_simulator(config: Path, port: int, log_dir: Path) -> Proc:
+    proc = Proc([*BOTGW, "sim", "serve", "--config", str(config), "--port", str(port)], log_dir / "simulator.log")
+    wait_http(f"http://127.0.0.1:{port}/__sim__/healthz", 30, proc)
+    return proc
