@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -47,10 +48,8 @@ class Proc:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (vLLM has children)."""
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def stop(self, timeout: float = 20.0) -> None:
         self.kill(signal.SIGTERM)

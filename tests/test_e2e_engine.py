@@ -1,0 +1,79 @@
+"""End to end through the real vLLM CPU engine (tiny ERNIE-4.5 MoE, temperature 0):
+simulator callback → gateway → Redis Stream → worker → vLLM → simulated WeCom."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
+
+
+def engine_answer(engine_url: str, messages: list[dict[str, str]], max_tokens: int) -> str:
+    """What vLLM itself says for this conversation, asked directly."""
+    response = httpx.post(
+        f"{engine_url}/v1/chat/completions",
+        json={"model": ENGINE_MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def memory_turns(stack: Stack, user: str) -> list[dict]:
+    key = f"{stack.namespace}:mem:wecom:app:{user}:{user}"
+    return [json.loads(item) for item in stack.redis.lrange(key, 0, -1)]
+
+
+def test_answer_is_the_engines_and_memory_carries_the_first_turn(stack: Stack, live_engine: str, user: str) -> None:
+    max_tokens = stack.config["engine"]["max_tokens"]
+    signer = stack.signer()
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+
+    assert stack.post_callback(signer.text(user, "What is the capital of France?")).status_code == 200
+    first = stack.wait_delivered(user, 1)[0]["content"]
+    q1 = {"role": "user", "content": "What is the capital of France?"}
+    expected_first = engine_answer(live_engine, [system, q1], max_tokens)
+    assert first == expected_first
+
+    assert stack.post_callback(signer.text(user, "And of Italy?")).status_code == 200
+    second = stack.wait_delivered(user, 2)[1]["content"]
+    q2 = {"role": "user", "content": "And of Italy?"}
+    with_history = engine_answer(live_engine, [system, q1, {"role": "assistant", "content": first}, q2], max_tokens)
+    without_history = engine_answer(live_engine, [system, q2], max_tokens)
+    assert second == with_history
+    assert with_history != without_history, "the tiny model must tell the two prompts apart for this test to mean anything"
+
+    turns = memory_turns(stack, user)
+    assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
+    assert turns[0]["content"] == q1["content"] and turns[1]["content"] == first
+    assert all(t["tokens"] > 0 for t in turns)
+
+    assert stack.post_callback(signer.text(user, "/reset")).status_code == 200
+    assert "forgotten" in stack.wait_delivered(user, 3)[2]["content"]
+    assert memory_turns(stack, user) == []
+
+    assert stack.post_callback(signer.text(user, "And of Italy?")).status_code == 200
+    assert stack.wait_delivered(user, 4)[3]["content"] == without_history
+
+
+def test_duplicate_deliveries_call_the_engine_once(stack: Stack, live_engine: str, user: str) -> None:
+    def engine_requests() -> float:
+        text = httpx.get(f"{live_engine}/metrics", timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total{")
+        )
+
+    before = engine_requests()
+    callback = stack.signer().text(user, "Tell me a story")
+    assert [stack.post_callback(callback).status_code for _ in range(4)] == [200] * 4
+    assert len(stack.wait_delivered(user, 1, settle=2.0)) == 1
+    assert engine_requests() - before == 1
+
+
+def test_readyz_reports_redis_and_engine(stack: Stack, live_engine: str) -> None:
+    body = httpx.get(f"{stack.gateway_url}/readyz", timeout=10).json()
+    assert body == {"ready": True, "redis": True, "engine": True, "model": ENGINE_MODEL}

@@ -1,0 +1,83 @@
+"""Delivery to WeCom's message/send through the worker: splitting, token refresh, retries, 60020."""
+
+from __future__ import annotations
+
+import time
+
+from bots.base import InboundMessage, ReplyTarget
+from bots.text import utf8_len
+from tests.conftest import Stack
+
+
+def enqueue_notice(stack: Stack, user: str, text: str) -> None:
+    """Queue an answer that needs no engine (as an over-limit notice is), to exercise delivery alone."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.queue import WorkQueue
+
+    message = InboundMessage(
+        platform="wecom", bot_id="app", msg_id=f"n-{user}-{time.time()}", conversation_id=user,
+        sender_id=user, text="", reply_to=ReplyTarget(user_id=user),
+    )
+
+    async def put() -> None:
+        redis = Redis.from_url(stack.config["redis_url"])
+        fields = {"msg": message.model_dump_json(), "kind": "notice", "notice": text, "rid": "test"}
+        await WorkQueue(redis, Keys(stack.namespace)).enqueue(message.conversation_key, fields)
+        await redis.aclose()
+
+    asyncio.run(put())
+
+
+def test_long_chinese_answer_arrives_in_pieces(stack: Stack, user: str) -> None:
+    answer = "".join("企业微信机器人正在回答你的问题，" for _ in range(110))  # 5,280 bytes
+    assert utf8_len(answer) > 5000
+    enqueue_notice(stack, user, answer)
+    delivered = stack.wait_delivered(user, 3)
+    assert len(delivered) == 3
+    assert all(utf8_len(item["content"]) <= 2048 and not item["truncated"] for item in delivered)
+    assert "".join(item["content"] for item in delivered) == answer
+
+
+def test_expired_token_is_refreshed_once(stack: Stack, user: str) -> None:
+    stack.post_callback(stack.signer().text(user, "/help"))
+    stack.wait_delivered(user, 1)
+    calls_before = stack.sim_stats()["gettoken_calls"]
+    stack.fault(errcode=42001, times=1)
+    stack.post_callback(stack.signer().text(user, "/help"))
+    assert len(stack.wait_delivered(user, 2)) == 2
+    assert stack.sim_stats()["gettoken_calls"] == calls_before + 1
+
+
+def test_throttling_and_server_errors_are_retried_with_backoff(stack: Stack, user: str) -> None:
+    stats = stack.sim_stats()
+    stack.fault(errcode=45009, times=2)
+    stack.fault(http_status=503, times=1)
+    started = time.monotonic()
+    enqueue_notice(stack, user, "after the storm")
+    delivered = stack.wait_delivered(user, 1, settle=0.5)
+    elapsed = time.monotonic() - started
+    assert [item["content"] for item in delivered] == ["after the storm"]
+    assert stack.sim_stats()["send_calls"] - stats["send_calls"] >= 4
+    # 45009 asks for at least 2 s before each retry; the 503 backs off too.
+    assert elapsed >= 4.0
+
+
+def test_untrusted_ip_is_not_retried(stack: Stack, user: str) -> None:
+    stats = stack.sim_stats()
+    dead_before = stack.redis.xlen(f"{stack.namespace}:dead")
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
+    enqueue_notice(stack, user, "never arrives")
+    deadline = time.monotonic() + 20
+    while stack.redis.xlen(f"{stack.namespace}:dead") == dead_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert stack.sim_stats()["send_calls"] - stats["send_calls"] == 1
+    assert stack.delivered(user) == []
+    dead = stack.redis.xrevrange(f"{stack.namespace}:dead", count=1)[0][1]
+    assert "可信IP" in dead[b"reason"].decode()
+    log = stack.procs["worker"].tail(200)
+    assert "60020" in log and stack.bot.secret.get_secret_value() not in log
