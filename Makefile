@@ -1,0 +1,24 @@
+# botgw: the two set-up commands are `make run` and `make test`.
+.PHONY: install run stop test lint bench clean
+
+install:
+	bash scripts/install.sh
+
+run: install
+	bash scripts/run_local.sh start
+
+stop:
+	bash scripts/run_local.sh stop
+
+test: install
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15
+
+lint: install
+	.venv/bin/ruff check .
+
+bench: install
+	.venv/bin/python bench/ingest.py
+
+clean: stop
+	rm -rf .run test-artifacts
