@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -32,7 +32,7 @@ def isolated(stack: Stack, live_engine: str) -> Iterator[Stack]:
         proc.stop()
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

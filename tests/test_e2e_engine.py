@@ -43,7 +43,8 @@ def test_answer_is_the_engines_and_memory_carries_the_first_turn(stack: Stack, l
     with_history = engine_answer(live_engine, [system, q1, {"role": "assistant", "content": first}, q2], max_tokens)
     without_history = engine_answer(live_engine, [system, q2], max_tokens)
     assert second == with_history
-    assert with_history != without_history, "the tiny model must tell the two prompts apart for this test to mean anything"
+    # The tiny model must tell the two prompts apart, or this test would prove nothing.
+    assert with_history != without_history
 
     turns = memory_turns(stack, user)
     assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
