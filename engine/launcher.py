@@ -122,8 +122,13 @@ def get_profile(name: str) -> EngineProfile:
 
 
 def default_engine_python() -> str:
-    """The engine venv's interpreter: ``$BOTGW_ENGINE_PYTHON`` or ``~/.cache/botgw/engine-venv/bin/python``."""
-    return os.environ.get("BOTGW_ENGINE_PYTHON") or os.path.expanduser(DEFAULT_ENGINE_PYTHON)
+    """The engine venv's interpreter: ``$BOTGW_ENGINE_PYTHON``, else ``bin/python`` of ``$BOTGW_ENGINE_VENV``
+    (where scripts/install.sh put vLLM), else ``~/.cache/botgw/engine-venv/bin/python``."""
+    if os.environ.get("BOTGW_ENGINE_PYTHON"):
+        return os.environ["BOTGW_ENGINE_PYTHON"]
+    if os.environ.get("BOTGW_ENGINE_VENV"):
+        return os.path.join(os.path.expanduser(os.environ["BOTGW_ENGINE_VENV"]), "bin", "python")
+    return os.path.expanduser(DEFAULT_ENGINE_PYTHON)
 
 
 def default_tiny_model_dir() -> str:

@@ -46,6 +46,10 @@ class Keys:
         """The answer of one message and how much of it has been delivered (a hash)."""
         return f"{self.namespace}:reply:{dedup_key}"
 
+    def entry_failures(self, entry_id: str) -> str:
+        """How many times handling one queue entry has failed unexpectedly."""
+        return f"{self.namespace}:failures:{entry_id}"
+
     def memory(self, session_key: str) -> str:
         """The turns of one session (a list of JSON objects)."""
         return f"{self.namespace}:mem:{session_key}"

@@ -135,14 +135,20 @@ class Worker:
         log.info("message handled", extra={"entry": entry.entry_id, "outcome": outcome})
 
     async def _failed(self, entry: Entry, exc: Exception) -> None:
-        """An unexpected failure: leave the entry pending for a retry, or dead-letter it after too many."""
-        log.exception("handling a message failed", extra={"entry": entry.entry_id})
+        """A failure that may pass (engine restarting, Redis blip): leave the entry pending, so that it is
+        claimed again after `claim_idle_ms`; after `max_send_attempts` failures, dead-letter it."""
+        log.warning("handling a message failed; it stays queued", extra={"entry": entry.entry_id, "error": str(exc)})
+        if not isinstance(exc, EngineError):
+            log.exception("unexpected failure", extra={"entry": entry.entry_id})
         with contextlib.suppress(RedisError):
-            key = self._rt.keys.reply(f"entry:{entry.entry_id}")
+            key = self._rt.keys.entry_failures(entry.entry_id)
             failures = await self._rt.redis.incr(key)
             await self._rt.redis.expire(key, 86400)
             if failures >= self._cfg.max_send_attempts:
                 await self._give_up(entry, f"failed {failures} times: {exc}")
+
+    async def _failures_so_far(self, entry: Entry) -> int:
+        return int(await self._rt.redis.get(self._rt.keys.entry_failures(entry.entry_id)) or 0)
 
     async def _give_up(self, entry: Entry, reason: str) -> None:
         queue = self._rt.queue
@@ -190,6 +196,9 @@ class Worker:
             return await self._ask_engine(message, record_key)
         except EngineError as exc:
             metrics.ENGINE_ERRORS.labels(str(exc.retryable)).inc()
+            last_chance = await self._failures_so_far(entry) + 1 >= self._cfg.max_send_attempts
+            if exc.retryable and not last_chance:
+                raise  # the message stays queued and is tried again later
             log.error("engine failed; the user is told to try later", extra={"error": str(exc)})
             return await self._commit(record_key, ENGINE_UNAVAILABLE_TEXT)
 
