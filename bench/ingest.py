@@ -1,6 +1,6 @@
 """Ingest benchmark: signed, encrypted WeCom callbacks through one gateway process vs a bare FastAPI endpoint.
 
-Measures the acknowledgement path only (verify → decrypt → parse → dedup → limit → enqueue → 200), with no
+Measures the acknowledgement path only (verify → decrypt → parse → dedup+enqueue (one Redis script) → 200), with no
 worker, against a bare FastAPI app that just reads the body and answers 200, run by uvicorn the same way.
 
 Phase 1 (capacity): closed loop, `--concurrency` keep-alive connections for `--duration` seconds after a warm-up.

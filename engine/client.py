@@ -37,14 +37,17 @@ class Completion:
     finish_reason: str
     first_token_s: float
     total_s: float
+    routed_experts: str | None = None
 
 
 class EngineClient:
     """One engine endpoint (vLLM) as the worker uses it."""
 
-    def __init__(self, settings: EngineSettings, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, http: httpx.AsyncClient | None = None, base_url: str | None = None
+    ) -> None:
         self._settings = settings
-        self._base = settings.base_url.rstrip("/")
+        self._base = (base_url or settings.base_url).rstrip("/")
         self._own_http = http is None
         timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
         self._http = http or httpx.AsyncClient(timeout=timeout)
@@ -78,11 +81,10 @@ class EngineClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        run = self._whole if self._settings.expert_trace else self._stream
         async with self._slots:
             try:
-                return await asyncio.wait_for(
-                    self._stream(body, on_delta), timeout=self._settings.request_timeout_s
-                )
+                return await asyncio.wait_for(run(body, on_delta), timeout=self._settings.request_timeout_s)
             except TimeoutError as exc:
                 raise EngineError("engine did not finish the answer in time") from exc
             except httpx.HTTPError as exc:
@@ -133,6 +135,43 @@ class EngineClient:
             first_token_s=(first_token_at or time.monotonic()) - started,
             total_s=time.monotonic() - started,
         )
+
+    async def _whole(self, body: dict, on_delta: DeltaCallback | None) -> Completion:
+        """Non-streamed request: vLLM returns `routed_experts` only in whole responses."""
+        started = time.monotonic()
+        url = f"{self._base}/v1/chat/completions"
+        whole = {**body, "stream": False, "stream_options": None}
+        response = await self._http.post(url, json=whole, headers=self._headers)
+        if response.status_code != 200:
+            retryable = response.status_code >= 500 or response.status_code == 429
+            detail = response.text[:300]
+            raise EngineError(f"engine answered HTTP {response.status_code}: {detail}", retryable=retryable)
+        data = response.json()
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+        if on_delta and text:
+            await on_delta(text)
+        usage = data.get("usage") or {}
+        elapsed = time.monotonic() - started
+        return Completion(
+            text=text,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=choice.get("finish_reason") or "",
+            first_token_s=elapsed,
+            total_s=elapsed,
+            routed_experts=choice.get("routed_experts"),
+        )
+
+    async def metrics_text(self) -> str:
+        """The engine's Prometheus exposition (/metrics)."""
+        try:
+            response = await self._http.get(f"{self._base}/metrics", timeout=5.0)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise EngineError(f"/metrics answered HTTP {response.status_code}")
+        return response.text
 
     async def count_tokens(self, text: str) -> int:
         """Tokens of `text` by the engine's own tokenizer (vLLM's /tokenize), never by characters."""

@@ -1,4 +1,4 @@
-"""Settings of the engine client: where vLLM is and how to ask it."""
+"""Settings of the engine client: where the vLLM engines are and how to ask them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from pydantic import BaseModel, Field, SecretStr
 
 
 class EngineSettings(BaseModel):
-    """Where the vLLM engine is and how to ask it."""
+    """Where the vLLM engines are, how to ask them, and how to watch them."""
 
     base_url: str = "http://127.0.0.1:8000"
+    endpoints: list[str] = Field(default_factory=list, description="several engines; base_url when empty")
     model: str = "ernie-tiny"
     api_key: SecretStr | None = None
     max_tokens: int = Field(default=512, ge=1)
@@ -16,4 +17,14 @@ class EngineSettings(BaseModel):
     connect_timeout_s: float = 5.0
     first_token_timeout_s: float = 60.0
     request_timeout_s: float = 180.0
-    max_in_flight: int = Field(default=16, ge=1)
+    max_in_flight: int = Field(default=16, ge=1, description="per engine; match vLLM's --max-num-seqs")
+    poll_interval_s: float = Field(default=1.0, gt=0, description="how often /health and /metrics are read")
+    warmup: bool = True
+    wait_notice_after_s: float = Field(default=20.0, ge=0, description="tell a waiting user the engine is starting")
+    max_wait_s: float = Field(default=900.0, gt=0, description="longest a message waits for an engine")
+    kv_warn_threshold: float = Field(default=0.92, gt=0, le=1)
+    kv_warn_after_s: float = Field(default=30.0, ge=0)
+    expert_trace: bool = Field(default=False, description="ask for routed_experts (vLLM GPU, MoE) and record them")
+
+    def urls(self) -> list[str]:
+        return [url.rstrip("/") for url in (self.endpoints or [self.base_url])]

@@ -11,9 +11,9 @@ from slowapi.errors import RateLimitExceeded
 from slowapi.middleware import SlowAPIASGIMiddleware
 from slowapi.util import get_remote_address
 
+from gateway.batching import RedisBatcher
 from gateway.config import Settings
 from gateway.ingest import Ingest
-from gateway.limits import UserLimiter
 from gateway.routes import router
 from gateway.runtime import open_runtime
 
@@ -25,12 +25,15 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_runtime(settings) as runtime:
             await runtime.queue.ensure_group()
-            limiter = UserLimiter(settings.redis_url, settings.limits.per_user, runtime.keys.limits_prefix)
+            await runtime.queue.load_scripts()
+            batcher = RedisBatcher(runtime.redis)
+            batcher.start()
             app.state.runtime = runtime
-            app.state.ingest = Ingest(
-                runtime.redis, runtime.keys, runtime.queue, limiter, settings.effective_dedup_ttl_s()
-            )
-            yield
+            app.state.ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
+            try:
+                yield
+            finally:
+                await batcher.aclose()
 
     app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Flood guard at the HTTP layer; per-user fairness is UserLimiter's job, after decryption.

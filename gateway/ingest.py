@@ -1,70 +1,60 @@
-"""The fast path after an adapter accepted a callback: dedup → per-user limit → enqueue.
+"""The fast path after an adapter accepted a callback: dedup and enqueue, in one Redis script.
 
-Everything here is a few Redis round trips; the engine is never called on this path,
-so the platform gets its acknowledgement in milliseconds.
+The engine is never called here, and neither is anything that could wait: the platform
+gets its acknowledgement in milliseconds. Dedup and enqueue are one atomic script, so a
+delivery is either queued and remembered, or neither; calls from concurrent callbacks
+share Redis round trips through the batcher. Per-user limits are applied by the worker,
+before it calls the engine, which keeps this path to a single round trip.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Literal
 
-from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from bots.base import InboundMessage
 from gateway import metrics
+from gateway.batching import RedisBatcher
 from gateway.keys import Keys
-from gateway.limits import UserLimiter, over_limit_notice
 from gateway.logs import request_id
 from gateway.queue import WorkQueue
 
-log = logging.getLogger(__name__)
-
-Outcome = Literal["accepted", "duplicate", "limited", "limited_silent"]
+Outcome = Literal["accepted", "duplicate"]
 
 
 class Ingest:
     """Admits a parsed message into the durable queue exactly once."""
 
-    def __init__(self, redis: Redis, keys: Keys, queue: WorkQueue, limiter: UserLimiter, dedup_ttl_s: int) -> None:
-        self._redis = redis
+    def __init__(self, batcher: RedisBatcher, keys: Keys, queue: WorkQueue, dedup_ttl_s: int) -> None:
+        self._batcher = batcher
         self._keys = keys
         self._queue = queue
-        self._limiter = limiter
         self._dedup_ttl_s = dedup_ttl_s
 
     async def accept(self, message: InboundMessage) -> Outcome:
-        """Queue the message (or an over-limit notice); a platform retry of it is dropped."""
-        dedup_key = self._keys.dedup(message.dedup_key)
-        if not await self._redis.set(dedup_key, "1", nx=True, ex=self._dedup_ttl_s):
-            metrics.DEDUP_HITS.labels(message.platform).inc()
-            return "duplicate"
-        try:
-            return await self._admit(message)
-        except Exception:
-            # Not queued: forget the delivery so that the platform's retry is processed.
-            await self._redis.delete(dedup_key)
-            raise
-
-    async def _admit(self, message: InboundMessage) -> Outcome:
-        user = f"{message.platform}:{message.bot_id}:{message.sender_id}"
-        decision = await self._limiter.hit(user)
+        """Queue the message unless this delivery was seen before (a platform retry)."""
         fields = {
             "msg": message.model_dump_json(),
             "kind": "chat",
             "enqueued_at": f"{time.time():.6f}",
             "rid": request_id.get(),
         }
-        outcome: Outcome = "accepted"
-        if not decision.allowed:
-            metrics.LIMIT_HITS.labels(message.platform).inc()
-            # One notice per window, so that a flooding user does not make us flood the platform.
-            notice_key = self._keys.limit_notice(user)
-            if not await self._redis.set(notice_key, "1", nx=True, ex=decision.retry_after_s):
-                return "limited_silent"
-            fields["kind"] = "notice"
-            fields["notice"] = over_limit_notice(decision.retry_after_s)
-            outcome = "limited"
-        await self._queue.enqueue(message.conversation_key, fields)
-        return outcome
+        dedup_key = self._keys.dedup(message.dedup_key)
+
+        def enqueue(pipe: Pipeline) -> None:
+            self._queue.queue_enqueue(
+                pipe, message.conversation_key, fields, dedup_key=dedup_key, dedup_ttl_s=self._dedup_ttl_s
+            )
+
+        try:
+            turn = await self._batcher.submit(enqueue)
+        except NoScriptError:  # Redis restarted and lost its scripts
+            await self._queue.load_scripts()
+            turn = await self._batcher.submit(enqueue)
+        if not turn:
+            metrics.DEDUP_HITS.labels(message.platform).inc()
+            return "duplicate"
+        return "accepted"

@@ -14,19 +14,24 @@ import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from gateway.keys import Keys
 
+# KEYS: stream, conversation seq, conversation done, dedup key (may be unused)
+# ARGV: conversation ttl, conversation key, dedup ttl (0 = no dedup), field, value, ...
+# Returns 0 for a duplicate delivery, else the conversation turn number of the new entry.
 _ENQUEUE = """
+if ARGV[3] ~= '0' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[3]) then return 0 end
 local seq = redis.call('INCR', KEYS[2])
 if seq == 1 then redis.call('DEL', KEYS[3]) end
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[3], ARGV[1])
 local args = {'XADD', KEYS[1], '*', 'seq', tostring(seq), 'conv', ARGV[2]}
-for i = 3, #ARGV do args[#args + 1] = ARGV[i] end
-local id = redis.call(unpack(args))
-return {id, seq}
+for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+redis.call(unpack(args))
+return seq
 """
 
 _FINISH_TURN = """
@@ -82,18 +87,44 @@ class WorkQueue:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def enqueue(self, conversation_key: str, fields: dict[str, str]) -> tuple[str, int]:
-        """Append an entry with the conversation's next turn number; returns (entry id, turn)."""
-        argv: list[str | int] = [self._ttl, conversation_key]
+    async def load_scripts(self) -> None:
+        """Load the enqueue script into Redis, so that pipelines can call it by its SHA."""
+        await self._redis.script_load(_ENQUEUE)
+
+    def _enqueue_args(
+        self, conversation_key: str, fields: dict[str, str], dedup_key: str, dedup_ttl_s: int
+    ) -> tuple[list[str], list[str | int]]:
+        argv: list[str | int] = [self._ttl, conversation_key, dedup_ttl_s if dedup_key else 0]
         for name, value in fields.items():
             argv += [name, value]
         keys = [
             self._keys.inbound_stream,
             self._keys.conversation_seq(conversation_key),
             self._keys.conversation_done(conversation_key),
+            dedup_key or self._keys.inbound_stream,
         ]
-        entry_id, seq = await self._enqueue(keys=keys, args=argv)
-        return (entry_id.decode() if isinstance(entry_id, bytes) else entry_id), int(seq)
+        return keys, argv
+
+    def queue_enqueue(
+        self,
+        pipe: Pipeline,
+        conversation_key: str,
+        fields: dict[str, str],
+        dedup_key: str = "",
+        dedup_ttl_s: int = 0,
+    ) -> None:
+        """Add the enqueue script to `pipe`: dedup (SET NX) and append with the next turn number, atomically.
+
+        The pipeline's result is 0 for a duplicate delivery, else the entry's turn number. The script
+        must have been loaded (load_scripts); a NoScriptError after a Redis restart means: load, retry.
+        """
+        keys, argv = self._enqueue_args(conversation_key, fields, dedup_key, dedup_ttl_s)
+        pipe.evalsha(self._enqueue.sha, len(keys), *keys, *argv)
+
+    async def enqueue(self, conversation_key: str, fields: dict[str, str]) -> int:
+        """Append an entry with the conversation's next turn number (no dedup); returns the turn."""
+        keys, argv = self._enqueue_args(conversation_key, fields, "", 0)
+        return int(await self._enqueue(keys=keys, args=argv))
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
         """New entries for this consumer (blocking up to block_ms)."""

@@ -23,6 +23,7 @@ from bots.text import split_utf8
 from bots.wecom.adapter import WeComAppAdapter
 from engine.client import EngineError
 from gateway import commands, metrics
+from gateway.limits import UserLimiter, over_limit_notice
 from gateway.logs import request_id
 from gateway.memory import ConversationMemory, Turn, fit_to_budget
 from gateway.queue import Entry
@@ -56,6 +57,9 @@ class Worker:
             runtime.redis, runtime.keys, runtime.settings.memory.ttl_s, runtime.settings.memory.max_turns
         )
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._limiter = UserLimiter(
+            runtime.settings.redis_url, runtime.settings.limits.per_user, runtime.keys.limits_prefix
+        )
 
     async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
         """Work until `stop` is set, then let answers in progress finish (up to drain_s)."""
@@ -169,6 +173,8 @@ class Worker:
         text = record.get("text")
         if text is None:
             text = await self._compose(entry, message, record_key)
+        if not text:
+            return "nothing_to_send"
         try:
             await self._deliver(adapter, message, record_key, text, record)
         except SendError as exc:
@@ -184,6 +190,9 @@ class Worker:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
         if entry.fields.get("kind") == "notice":
             return await self._commit(record_key, entry.fields.get("notice", ""))
+        notice = await self._over_limit_notice(message)
+        if notice is not None:
+            return await self._commit(record_key, notice)
         if message.msg_type != "text" or not message.text.strip():
             return await self._commit(record_key, commands.TEXT_ONLY_TEXT)
         command = commands.parse_command(message.text)
@@ -201,6 +210,19 @@ class Worker:
                 raise  # the message stays queued and is tried again later
             log.error("engine failed; the user is told to try later", extra={"error": str(exc)})
             return await self._commit(record_key, ENGINE_UNAVAILABLE_TEXT)
+
+    async def _over_limit_notice(self, message: InboundMessage) -> str | None:
+        """None if the user is within their limit; else the notice ("" after the first one of the window)."""
+        user = f"{message.platform}:{message.bot_id}:{message.sender_id}"
+        decision = await self._limiter.hit(user)
+        if decision.allowed:
+            return None
+        metrics.LIMIT_HITS.labels(message.platform).inc()
+        # One notice per window, so that a flooding user does not make us flood the platform.
+        notice_key = self._rt.keys.limit_notice(user)
+        if await self._rt.redis.set(notice_key, "1", nx=True, ex=decision.retry_after_s):
+            return over_limit_notice(decision.retry_after_s)
+        return ""
 
     async def _ask_engine(self, message: InboundMessage, record_key: str) -> str:
         engine = self._rt.engine

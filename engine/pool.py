@@ -1,0 +1,267 @@
+"""Several vLLM engines as one: readiness with warm-up, load-aware routing, failover, backpressure.
+
+Each endpoint is watched by its own loop: /health and /v1/models say whether it is up,
+a one-token warm-up request must come back before it counts as ready, and its
+/metrics (vllm:num_requests_running + vllm:num_requests_waiting) say how loaded it is.
+A request goes to the ready engine with the least load; an engine that fails is taken
+out and probed again with backoff, and the request is retried on another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.client import Completion, DeltaCallback, EngineClient, EngineError
+from engine.observability import KV_PRESSURE_WARNINGS
+from engine.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+Status = Literal["down", "warming", "ready"]
+StateListener = Callable[["Endpoint"], None]
+WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
+MAX_PROBE_BACKOFF_S = 30.0
+
+
+class EngineUnavailable(EngineError):
+    """No engine became ready in time; the message stays queued and is tried again later."""
+
+
+@dataclass
+class EngineLoad:
+    """What an engine's /metrics said at the last scrape."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache_usage: float = 0.0
+
+
+def parse_vllm_metrics(text: str) -> EngineLoad:
+    """Sum vLLM's gauges over its engines (labels `engine`, `model_name`)."""
+    wanted = {
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
+        "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    }
+    load = EngineLoad()
+    for family in text_string_to_metric_families(text):
+        attribute = wanted.get(family.name)
+        if attribute is None:
+            continue
+        values = [sample.value for sample in family.samples if sample.name == family.name]
+        if attribute == "kv_cache_usage":
+            setattr(load, attribute, max(values, default=0.0))
+        else:
+            setattr(load, attribute, sum(values))
+    return load
+
+
+@dataclass
+class Endpoint:
+    """One engine as this process sees it."""
+
+    url: str
+    client: EngineClient
+    slots: asyncio.Semaphore
+    status: Status = "down"
+    load: EngineLoad = field(default_factory=EngineLoad)
+    in_flight: int = 0
+    sent_since_scrape: int = 0
+    failures: int = 0
+    next_probe_at: float = 0.0
+    kv_high_since: float = 0.0
+
+    def score(self) -> float:
+        """Lower is better: what vLLM reported plus what we sent since (the scrape lags)."""
+        return self.load.running + self.load.waiting + self.sent_since_scrape
+
+
+class EnginePool:
+    """The engines one process uses; start() begins watching them."""
+
+    def __init__(self, settings: EngineSettings, http: httpx.AsyncClient) -> None:
+        self._settings = settings
+        self._http = http
+        self.endpoints = [
+            Endpoint(url, EngineClient(settings, http, base_url=url), asyncio.Semaphore(settings.max_in_flight))
+            for url in settings.urls()
+        ]
+        self._changed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listeners: list[StateListener] = []
+
+    @property
+    def model(self) -> str:
+        return self._settings.model
+
+    def on_change(self, listener: StateListener) -> None:
+        """Call `listener(endpoint)` after every probe (metrics export uses this)."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._watch(endpoint)) for endpoint in self.endpoints]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def ready(self) -> bool:
+        return any(endpoint.status == "ready" for endpoint in self.endpoints)
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """True as soon as one engine is ready; False if none is within timeout_s."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.ready), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    def _pick(self, avoid: set[str]) -> Endpoint | None:
+        ready = [e for e in self.endpoints if e.status == "ready"]
+        preferred = [e for e in ready if e.url not in avoid] or ready
+        return min(preferred, key=Endpoint.score, default=None)
+
+    async def _run(self, call: Callable[[Endpoint], Awaitable[Completion | int]], limited: bool) -> Completion | int:
+        """Run `call` on the best ready engine; on a retryable failure take it out and try another."""
+        deadline = time.monotonic() + self._settings.max_wait_s
+        failed: set[str] = set()
+        while True:
+            endpoint = self._pick(failed)
+            if endpoint is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await self.wait_ready(remaining):
+                    raise EngineUnavailable("no engine is ready")
+                continue
+            try:
+                if not limited:
+                    return await call(endpoint)
+                async with endpoint.slots:
+                    endpoint.in_flight += 1
+                    endpoint.sent_since_scrape += 1
+                    try:
+                        return await call(endpoint)
+                    finally:
+                        endpoint.in_flight -= 1
+            except EngineError as exc:
+                if not exc.retryable:
+                    raise
+                failed.add(endpoint.url)
+                await self._take_out(endpoint, str(exc))
+                if time.monotonic() > deadline:
+                    raise
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        on_delta: DeltaCallback | None = None,
+        on_restart: Callable[[], Awaitable[None]] | None = None,
+    ) -> Completion:
+        """A chat completion from the least-loaded ready engine (`on_restart` runs before a retry elsewhere)."""
+        attempts = 0
+
+        async def ask(endpoint: Endpoint) -> Completion:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1 and on_restart:
+                await on_restart()
+            return await endpoint.client.chat(
+                messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta
+            )
+
+        result = await self._run(ask, limited=True)
+        assert isinstance(result, Completion)
+        return result
+
+    async def count_tokens(self, text: str) -> int:
+        result = await self._run(lambda endpoint: endpoint.client.count_tokens(text), limited=False)
+        assert isinstance(result, int)
+        return result
+
+    # -- watching ----------------------------------------------------------------------------
+
+    async def _take_out(self, endpoint: Endpoint, reason: str) -> None:
+        if endpoint.status != "down":
+            log.warning("engine taken out", extra={"endpoint": endpoint.url, "reason": reason})
+        endpoint.status = "down"
+        endpoint.failures += 1
+        backoff = min(MAX_PROBE_BACKOFF_S, self._settings.poll_interval_s * 2 ** min(endpoint.failures, 6))
+        endpoint.next_probe_at = time.monotonic() + backoff
+        await self._notify(endpoint)
+
+    async def _notify(self, endpoint: Endpoint) -> None:
+        for listener in self._listeners:
+            listener(endpoint)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _watch(self, endpoint: Endpoint) -> None:
+        while True:
+            delay = max(self._settings.poll_interval_s, endpoint.next_probe_at - time.monotonic())
+            try:
+                await self._probe(endpoint)
+            except Exception:  # a watcher must never die
+                log.exception("engine probe failed", extra={"endpoint": endpoint.url})
+            await asyncio.sleep(delay if endpoint.status == "down" else self._settings.poll_interval_s)
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        if endpoint.status == "down" and time.monotonic() < endpoint.next_probe_at:
+            return
+        if not await endpoint.client.is_ready():
+            if endpoint.status != "down":
+                await self._take_out(endpoint, "health check failed")
+            else:
+                await self._take_out(endpoint, "still down")
+            return
+        if endpoint.status == "down":
+            if self._settings.warmup:
+                endpoint.status = "warming"
+                await self._notify(endpoint)
+                try:
+                    await endpoint.client.chat(WARMUP_MESSAGES, max_tokens=1, temperature=0.0)
+                except EngineError as exc:
+                    await self._take_out(endpoint, f"warm-up failed: {exc}")
+                    return
+            endpoint.status = "ready"
+            endpoint.failures = 0
+            log.info("engine ready", extra={"endpoint": endpoint.url, "warmed_up": self._settings.warmup})
+        await self._scrape(endpoint)
+        await self._notify(endpoint)
+
+    async def _scrape(self, endpoint: Endpoint) -> None:
+        try:
+            text = await endpoint.client.metrics_text()
+        except EngineError:
+            return
+        endpoint.load = parse_vllm_metrics(text)
+        endpoint.sent_since_scrape = 0
+        self._watch_kv_pressure(endpoint)
+
+    def _watch_kv_pressure(self, endpoint: Endpoint) -> None:
+        """Warn once the KV cache has stayed above the threshold for kv_warn_after_s."""
+        now = time.monotonic()
+        if endpoint.load.kv_cache_usage < self._settings.kv_warn_threshold:
+            endpoint.kv_high_since = 0.0
+            return
+        if not endpoint.kv_high_since:
+            endpoint.kv_high_since = now
+        elif now - endpoint.kv_high_since >= self._settings.kv_warn_after_s:
+            log.warning(
+                "engine KV cache under sustained pressure; add engines or lower max_in_flight",
+                extra={"endpoint": endpoint.url, "kv_cache_usage": endpoint.load.kv_cache_usage},
+            )
+            endpoint.kv_high_since = now  # warn again after another period, not every poll
+            KV_PRESSURE_WARNINGS.labels(endpoint.url).inc()
