@@ -116,9 +116,12 @@ class RefreshLock(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
 
-class Sender(Protocol):
-    """What the worker needs from an adapter to deliver one answer."""
+class ReplyChannel(Protocol):
+    """What the worker needs from an adapter to deliver an answer: its byte cap and a send."""
 
-    async def send_text(self, target: ReplyTarget, text: str, *, dedup_hint: str) -> int:
-        """Deliver `text` (split as the platform needs); return the number of platform messages."""
+    platform: str
+    max_message_bytes: int
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+        """Deliver one piece that fits max_message_bytes; `duplicate_check` asks the platform to drop a repeat."""
         ...

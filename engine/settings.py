@@ -25,6 +25,7 @@ class EngineSettings(BaseModel):
     kv_warn_threshold: float = Field(default=0.92, gt=0, le=1)
     kv_warn_after_s: float = Field(default=30.0, ge=0)
     expert_trace: bool = Field(default=False, description="ask for routed_experts (vLLM GPU, MoE) and record them")
+    attach_expert_trace: bool = Field(default=False, description="append the busiest experts to each reply")
 
     def urls(self) -> list[str]:
         return [url.rstrip("/") for url in (self.endpoints or [self.base_url])]

@@ -11,6 +11,9 @@ HELP_TEXT = (
 )
 RESET_TEXT = "Done: I have forgotten our conversation. 已清空对话记忆。"
 TEXT_ONLY_TEXT = "I can only read text messages for now. 目前只支持文字消息。"
+ENGINE_STARTING_TEXT = (
+    "The assistant is starting up; your answer is coming in a moment. 助手正在启动，稍后为你回答。"
+)
 EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 助手没有给出回答，请换个说法。"
 
 

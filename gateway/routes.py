@@ -97,15 +97,16 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when Redis answers and the engine is up with our model loaded."""
+    """Ready when Redis answers and an engine is up, has our model loaded and answered its warm-up."""
     runtime = _runtime(request)
     try:
         redis_ok = bool(await runtime.redis.ping())
     except Exception:
         redis_ok = False
-    engine_ok = await runtime.engine.is_ready()
+    engine_ok = runtime.engine.ready
     ready = redis_ok and engine_ok
-    body = {"ready": ready, "redis": redis_ok, "engine": engine_ok, "model": runtime.engine.model}
+    engines = {endpoint.url: endpoint.status for endpoint in runtime.engine.endpoints}
+    body = {"ready": ready, "redis": redis_ok, "engine": engine_ok, "model": runtime.engine.model, "engines": engines}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

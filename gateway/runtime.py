@@ -14,7 +14,8 @@ import httpx
 from redis.asyncio import Redis
 
 from bots.wecom.adapter import WeComAppAdapter
-from engine.client import EngineClient
+from engine.observability import export_endpoint
+from engine.pool import EnginePool
 from gateway.config import Settings
 from gateway.keys import Keys
 from gateway.queue import WorkQueue
@@ -32,7 +33,7 @@ class Runtime:
     http: httpx.AsyncClient
     keys: Keys
     queue: WorkQueue
-    engine: EngineClient
+    engine: EnginePool
     adapters: dict[str, WeComAppAdapter]
 
 
@@ -42,22 +43,26 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
     engine_http = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),
-        limits=httpx.Limits(max_connections=settings.engine.max_in_flight + 8),
+        limits=httpx.Limits(max_connections=(settings.engine.max_in_flight + 8) * len(settings.engine.urls())),
     )
     keys = Keys(settings.namespace)
     tokens = RedisTokenStore(redis, keys)
+    engine = EnginePool(settings.engine, engine_http)
+    engine.on_change(export_endpoint)
     runtime = Runtime(
         settings=settings,
         redis=redis,
         http=http,
         keys=keys,
         queue=WorkQueue(redis, keys, conversation_ttl_s=settings.memory.ttl_s),
-        engine=EngineClient(settings.engine, engine_http),
+        engine=engine,
         adapters={bot.id: WeComAppAdapter(bot, http, tokens) for bot in settings.bots},
     )
+    await engine.start()
     try:
         yield runtime
     finally:
+        await engine.aclose()
         await http.aclose()
         await engine_http.aclose()
         await redis.aclose()

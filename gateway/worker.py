@@ -18,10 +18,11 @@ import time
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, WatchError
 
-from bots.base import InboundMessage, SendError
+from bots.base import InboundMessage, ReplyChannel, SendError
 from bots.text import split_utf8
-from bots.wecom.adapter import WeComAppAdapter
 from engine.client import EngineError
+from engine.observability import expert_usage, export_expert_usage, format_expert_trace
+from engine.pool import EngineUnavailable
 from gateway import commands, metrics
 from gateway.limits import UserLimiter, over_limit_notice
 from gateway.logs import request_id
@@ -32,7 +33,6 @@ from gateway.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-ENGINE_ATTEMPTS = 3
 ENGINE_UNAVAILABLE_TEXT = (
     "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
 )
@@ -172,7 +172,7 @@ class Worker:
             return "already_sent"
         text = record.get("text")
         if text is None:
-            text = await self._compose(entry, message, record_key)
+            text = await self._compose(entry, message, record_key, adapter)
         if not text:
             return "nothing_to_send"
         try:
@@ -186,7 +186,7 @@ class Worker:
         metrics.REPLIES.labels(message.platform, "sent").inc()
         return "sent"
 
-    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str) -> str:
+    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str, adapter: ReplyChannel) -> str:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
         if entry.fields.get("kind") == "notice":
             return await self._commit(record_key, entry.fields.get("notice", ""))
@@ -202,7 +202,7 @@ class Worker:
             await self._memory.clear(message.session_key)
             return await self._commit(record_key, commands.RESET_TEXT)
         try:
-            return await self._ask_engine(message, record_key)
+            return await self._ask_engine(adapter, message, record_key)
         except EngineError as exc:
             metrics.ENGINE_ERRORS.labels(str(exc.retryable)).inc()
             last_chance = await self._failures_so_far(entry) + 1 >= self._cfg.max_send_attempts
@@ -224,20 +224,29 @@ class Worker:
             return over_limit_notice(decision.retry_after_s)
         return ""
 
-    async def _ask_engine(self, message: InboundMessage, record_key: str) -> str:
+    async def _await_engine(self, adapter: ReplyChannel, message: InboundMessage, record_key: str) -> None:
+        """Wait for a ready engine; a user kept waiting past wait_notice_after_s is told once that it is starting."""
         engine = self._rt.engine
+        if engine.ready:
+            return
+        settings = self._settings.engine
+        waited = time.time() - message.received_at
+        if await engine.wait_ready(max(0.0, settings.wait_notice_after_s - waited)):
+            return
+        if await self._rt.redis.hsetnx(record_key, "wait_notice", "1"):
+            await self._rt.redis.expire(record_key, self._settings.effective_dedup_ttl_s())
+            log.info("engine not ready; telling the user their answer is coming")
+            try:
+                await adapter.send_piece(message.reply_to, commands.ENGINE_STARTING_TEXT, duplicate_check=False)
+            except SendError as exc:
+                log.warning("could not send the waiting notice", extra={"error": str(exc)})
+        if not await engine.wait_ready(settings.max_wait_s):
+            raise EngineUnavailable("no engine became ready")
 
-        def engine_retry(call):
-            return retry(
-                call,
-                attempts=ENGINE_ATTEMPTS,
-                base_s=self._cfg.backoff_base_s,
-                cap_s=self._cfg.backoff_max_s,
-                retryable=lambda exc: isinstance(exc, EngineError) and exc.retryable,
-                what="engine",
-            )
-
-        user_tokens = await engine_retry(lambda _: engine.count_tokens(message.text))
+    async def _ask_engine(self, adapter: ReplyChannel, message: InboundMessage, record_key: str) -> str:
+        engine = self._rt.engine
+        await self._await_engine(adapter, message, record_key)
+        user_tokens = await engine.count_tokens(message.text)
         turns = await self._memory.load(message.session_key)
         history = fit_to_budget(turns, max(0, self._settings.memory.token_budget - user_tokens))
         prompt = [
@@ -245,17 +254,31 @@ class Worker:
             *({"role": turn.role, "content": turn.content} for turn in history),
             {"role": "user", "content": message.text},
         ]
-        completion = await engine_retry(lambda _: engine.chat(prompt))
+        completion = await engine.chat(prompt)
         metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
         metrics.ENGINE_TOKENS.labels(message.platform, "completion").inc(completion.completion_tokens)
         answer = completion.text if completion.text.strip() else commands.EMPTY_ANSWER_TEXT
+        if completion.routed_experts:
+            answer = await self._record_experts(record_key, completion.routed_experts, answer)
         exchange = (
             Turn("user", message.text, user_tokens),
             Turn("assistant", completion.text, completion.completion_tokens),
         )
         return await self._commit(record_key, answer, message.session_key, exchange)
+
+    async def _record_experts(self, record_key: str, routed_experts: str, answer: str) -> str:
+        """Export which experts answered (MoE on GPU) and, if the operator wants it, show them in the reply."""
+        try:
+            usage = expert_usage(routed_experts)
+        except ValueError as exc:
+            log.warning("routed_experts not understood", extra={"error": str(exc)})
+            return answer
+        export_expert_usage(usage)
+        trace = format_expert_trace(usage)
+        await self._rt.redis.hset(record_key, "experts", trace)
+        return f"{answer}\n\n{trace}" if self._settings.engine.attach_expert_trace else answer
 
     async def _commit(
         self, record_key: str, text: str, session_key: str = "", exchange: tuple[Turn, Turn] | None = None
@@ -283,7 +306,7 @@ class Worker:
         pipe.expire(record_key, self._settings.effective_dedup_ttl_s())
 
     async def _deliver(
-        self, adapter: WeComAppAdapter, message: InboundMessage, record_key: str, text: str, record: dict[str, str]
+        self, adapter: ReplyChannel, message: InboundMessage, record_key: str, text: str, record: dict[str, str]
     ) -> None:
         """Send the answer piece by piece, recording progress so that a takeover resumes, not repeats."""
         redis = self._rt.redis
