@@ -78,6 +78,45 @@ def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int
     )
 
 
+def ernie_21b_a3b_multinode_profile(nodes: int = 2, gpus_per_node: int = 8) -> EngineProfile:
+    """ERNIE-4.5-21B-A3B across several nodes with Ray: TP inside a node, DP across nodes, EP over all GPUs.
+
+    Start Ray first (see `multinode_ray_commands`), then run the serve command on the head node only.
+    """
+    if nodes < 2 or gpus_per_node < 1:
+        raise ValueError("a multi-node deployment needs nodes >= 2 and gpus_per_node >= 1")
+    return EngineProfile(
+        name="ernie-21b-a3b-multinode",
+        description=(f"baidu/ERNIE-4.5-21B-A3B-PT on {nodes} nodes x {gpus_per_node} GPUs with Ray: "
+                     f"TP={gpus_per_node} per node, DP={nodes} across nodes, expert parallelism + EPLB"),
+        model="baidu/ERNIE-4.5-21B-A3B-PT",
+        served_model_name="ernie-4.5-21b-a3b",
+        device="gpu",
+        args=(
+            "--dtype", "bfloat16",
+            "--max-model-len", "32768",
+            "--max-num-seqs", "256",
+            "--tensor-parallel-size", str(gpus_per_node),
+            "--data-parallel-size", str(nodes),
+            "--data-parallel-backend", "ray",
+            "--enable-expert-parallel",
+            "--enable-eplb",
+            "--eplb-config", EPLB_CONFIG,
+        ),
+    )
+
+
+def multinode_ray_commands(head_address: str, nodes: int, ray_port: int = 6379) -> dict[str, list[str]]:
+    """The Ray cluster commands to run before the head's `vllm serve`: one for the head, one per worker node."""
+    return {
+        "head": ["ray", "start", "--head", f"--port={ray_port}", f"--node-ip-address={head_address}"],
+        **{
+            f"worker-{rank}": ["ray", "start", f"--address={head_address}:{ray_port}"]
+            for rank in range(1, nodes)
+        },
+    }
+
+
 _ERNIE_03B_CPU = EngineProfile(
     name="ernie-0.3b-cpu",
     description="baidu/ERNIE-4.5-0.3B-PT (dense) on CPU; the default model for real users without a GPU",
@@ -110,7 +149,24 @@ PROFILES: dict[str, EngineProfile] = {
               "--gpu-memory-utilization", "0.90"),
     ),
     "ernie-21b-a3b": ernie_21b_a3b_profile(),
+    "ernie-21b-a3b-multinode": ernie_21b_a3b_multinode_profile(),
 }
+
+
+def resolve_profile(
+    name: str,
+    *,
+    tensor_parallel_size: int | None = None,
+    data_parallel_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> EngineProfile:
+    """A profile by name, with the parallel sizes an operator chose for the MoE profiles."""
+    if name == "ernie-21b-a3b" and (tensor_parallel_size or data_parallel_size):
+        return ernie_21b_a3b_profile(tensor_parallel_size or 1, data_parallel_size or 2)
+    if name == "ernie-21b-a3b-multinode" and (nodes or gpus_per_node):
+        return ernie_21b_a3b_multinode_profile(nodes or 2, gpus_per_node or 8)
+    return get_profile(name)
 
 
 def get_profile(name: str) -> EngineProfile:

@@ -88,7 +88,13 @@ def _engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
                 "random-weight ERNIE-4.5 MoE instead (its answers are gibberish, the pipeline is real)",
                 file=sys.stderr,
             )
-    profile = launcher.get_profile(name)
+    profile = launcher.resolve_profile(
+        name,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    )
     overrides = list(args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides)
     if args.served_model_name:
         overrides += ["--served-model-name", args.served_model_name]
@@ -99,19 +105,27 @@ def _engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
 def _engine_plan(args: argparse.Namespace) -> int:
     import shlex
 
+    from engine import launcher
+
     argv, env, _ = _engine_command(args)
+    if args.profile.endswith("-multinode"):
+        nodes = args.nodes or 2
+        print("# 1. start the Ray cluster")
+        for role, command in launcher.multinode_ray_commands(args.head_address, nodes).items():
+            print(f"#   on {role}: {shlex.join(command)}")
+        print("# 2. on the head node only, start vLLM:")
     print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
     return 0
 
 
 def _engine_serve(args: argparse.Namespace) -> int:
     from engine import launcher
+    from engine.supervisor import supervise
 
     argv, env, tiny = _engine_command(args)
     if tiny:
         launcher.ensure_tiny_model(argv[0], launcher.default_tiny_model_dir())
-    os.execve(argv[0], argv, {**os.environ, **env})
-    return 0
+    return supervise(argv, {**os.environ, **env}, args.metrics_port)
 
 
 def _sim_serve(args: argparse.Namespace) -> int:
@@ -190,11 +204,21 @@ def _parser() -> argparse.ArgumentParser:
         ("plan", _engine_plan, "print the vLLM command and environment of a profile"),
     ):
         cmd = engine_sub.add_parser(name, help=help_text)
-        cmd.add_argument("--profile", default="tiny", help="tiny, ernie-0.3b, ernie-0.3b-gpu, ernie-21b-a3b, auto")
+        cmd.add_argument(
+            "--profile",
+            default="tiny",
+            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, auto",
+        )
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=8000)
         cmd.add_argument("--python", default=None, help="the engine venv's interpreter")
         cmd.add_argument("--served-model-name", default=None)
+        cmd.add_argument("--tensor-parallel-size", type=int, default=None, help="ernie-21b-a3b")
+        cmd.add_argument("--data-parallel-size", type=int, default=None, help="ernie-21b-a3b")
+        cmd.add_argument("--nodes", type=int, default=None, help="ernie-21b-a3b-multinode")
+        cmd.add_argument("--gpus-per-node", type=int, default=None, help="ernie-21b-a3b-multinode")
+        cmd.add_argument("--head-address", default="HEAD_IP", help="ernie-21b-a3b-multinode: the Ray head's IP")
+        cmd.add_argument("--metrics-port", type=int, default=None, help="serve: export botgw_eplb_* here")
         cmd.add_argument("overrides", nargs=argparse.REMAINDER, help="extra vLLM flags after --")
         cmd.set_defaults(run=func)
 

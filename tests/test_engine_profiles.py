@@ -1,0 +1,126 @@
+"""Engine profiles checked by vLLM's own argument parser, and the MoE observability parsers."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from engine import launcher
+from engine.observability import expert_usage, export_eplb, format_expert_trace, parse_eplb_line
+from engine.pool import parse_vllm_metrics
+from tests.procs import ROOT
+
+ENGINE_PYTHON = launcher.default_engine_python()
+
+
+def run_in_engine_venv(module: str, payload: object) -> object:
+    result = subprocess.run(
+        [ENGINE_PYTHON, "-m", module],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def all_profile_commands() -> dict[str, list[str]]:
+    profiles = dict(launcher.PROFILES)
+    profiles["ernie-21b-a3b tp2 dp4"] = launcher.resolve_profile(
+        "ernie-21b-a3b", tensor_parallel_size=2, data_parallel_size=4
+    )
+    profiles["multinode 3x4"] = launcher.resolve_profile("ernie-21b-a3b-multinode", nodes=3, gpus_per_node=4)
+    commands = {}
+    for name, profile in profiles.items():
+        argv, _ = launcher.build_command(profile, python="python", host="127.0.0.1", port=8000)
+        assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        commands[name] = argv[3:]
+    return commands
+
+
+def test_every_profile_is_accepted_by_vllms_parser() -> None:
+    commands = all_profile_commands()
+    assert {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode"} <= set(commands)
+    bogus = [*commands["tiny"], "--enable-warp-drive"]
+    errors = run_in_engine_venv("engine.argcheck", [*commands.values(), bogus])
+    assert dict(zip(commands, errors, strict=False)) == dict.fromkeys(commands, "")
+    assert "enable-warp-drive" in errors[-1], "the check must be able to fail"
+
+
+def test_moe_profiles_carry_expert_parallelism_and_eplb() -> None:
+    commands = all_profile_commands()
+    for name in ("ernie-21b-a3b", "ernie-21b-a3b-multinode", "multinode 3x4"):
+        argv = commands[name]
+        assert "--enable-expert-parallel" in argv and "--enable-eplb" in argv
+        assert json.loads(argv[argv.index("--eplb-config") + 1])["log_balancedness"] is True
+    multinode = commands["multinode 3x4"]
+    assert multinode[multinode.index("--data-parallel-size") + 1] == "3"
+    assert multinode[multinode.index("--data-parallel-backend") + 1] == "ray"
+    ray = launcher.multinode_ray_commands("10.1.2.3", 3)
+    assert ray["head"][:3] == ["ray", "start", "--head"] and len(ray) == 3
+
+
+def test_eplb_log_line_becomes_gauges() -> None:
+    line = (
+        "(EngineCore_DP0 pid=42) INFO 11-29 10:00:00 [eplb_state.py:633] EPLB step: 1200 for model "
+        "ernie-4.5-21b-a3b: avg_tokens=812.50, max_tokens=1024, balancedness=0.7935, "
+        "steps until the next rearrangement: 1800"
+    )
+    stats = parse_eplb_line(line)
+    assert stats is not None and (stats.step, stats.max_tokens, stats.balancedness) == (1200, 1024, 0.7935)
+    export_eplb(stats)
+    value = REGISTRY.get_sample_value("botgw_eplb_balancedness", {"model": "ernie-4.5-21b-a3b"})
+    assert value == pytest.approx(0.7935)
+    assert parse_eplb_line("INFO something else entirely") is None
+
+
+def test_routed_experts_from_vllms_own_response_schema() -> None:
+    """vLLM builds the response (its pydantic models, its numpy2base64); we decode what it would send."""
+    routed = np.array([[[0, 3], [1, 2]], [[0, 1], [1, 2]], [[3, 0], [2, 2]]], dtype=np.uint8)  # tokens×layers×k
+    script = """
+import base64, io, json, sys
+import numpy as np
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+from vllm.utils.serial_utils import numpy2base64
+array = np.load(io.BytesIO(base64.b64decode(sys.stdin.read())))
+response = ChatCompletionResponse(model="m", choices=[{"index": 0, "message": {"role": "assistant", "content": "hi"},
+    "finish_reason": "stop", "routed_experts": numpy2base64(array)}], usage={"prompt_tokens": 1, "completion_tokens": 3,
+    "total_tokens": 4})
+print(response.model_dump_json())
+"""
+    buffer = io.BytesIO()
+    np.save(buffer, routed)
+    result = subprocess.run(
+        [ENGINE_PYTHON, "-c", script], input=base64.b64encode(buffer.getvalue()).decode(),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    response = json.loads(result.stdout.strip().splitlines()[-1])
+    usage = expert_usage(response["choices"][0]["routed_experts"])
+    assert usage == {(0, 0): 3, (0, 3): 2, (0, 1): 1, (1, 1): 2, (1, 2): 4}
+    assert format_expert_trace(usage).startswith("[experts] L0: e0×3, e3×2")
+
+
+def test_vllm_metrics_parsed_from_exposition_text() -> None:
+    text = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.95
+"""
+    load = parse_vllm_metrics(text)
+    assert (load.running, load.waiting, load.kv_cache_usage) == (5.0, 4.0, 0.95)
