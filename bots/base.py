@@ -120,8 +120,11 @@ class ReplyChannel(Protocol):
     """What the worker needs from an adapter to deliver an answer: its byte cap and a send."""
 
     platform: str
-    max_message_bytes: int
+
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        """The platform's cap on one message to this target, in UTF-8 bytes."""
+        ...
 
     async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
-        """Deliver one piece that fits max_message_bytes; `duplicate_check` asks the platform to drop a repeat."""
+        """Deliver one piece that fits max_bytes_for(target); `duplicate_check` asks the platform to drop a repeat."""
         ...

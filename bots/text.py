@@ -14,7 +14,7 @@ def utf8_len(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
-def _prefix_within(text: str, max_bytes: int) -> str:
+def utf8_prefix(text: str, max_bytes: int) -> str:
     """Longest prefix of `text` whose UTF-8 encoding fits in `max_bytes`."""
     encoded = text.encode("utf-8")[:max_bytes]
     return encoded.decode("utf-8", errors="ignore")
@@ -31,7 +31,7 @@ def split_utf8(text: str, max_bytes: int) -> list[str]:
     pieces: list[str] = []
     rest = text
     while utf8_len(rest) > max_bytes:
-        head = _prefix_within(rest, max_bytes)
+        head = utf8_prefix(rest, max_bytes)
         cut = len(head)
         for mark in _PREFERRED_BREAKS:
             at = head.rfind(mark)

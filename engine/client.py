@@ -71,9 +71,14 @@ class EngineClient:
         max_tokens: int | None = None,
         temperature: float | None = None,
         on_delta: DeltaCallback | None = None,
+        extra: dict | None = None,
     ) -> Completion:
-        """Stream one chat completion; `on_delta` sees each piece of text as it arrives."""
+        """Stream one chat completion; `on_delta` sees each piece of text as it arrives.
+
+        `extra` adds vLLM request fields, e.g. continue_final_message to extend a partial answer.
+        """
         body = {
+            **(extra or {}),
             "model": self._settings.model,
             "messages": messages,
             "max_tokens": max_tokens or self._settings.max_tokens,

@@ -132,7 +132,9 @@ class EnginePool:
         preferred = [e for e in ready if e.url not in avoid] or ready
         return min(preferred, key=Endpoint.score, default=None)
 
-    async def _run(self, call: Callable[[Endpoint], Awaitable[Completion | int]], limited: bool) -> Completion | int:
+    async def _run(
+        self, call: Callable[[Endpoint], Awaitable[Completion | int]], limited: bool, failover: bool = True
+    ) -> Completion | int:
         """Run `call` on the best ready engine; on a retryable failure take it out and try another."""
         deadline = time.monotonic() + self._settings.max_wait_s
         failed: set[str] = set()
@@ -158,7 +160,7 @@ class EnginePool:
                     raise
                 failed.add(endpoint.url)
                 await self._take_out(endpoint, str(exc))
-                if time.monotonic() > deadline:
+                if not failover or time.monotonic() > deadline:
                     raise
 
     async def chat(
@@ -168,21 +170,21 @@ class EnginePool:
         max_tokens: int | None = None,
         temperature: float | None = None,
         on_delta: DeltaCallback | None = None,
-        on_restart: Callable[[], Awaitable[None]] | None = None,
+        extra: dict | None = None,
+        failover: bool = True,
     ) -> Completion:
-        """A chat completion from the least-loaded ready engine (`on_restart` runs before a retry elsewhere)."""
-        attempts = 0
+        """A chat completion from the least-loaded ready engine.
+
+        With failover (the default) a retryable failure is retried on another engine; a caller
+        that has already shown streamed text (failover=False) gets the error and decides.
+        """
 
         async def ask(endpoint: Endpoint) -> Completion:
-            nonlocal attempts
-            attempts += 1
-            if attempts > 1 and on_restart:
-                await on_restart()
             return await endpoint.client.chat(
-                messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta
+                messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra
             )
 
-        result = await self._run(ask, limited=True)
+        result = await self._run(ask, limited=True, failover=failover)
         assert isinstance(result, Completion)
         return result
 

@@ -12,10 +12,12 @@ from slowapi.middleware import SlowAPIASGIMiddleware
 from slowapi.util import get_remote_address
 
 from gateway.batching import RedisBatcher
+from gateway.callbacks import callback_handlers
 from gateway.config import Settings
 from gateway.ingest import Ingest
 from gateway.routes import router
 from gateway.runtime import open_runtime
+from gateway.streams import StreamStore
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -29,14 +31,15 @@ def create_app(settings: Settings) -> FastAPI:
             batcher = RedisBatcher(runtime.redis)
             batcher.start()
             app.state.runtime = runtime
-            app.state.ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
+            ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
+            app.state.callbacks = callback_handlers(runtime.adapters, ingest, StreamStore(runtime.redis, runtime.keys))
             try:
                 yield
             finally:
                 await batcher.aclose()
 
     app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None)
-    # Flood guard at the HTTP layer; per-user fairness is UserLimiter's job, after decryption.
+    # Flood guard at the HTTP layer; per-user fairness is MovingWindowLimiter's job, after decryption.
     app.state.limiter = Limiter(
         key_func=get_remote_address,
         default_limits=[settings.limits.http_per_source],

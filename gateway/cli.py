@@ -166,6 +166,31 @@ def _sim_wecom(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_wecom_ai(args: argparse.Namespace) -> int:
+    from bots.simulator.wecom_ai import WeComAIBotUser
+    from bots.wecom.config import WeComAIBotConfig
+
+    settings = load_settings(args.config)
+    bot = settings.bot(args.bot)
+    if not isinstance(bot, WeComAIBotConfig):
+        raise ConfigError(f"bot {args.bot!r} is not a wecom-ai bot")
+    gateways = args.gateway or [os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL)]
+
+    async def show(text: str) -> None:
+        print(f"\r\033[K{text[-200:]}", end="", flush=True, file=sys.stderr)
+
+    async def main() -> int:
+        async with httpx.AsyncClient(timeout=10) as http:
+            user = WeComAIBotUser(bot, gateways, args.simulator, http)
+            view = await user.ask(args.user, args.text, interval_s=args.interval, on_update=show)
+        print(file=sys.stderr)
+        print(view.text)
+        print(f"[{len(view.shown)} states, finished={view.finished}]", file=sys.stderr)
+        return 0 if view.finished else 1
+
+    return asyncio.run(main())
+
+
 def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
     """Poll the simulated WeCom for what it delivered to `user`; done once nothing new came for 1 s."""
     deadline = time.monotonic() + timeout
@@ -182,6 +207,30 @@ def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, 
     return seen
 
 
+def _push(args: argparse.Namespace) -> int:
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.push import enqueue_push
+    from gateway.queue import WorkQueue
+
+    settings = load_settings(args.config)
+    if settings.bot(args.bot).platform != "wecom-webhook":
+        raise ConfigError(f"bot {args.bot!r} is not a wecom-webhook group robot")
+
+    async def main() -> int:
+        redis = Redis.from_url(settings.redis_url)
+        try:
+            queue = WorkQueue(redis, Keys(settings.namespace))
+            return await enqueue_push(queue, args.bot, args.text, markdown=args.markdown)
+        finally:
+            await redis.aclose()
+
+    turn = asyncio.run(main())
+    print(f"queued as push #{turn} for {args.bot}; a worker delivers it within the robot's rate", file=sys.stderr)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="botgw", description="WeCom/DingTalk bots answered by ERNIE-4.5 on vLLM")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -196,6 +245,13 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--config", required=True)
     worker.add_argument("--name", default=None, help="consumer name (default host-pid-random)")
     worker.set_defaults(run=_worker)
+
+    push = sub.add_parser("push", help="queue a message for a WeCom group robot (paced to 20 a minute)")
+    push.add_argument("--config", required=True)
+    push.add_argument("--bot", required=True)
+    push.add_argument("--markdown", action="store_true")
+    push.add_argument("text")
+    push.set_defaults(run=_push)
 
     engine = sub.add_parser("engine", help="the co-located vLLM engine")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True)
@@ -237,6 +293,15 @@ def _parser() -> argparse.ArgumentParser:
     sim_wecom.add_argument("--timeout", type=float, default=120.0)
     sim_wecom.add_argument("text")
     sim_wecom.set_defaults(run=_sim_wecom)
+    sim_ai = sim_sub.add_parser("wecom-ai", help="talk to a WeCom AI bot and watch the streamed answer grow")
+    sim_ai.add_argument("--config", required=True)
+    sim_ai.add_argument("--bot", required=True)
+    sim_ai.add_argument("--user", required=True)
+    sim_ai.add_argument("--gateway", action="append", help="gateway URL; repeat to spread refreshes over replicas")
+    sim_ai.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
+    sim_ai.add_argument("--interval", type=float, default=0.5, help="seconds between refresh callbacks")
+    sim_ai.add_argument("text")
+    sim_ai.set_defaults(run=_sim_wecom_ai)
     return parser
 
 

@@ -14,6 +14,10 @@ TEXT_ONLY_TEXT = "I can only read text messages for now. 目前只支持文字�
 ENGINE_STARTING_TEXT = (
     "The assistant is starting up; your answer is coming in a moment. 助手正在启动，稍后为你回答。"
 )
+TOO_MANY_STREAMS_TEXT = (
+    "I am still answering your earlier questions; please wait for them to finish. 请等待前面的问题回答完毕。"
+)
+STREAM_TIMEOUT_TEXT = "Sorry, this answer took too long and was cut off. 抱歉，回答超时，已中断。"
 EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 助手没有给出回答，请换个说法。"
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from bots.wecom.config import WeComAppConfig
+from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
 from engine.settings import EngineSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -55,6 +55,9 @@ class WorkerSettings(BaseModel):
     metrics_port: int | None = None
 
 
+BotConfig = Annotated[WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig, Field(discriminator="platform")]
+
+
 class Settings(BaseSettings):
     """Everything a gateway or worker process needs."""
 
@@ -70,7 +73,8 @@ class Settings(BaseSettings):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
-    bots: list[WeComAppConfig] = Field(default_factory=list)
+    bots: list[BotConfig] = Field(default_factory=list)
+    alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 
     @classmethod
     def settings_customise_sources(
@@ -84,7 +88,7 @@ class Settings(BaseSettings):
         # Environment first, so that BOTGW_* overrides what the YAML file (passed as init) says.
         return env_settings, init_settings
 
-    def bot(self, bot_id: str) -> WeComAppConfig:
+    def bot(self, bot_id: str) -> BotConfig:
         for bot in self.bots:
             if bot.id == bot_id:
                 return bot
@@ -92,7 +96,7 @@ class Settings(BaseSettings):
 
     def effective_dedup_ttl_s(self) -> int:
         """Dedup must outlive every replay window, so that no replay is processed twice."""
-        windows = [bot.replay_window_s for bot in self.bots]
+        windows = [getattr(bot, "replay_window_s", 0) for bot in self.bots]
         return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
 
 

@@ -50,6 +50,18 @@ class Keys:
         """How many times handling one queue entry has failed unexpectedly."""
         return f"{self.namespace}:failures:{entry_id}"
 
+    def stream(self, stream_id: str) -> str:
+        """A streamed answer: the text shown so far and whether it is finished (a hash)."""
+        return f"{self.namespace}:stream:{stream_id}"
+
+    def active_streams(self, bot_id: str, user: str) -> str:
+        """A user's unfinished streams with one bot (a sorted set by start time)."""
+        return f"{self.namespace}:streams:{bot_id}:{user}"
+
+    def push_pace(self, bot_id: str) -> str:
+        """Pacing window of a send-only group robot."""
+        return f"{self.namespace}:pace:{bot_id}"
+
     def memory(self, session_key: str) -> str:
         """The turns of one session (a list of JSON objects)."""
         return f"{self.namespace}:mem:{session_key}"

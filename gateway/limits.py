@@ -24,8 +24,8 @@ def _limits_uri(redis_url: str) -> str:
     return redis_url if redis_url.startswith("async+") else f"async+{redis_url}"
 
 
-class UserLimiter:
-    """Counts each user's messages per window; over the limit, the user is told when to come back."""
+class MovingWindowLimiter:
+    """Counts hits per key in a moving window shared by all replicas (users' messages, a robot's sends)."""
 
     def __init__(self, redis_url: str, per_user: str, key_prefix: str) -> None:
         self._limit = parse(per_user)

@@ -50,43 +50,35 @@ def _rejected(platform: str, exc: CallbackRejected) -> PlainTextResponse:
 
 @router.get("/callback/{bot_id}")
 async def verify_url(bot_id: str, request: Request) -> Response:
-    """WeCom URL verification: answer the decrypted echostr, bare."""
-    runtime = _runtime(request)
-    adapter = runtime.adapters.get(bot_id)
-    if adapter is None:
+    """URL verification when the operator saves the callback URL: answer the decrypted echostr, bare."""
+    handler = request.app.state.callbacks.get(bot_id)
+    if handler is None:
         return PlainTextResponse("unknown bot", status_code=404)
     try:
-        echo = adapter.handshake(request.query_params, time.time())
+        echo = handler.adapter.handshake(request.query_params, time.time())
     except CallbackRejected as exc:
-        return _rejected(adapter.platform, exc)
+        return _rejected(handler.adapter.platform, exc)
     return Response(content=echo, media_type="text/plain")
 
 
 @router.post("/callback/{bot_id}")
 async def receive(bot_id: str, request: Request) -> Response:
-    """A platform callback: verify, parse, dedup, limit, enqueue, and acknowledge at once."""
+    """A platform callback: verify, parse, dedup, enqueue, and acknowledge at once."""
     started = time.perf_counter()
     request_id.set(request.headers.get("x-request-id") or uuid.uuid4().hex[:16])
-    runtime = _runtime(request)
-    adapter = runtime.adapters.get(bot_id)
-    if adapter is None:
+    handler = request.app.state.callbacks.get(bot_id)
+    if handler is None:
         return PlainTextResponse("unknown bot", status_code=404)
+    platform = handler.adapter.platform
     try:
-        body = await read_body(request, runtime.settings.max_body_bytes)
-        message = adapter.parse(request.query_params, body, time.time())
+        body = await read_body(request, _runtime(request).settings.max_body_bytes)
+        reply = await handler.handle(request.query_params, body, time.time())
     except BodyTooLarge:
-        return _rejected(adapter.platform, CallbackRejected("body_too_large", 413, "request body too large"))
+        return _rejected(platform, CallbackRejected("body_too_large", 413, "request body too large"))
     except CallbackRejected as exc:
-        return _rejected(adapter.platform, exc)
-    if message is None:
-        outcome = "ignored"
-    else:
-        outcome = await request.app.state.ingest.accept(message)
-        log.info("callback accepted", extra={"outcome": outcome, "bot_id": bot_id, "msg_id": message.msg_id})
-    metrics.CALLBACKS.labels(adapter.platform, outcome).inc()
-    status, content = adapter.ack()
-    metrics.ACK_LATENCY.labels(adapter.platform).observe(time.perf_counter() - started)
-    return Response(content=content, status_code=status, media_type="text/plain")
+        return _rejected(platform, exc)
+    metrics.ACK_LATENCY.labels(platform).observe(time.perf_counter() - started)
+    return Response(content=reply.body, status_code=reply.status, media_type=reply.media_type)
 
 
 @router.get("/healthz")

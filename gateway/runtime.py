@@ -14,14 +14,29 @@ import httpx
 from redis.asyncio import Redis
 
 from bots.wecom.adapter import WeComAppAdapter
+from bots.wecom.aibot import WeComAIBotAdapter
+from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
+from bots.wecom.webhook import WeComWebhookAdapter
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
-from gateway.config import Settings
+from gateway.config import BotConfig, Settings
 from gateway.keys import Keys
 from gateway.queue import WorkQueue
 from gateway.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
+Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter
+
+
+def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenStore) -> Adapter:
+    """The adapter for one configured bot."""
+    if isinstance(bot, WeComAppConfig):
+        return WeComAppAdapter(bot, http, tokens)
+    if isinstance(bot, WeComAIBotConfig):
+        return WeComAIBotAdapter(bot, http)
+    if isinstance(bot, WeComWebhookConfig):
+        return WeComWebhookAdapter(bot, http)
+    raise TypeError(f"no adapter for platform {bot.platform!r}")
 
 
 @dataclass
@@ -34,7 +49,7 @@ class Runtime:
     keys: Keys
     queue: WorkQueue
     engine: EnginePool
-    adapters: dict[str, WeComAppAdapter]
+    adapters: dict[str, Adapter]
 
 
 @asynccontextmanager
@@ -56,7 +71,7 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
         keys=keys,
         queue=WorkQueue(redis, keys, conversation_ttl_s=settings.memory.ttl_s),
         engine=engine,
-        adapters={bot.id: WeComAppAdapter(bot, http, tokens) for bot in settings.bots},
+        adapters={bot.id: build_adapter(bot, http, tokens) for bot in settings.bots},
     )
     await engine.start()
     try:

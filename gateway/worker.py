@@ -12,27 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, WatchError
 
-from bots.base import InboundMessage, ReplyChannel, SendError
-from bots.text import split_utf8
-from engine.client import EngineError
+from bots.base import InboundMessage, SendError
+from bots.text import utf8_prefix
+from bots.wecom.aibot import WeComAIBotAdapter
+from engine.client import Completion, EngineError
 from engine.observability import expert_usage, export_expert_usage, format_expert_trace
 from engine.pool import EngineUnavailable
 from gateway import commands, metrics
-from gateway.limits import UserLimiter, over_limit_notice
+from gateway.delivery import Delivery
+from gateway.limits import MovingWindowLimiter, over_limit_notice
 from gateway.logs import request_id
 from gateway.memory import ConversationMemory, Turn, fit_to_budget
+from gateway.push import PUSH_PLATFORM, enqueue_push
 from gateway.queue import Entry
-from gateway.retry import retry
-from gateway.runtime import Runtime
+from gateway.runtime import Adapter, Runtime
+from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
 
+STREAM_ATTEMPTS = 3
+STREAM_UPDATE_INTERVAL_S = 0.15
 ENGINE_UNAVAILABLE_TEXT = (
     "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
 )
@@ -57,7 +63,11 @@ class Worker:
             runtime.redis, runtime.keys, runtime.settings.memory.ttl_s, runtime.settings.memory.max_turns
         )
         self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._limiter = UserLimiter(
+        self._streams = StreamStore(runtime.redis, runtime.keys)
+        self._delivery = Delivery(
+            runtime.redis, runtime.keys, self._streams, runtime.settings.worker, runtime.settings.redis_url
+        )
+        self._limiter = MovingWindowLimiter(
             runtime.settings.redis_url, runtime.settings.limits.per_user, runtime.keys.limits_prefix
         )
 
@@ -159,6 +169,15 @@ class Worker:
         await queue.dead_letter(entry, reason)
         await queue.finish_turn(entry.conversation_key, entry.seq)
         await queue.ack(entry.entry_id)
+        await self._alert_operators(entry, reason)
+
+    async def _alert_operators(self, entry: Entry, reason: str) -> None:
+        """Tell the operators' group robot (alert_bot) that a message could not be answered."""
+        alert_bot = self._settings.alert_bot
+        if not alert_bot or entry.conversation_key.startswith(f"{PUSH_PLATFORM}:"):
+            return  # no alert robot, or the failure is the alert robot's own: do not loop
+        with contextlib.suppress(RedisError):
+            await enqueue_push(self._rt.queue, alert_bot, f"botgw: a message could not be answered: {reason[:300]}")
 
     async def _answer(self, entry: Entry) -> str:
         message = InboundMessage.model_validate_json(entry.fields["msg"])
@@ -176,7 +195,7 @@ class Worker:
         if not text:
             return "nothing_to_send"
         try:
-            await self._deliver(adapter, message, record_key, text, record)
+            await self._delivery.deliver(adapter, message, record_key, text, record)
         except SendError as exc:
             metrics.SEND_FAILURES.labels(message.platform, str(exc.code)).inc()
             metrics.REPLIES.labels(message.platform, "send_failed").inc()
@@ -186,7 +205,7 @@ class Worker:
         metrics.REPLIES.labels(message.platform, "sent").inc()
         return "sent"
 
-    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str, adapter: ReplyChannel) -> str:
+    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str, adapter: Adapter) -> str:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
         if entry.fields.get("kind") == "notice":
             return await self._commit(record_key, entry.fields.get("notice", ""))
@@ -224,7 +243,7 @@ class Worker:
             return over_limit_notice(decision.retry_after_s)
         return ""
 
-    async def _await_engine(self, adapter: ReplyChannel, message: InboundMessage, record_key: str) -> None:
+    async def _await_engine(self, adapter: Adapter, message: InboundMessage, record_key: str) -> None:
         """Wait for a ready engine; a user kept waiting past wait_notice_after_s is told once that it is starting."""
         engine = self._rt.engine
         if engine.ready:
@@ -236,14 +255,11 @@ class Worker:
         if await self._rt.redis.hsetnx(record_key, "wait_notice", "1"):
             await self._rt.redis.expire(record_key, self._settings.effective_dedup_ttl_s())
             log.info("engine not ready; telling the user their answer is coming")
-            try:
-                await adapter.send_piece(message.reply_to, commands.ENGINE_STARTING_TEXT, duplicate_check=False)
-            except SendError as exc:
-                log.warning("could not send the waiting notice", extra={"error": str(exc)})
+            await self._delivery.notify(adapter, message, commands.ENGINE_STARTING_TEXT)
         if not await engine.wait_ready(settings.max_wait_s):
             raise EngineUnavailable("no engine became ready")
 
-    async def _ask_engine(self, adapter: ReplyChannel, message: InboundMessage, record_key: str) -> str:
+    async def _ask_engine(self, adapter: Adapter, message: InboundMessage, record_key: str) -> str:
         engine = self._rt.engine
         await self._await_engine(adapter, message, record_key)
         user_tokens = await engine.count_tokens(message.text)
@@ -254,7 +270,10 @@ class Worker:
             *({"role": turn.role, "content": turn.content} for turn in history),
             {"role": "user", "content": message.text},
         ]
-        completion = await engine.chat(prompt)
+        if isinstance(adapter, WeComAIBotAdapter):
+            completion = await self._stream_to_user(message.reply_to.stream_id, prompt, adapter.max_stream_bytes)
+        else:
+            completion = await engine.chat(prompt)
         metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
@@ -267,6 +286,36 @@ class Worker:
             Turn("assistant", completion.text, completion.completion_tokens),
         )
         return await self._commit(record_key, answer, message.session_key, exchange)
+
+    async def _stream_to_user(self, stream_id: str, prompt: list[dict[str, str]], max_bytes: int) -> Completion:
+        """Generate into the user's stream as the engine writes. If a worker or engine died mid-answer, what
+        the user already sees is continued (vLLM's continue_final_message), never replaced."""
+        for attempt in range(STREAM_ATTEMPTS):
+            state = await self._streams.get(stream_id)
+            shown = state.content if state else ""
+            text = shown
+            pushed_at = 0.0
+
+            async def on_delta(delta: str) -> None:
+                nonlocal text, pushed_at
+                text += delta
+                if time.monotonic() - pushed_at >= STREAM_UPDATE_INTERVAL_S:
+                    pushed_at = time.monotonic()
+                    await self._streams.update(stream_id, utf8_prefix(text, max_bytes))
+
+            messages, extra = prompt, None
+            if shown:
+                messages = [*prompt, {"role": "assistant", "content": shown}]
+                extra = {"continue_final_message": True, "add_generation_prompt": False}
+            try:
+                completion = await self._rt.engine.chat(messages, on_delta=on_delta, extra=extra, failover=False)
+            except EngineError as exc:
+                if not exc.retryable or attempt + 1 == STREAM_ATTEMPTS:
+                    raise
+                log.warning("engine failed mid-stream; continuing what the user sees", extra={"error": str(exc)})
+                continue
+            return dataclasses.replace(completion, text=shown + completion.text)
+        raise AssertionError("unreachable")
 
     async def _record_experts(self, record_key: str, routed_experts: str, answer: str) -> str:
         """Export which experts answered (MoE on GPU) and, if the operator wants it, show them in the reply."""
@@ -304,29 +353,3 @@ class Worker:
     def _queue_record(self, pipe: Pipeline, record_key: str, text: str) -> None:
         pipe.hset(record_key, mapping={"text": text, "created": f"{time.time():.3f}"})
         pipe.expire(record_key, self._settings.effective_dedup_ttl_s())
-
-    async def _deliver(
-        self, adapter: ReplyChannel, message: InboundMessage, record_key: str, text: str, record: dict[str, str]
-    ) -> None:
-        """Send the answer piece by piece, recording progress so that a takeover resumes, not repeats."""
-        redis = self._rt.redis
-        pieces = split_utf8(text, adapter.max_message_bytes)
-        sent = int(record.get("sent", 0))
-        started = int(record.get("started", 0))
-        for index in range(sent, len(pieces)):
-            outcome_unknown = index < started
-            await redis.hset(record_key, "started", index + 1)
-            piece = pieces[index]
-            await retry(
-                lambda attempt, piece=piece, unknown=outcome_unknown: adapter.send_piece(
-                    message.reply_to, piece, duplicate_check=unknown or attempt > 0
-                ),
-                attempts=self._cfg.max_send_attempts,
-                base_s=self._cfg.backoff_base_s,
-                cap_s=self._cfg.backoff_max_s,
-                retryable=lambda exc: isinstance(exc, SendError) and exc.retryable,
-                hint=lambda exc: getattr(exc, "retry_after", 0.0),
-                what="send",
-            )
-            await redis.hset(record_key, "sent", index + 1)
-        await redis.hset(record_key, "done", "1")

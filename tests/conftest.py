@@ -144,7 +144,15 @@ def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, 
                 "token": secrets.token_hex(8),
                 "encoding_aes_key": random_aes_key(),
                 "api_base": sim_url,
-            }
+            },
+            {
+                "id": "ai",
+                "platform": "wecom-ai",
+                "token": secrets.token_hex(8),
+                "encoding_aes_key": random_aes_key(),
+                "welcome_text": "welcome to the test bot",
+            },
+            {"id": "robot", "platform": "wecom-webhook", "key": secrets.token_hex(12), "api_base": sim_url},
         ],
     }
     for key, value in overrides.items():

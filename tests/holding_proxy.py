@@ -1,15 +1,18 @@
-"""An HTTP proxy in front of a real engine that can hold chat completions: lets a test observe
-the gateway while an engine is up but its warm-up answer has not come back yet."""
+"""An HTTP proxy in front of a real engine that can hold chat completions (to observe the gateway while
+an engine is up but its warm-up answer has not come back) or slow a streamed answer down (to kill a
+worker in the middle of one: the tiny engine alone answers too fast for that)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 from tests.procs import free_port
 
@@ -17,8 +20,9 @@ from tests.procs import free_port
 class HoldingProxy:
     """Forwards everything to `target`; /v1/chat/completions waits until `release` is set."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, chunk_delay_s: float = 0.0) -> None:
         self.target = target.rstrip("/")
+        self.chunk_delay_s = chunk_delay_s
         self.release = threading.Event()
         self.held = 0
         self.port = free_port()
@@ -30,6 +34,8 @@ class HoldingProxy:
                 self.held += 1
                 while not self.release.is_set():
                     await asyncio.sleep(0.05)
+                if self.chunk_delay_s:
+                    return await self._slow_stream(path, await request.body())
             async with httpx.AsyncClient(timeout=60) as client:
                 upstream = await client.request(
                     request.method,
@@ -41,6 +47,29 @@ class HoldingProxy:
 
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    async def _slow_stream(self, path: str, body: bytes) -> Response:
+        """Forward a streamed completion line by line, each line delayed."""
+        client = httpx.AsyncClient(timeout=120)
+        upstream = await client.send(
+            client.build_request(
+                "POST", f"{self.target}/{path}", content=body, headers={"content-type": "application/json"}
+            ),
+            stream=True,
+        )
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                async for line in upstream.aiter_lines():
+                    if line:
+                        await asyncio.sleep(self.chunk_delay_s)
+                    yield (line + "\n").encode()
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        media_type = upstream.headers.get("content-type", "text/event-stream")
+        return StreamingResponse(lines(), status_code=upstream.status_code, media_type=media_type)
 
     @property
     def url(self) -> str:

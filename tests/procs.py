@@ -101,3 +101,11 @@ def start_simulator(config: Path, port: int, log_dir: Path) -> Proc:
     proc = Proc([*BOTGW, "sim", "serve", "--config", str(config), "--port", str(port)], log_dir / "simulator.log")
     wait_http(f"http://127.0.0.1:{port}/__sim__/healthz", 30, proc)
     return proc
+
+
+def engine_requests_finished(engine_url: str) -> float:
+    """vllm:request_success_total summed over its labels: rises by one per answered request."""
+    text = httpx.get(f"{engine_url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{")
+    )

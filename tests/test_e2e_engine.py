@@ -8,6 +8,7 @@ import json
 import httpx
 
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
+from tests.procs import engine_requests_finished
 
 
 def engine_answer(engine_url: str, messages: list[dict[str, str]], max_tokens: int) -> str:
@@ -60,19 +61,11 @@ def test_answer_is_the_engines_and_memory_carries_the_first_turn(stack: Stack, l
 
 
 def test_duplicate_deliveries_call_the_engine_once(stack: Stack, live_engine: str, user: str) -> None:
-    def engine_requests() -> float:
-        text = httpx.get(f"{live_engine}/metrics", timeout=10).text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("vllm:request_success_total{")
-        )
-
-    before = engine_requests()
+    before = engine_requests_finished(live_engine)
     callback = stack.signer().text(user, "Tell me a story")
     assert [stack.post_callback(callback).status_code for _ in range(4)] == [200] * 4
     assert len(stack.wait_delivered(user, 1, settle=2.0)) == 1
-    assert engine_requests() - before == 1
+    assert engine_requests_finished(live_engine) - before == 1
 
 
 def test_readyz_reports_redis_and_engine(stack: Stack, live_engine: str) -> None:

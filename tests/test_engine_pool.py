@@ -13,7 +13,16 @@ import pytest
 from gateway import commands
 from tests.conftest import Stack
 from tests.holding_proxy import HoldingProxy
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
+from tests.procs import (
+    BOTGW,
+    Proc,
+    engine_requests_finished,
+    free_port,
+    start_gateway,
+    start_worker,
+    wait_http,
+    write_config,
+)
 
 
 class Isolated:
@@ -55,13 +64,6 @@ def isolated_factory(stack: Stack) -> Iterator[object]:
 
 def start_engine(port: int, log_dir: Path, name: str) -> Proc:
     return Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / f"{name}.log")
-
-
-def finished_requests(engine_url: str) -> float:
-    text = httpx.get(f"{engine_url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{")
-    )
 
 
 def test_readyz_waits_for_the_warm_up_answer(stack: Stack, live_engine: str, isolated_factory) -> None:
@@ -116,13 +118,13 @@ def test_two_engines_share_the_load_and_survive_one_dying(
     assert worker.tail(50).count('"engine ready"') == 2, "the worker should see both engines ready"
     signer = iso.stack.signer()
 
-    before = {url: finished_requests(url) for url in (live_engine, second)}
+    before = {url: engine_requests_finished(url) for url in (live_engine, second)}
     users = [f"s{secrets.token_hex(4)}" for _ in range(12)]
     for user in users:
         assert iso.stack.post_callback(signer.text(user, f"question from {user}")).status_code == 200
     for user in users:
         iso.stack.wait_delivered(user, 1, timeout=120, settle=0)
-    served = {url: finished_requests(url) - before[url] for url in before}
+    served = {url: engine_requests_finished(url) - before[url] for url in before}
     assert all(count >= 2 for count in served.values()), f"load was not spread: {served}"
 
     users = [f"k{secrets.token_hex(4)}" for _ in range(12)]

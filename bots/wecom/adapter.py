@@ -31,7 +31,7 @@ def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
         raise CallbackRejected("stale_timestamp", 403, "timestamp outside the replay window")
 
 
-def _required(query: Mapping[str, str], *names: str) -> list[str]:
+def required_params(query: Mapping[str, str], *names: str) -> list[str]:
     values = [query.get(name, "") for name in names]
     if not all(values):
         raise CallbackRejected("missing_params", 400, f"query must carry {', '.join(names)}")
@@ -42,7 +42,6 @@ class WeComAppAdapter:
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
     platform = "wecom"
-    max_message_bytes = TEXT_MAX_BYTES
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -54,13 +53,13 @@ class WeComAppAdapter:
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         """GET URL verification: the decrypted echostr, to be answered bare."""
-        signature, timestamp, nonce, echostr = _required(query, "msg_signature", "timestamp", "nonce", "echostr")
+        signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
         check_timestamp(timestamp, now, self.config.replay_window_s)
         return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
 
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
         """POST callback → InboundMessage (None for events that need no answer)."""
-        signature, timestamp, nonce = _required(query, "msg_signature", "timestamp", "nonce")
+        signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
         check_timestamp(timestamp, now, self.config.replay_window_s)
         encrypted = parse_flat_xml(body).get("Encrypt", "")
         if not encrypted:
@@ -72,6 +71,9 @@ class WeComAppAdapter:
         """WeCom app callbacks are acknowledged with 200 and an empty body; replies go by message/send."""
         return 200, ""
 
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        return TEXT_MAX_BYTES
+
     async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
-        """Deliver one piece (already within `max_message_bytes`) to the user."""
+        """Deliver one piece (already within max_bytes_for) to the user."""
         await self._api.send_text(target.user_id, text, duplicate_check=duplicate_check)

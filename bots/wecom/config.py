@@ -1,4 +1,4 @@
-"""Configuration of one WeCom self-built app bot (企业微信自建应用)."""
+"""Configuration of WeCom bots: self-built apps, AI bots (智能机器人) and group robots (群机器人)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,17 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from bots.wecom.crypto import decode_aes_key
 
 WECOM_API_BASE = "https://qyapi.weixin.qq.com"
+BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-class WeComAppConfig(BaseModel):
-    """A WeCom app: its callback crypto, its send credentials and where its API lives."""
+class _CallbackSecrets(BaseModel):
+    """What every WeCom callback receiver shares: the token and AES key, and the replay window."""
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    platform: Literal["wecom"] = "wecom"
-    corp_id: str
-    agent_id: int
-    secret: SecretStr
+    id: str = Field(pattern=BOT_ID_PATTERN)
     token: SecretStr
     encoding_aes_key: SecretStr
-    api_base: str = WECOM_API_BASE
     replay_window_s: int = Field(default=3600, ge=0)
 
     @field_validator("encoding_aes_key")
@@ -32,7 +28,40 @@ class WeComAppConfig(BaseModel):
         decode_aes_key(value.get_secret_value())
         return value
 
-    @field_validator("api_base")
-    @classmethod
-    def _strip_slash(cls, value: str) -> str:
-        return value.rstrip("/")
+
+def _strip_slash(value: str) -> str:
+    return value.rstrip("/")
+
+
+class WeComAppConfig(_CallbackSecrets):
+    """A WeCom app: its callback crypto, its send credentials and where its API lives."""
+
+    platform: Literal["wecom"] = "wecom"
+    corp_id: str
+    agent_id: int
+    secret: SecretStr
+    api_base: str = WECOM_API_BASE
+
+    _api_base = field_validator("api_base")(_strip_slash)
+
+
+class WeComAIBotConfig(_CallbackSecrets):
+    """A WeCom 智能机器人 (AI bot): JSON callbacks, answers streamed through WeCom's refresh polling."""
+
+    platform: Literal["wecom-ai"] = "wecom-ai"
+    welcome_text: str = "你好，我是智能助手，有什么可以帮你？ Hello, how can I help?"
+    stream_limit_s: float = Field(default=330.0, gt=0, le=360, description="WeCom stops polling after 6 minutes")
+
+
+class WeComWebhookConfig(BaseModel):
+    """A WeCom group robot (群机器人) used to push notifications and operators' alerts (send only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=BOT_ID_PATTERN)
+    platform: Literal["wecom-webhook"] = "wecom-webhook"
+    key: SecretStr
+    api_base: str = WECOM_API_BASE
+    per_minute: int = Field(default=20, ge=1, le=20, description="WeCom allows 20 messages a minute per robot")
+
+    _api_base = field_validator("api_base")(_strip_slash)

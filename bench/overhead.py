@@ -1,0 +1,920 @@
+"""Overhead benchmark: one tiny vLLM engine asked directly vs through botgw (WeCom callback → delivered reply).
+
+What does botgw cost in front of vLLM? Both paths use the same engine, the same prompts, the same max_tokens and
+temperature 0, at the same closed-loop concurrency (1, 8, 32), run alternately (direct, then botgw, per round) so
+that drift and other load on the machine hit both:
+
+(a) direct: exactly the request the worker sends (system prompt + user text, streamed with usage), timed from the
+    request's start to the last byte of the stream;
+(b) botgw: a signed, encrypted WeCom callback POSTed to the gateway, timed from the POST's start to the moment the
+    simulated WeCom recorded the delivered reply (its `at`; the simulator and this process share the clock).
+
+Every botgw message comes from a fresh user, so there is no history and the prompt equals (a)'s. Completion of (b)
+is learnt from Redis keyspace notifications on the message's reply record (pushed, so the closed loop does not wait
+on a poll interval), with a slow poll of the simulator as a fallback; latencies and the one-reply-per-message check
+come from the simulator's own records.
+
+Run: `.venv/bin/python bench/overhead.py [--requests 100 --rounds 2 --max-tokens 32 --levels 1,8,32]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from redis.asyncio import Redis
+
+from bots.base import InboundMessage
+from bots.simulator.wecom_callback import WeComCallbackSigner
+from bots.wecom.config import WeComAppConfig
+from gateway.keys import Keys
+
+ROOT = Path(__file__).resolve().parent.parent
+BOTGW = [sys.executable, "-m", "gateway.cli"]
+BOT_ID = "app"
+NAMESPACE = "overhead"
+MODEL = "ernie-tiny"
+SYSTEM_PROMPT = "You are the company's helpful assistant. Answer briefly and politely."
+PROMPTS = (
+    "你好，请介绍一下你自己",
+    "How do I reset my VPN password?",
+    "明天下午三点的会议室还有空吗？",
+    "Summarise the travel reimbursement policy in two sentences.",
+    "请帮我写一封请假邮件，周五休息一天",
+    "What is the difference between a process and a thread?",
+    "报销发票抬头应该怎么写？",
+    "Give me three ideas for the team offsite.",
+    "打印机卡纸了怎么办",
+    "Translate 'quarterly business review' into Chinese.",
+    "新员工入职需要准备哪些材料？",
+    "Explain what a Redis Stream consumer group is.",
+    "公司年假怎么计算？",
+    "Write a haiku about Monday mornings.",
+    "怎么申请一台新的笔记本电脑？",
+    "List the steps to book a meeting room in WeCom.",
+)
+ENGINE_START_S = 300.0
+SERVER_START_S = 60.0
+REQUEST_TIMEOUT_S = 120.0
+FALLBACK_POLL_S = 0.5
+SETTLE_S = 1.5
+MAX_ERRORS = 20
+PR_SET_PDEATHSIG = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROCESSES = ("engine", "gateway", "worker", "simulator", "redis", "bench")
+BOTGW_SIDE = ("gateway", "worker", "simulator", "redis")
+
+
+class Broken(RuntimeError):
+    """Something failed that makes the numbers meaningless (a process died, too many errors)."""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Children get SIGKILL if the benchmark is killed hard, so no engine is left running."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def usage_by_session() -> dict[int, tuple[float, float]]:
+    """(CPU seconds, run-queue wait seconds) of every live process, summed by session (vLLM's children count).
+
+    The wait (schedstat: runnable but no core free) is what a process loses on a saturated 2-core machine; every
+    sequential hop between processes pays it.
+    """
+    totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total = totals[int(fields[3])]
+            total[0] += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            for task in os.scandir(Path(entry.path, "task")):
+                total[1] += int(Path(task.path, "schedstat").read_text().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return {session: (cpu, wait) for session, (cpu, wait) in totals.items()}
+
+
+class Child:
+    """A server in its own session (so that its whole tree is signalled and measured), output to a log file."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")  # closed in wait()
+        self.popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def wait(self, timeout: float) -> None:
+        """Wait for the exit after `signal(SIGTERM)`; SIGKILL the group if it takes longer."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+        self.signal(signal.SIGKILL)  # stragglers of the session, e.g. vLLM's engine core
+        self._log.close()
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    """The processes of one run, stopped together (TERM to all, then wait) however the run ends."""
+
+    log_dir: Path
+    children: dict[str, Child] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
+        child = Child(name, args, self.log_dir, env if env is not None else dict(os.environ))
+        self.children[name] = child
+        return child
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.alive():
+                child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for child in self.children.values():
+            child.wait(max(0.5, deadline - time.monotonic()))
+
+    def check_alive(self) -> None:
+        for child in self.children.values():
+            if not child.alive():
+                raise Broken(f"{child.name} exited with {child.popen.returncode}:\n{child.tail()}")
+
+
+async def wait_ready(stack: Stack, child: Child, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            if await probe():
+                return
+        await asyncio.sleep(0.25)
+    raise Broken(f"{child.name} not ready after {timeout:.0f} s:\n{child.tail()}")
+
+
+class CpuMeter:
+    """CPU and run-queue wait seconds each process (tree) used between two samples."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    def sample(self) -> dict[str, float]:
+        """`name` -> CPU seconds, `name wait` -> run-queue wait seconds, so far."""
+        sessions = usage_by_session()
+        used: dict[str, float] = {}
+        for name, child in self._stack.children.items():
+            used[name], used[f"{name} wait"] = sessions.get(child.pid, (math.nan, math.nan))
+        # This process's session also holds the shell that started it, so count this process alone.
+        used["bench"] = time.process_time()
+        used["bench wait"] = math.nan
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            tasks = os.scandir("/proc/self/task")
+            used["bench wait"] = sum(int(Path(t.path, "schedstat").read_text().split()[1]) for t in tasks) / 1e9
+        return used
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def random_aes_key() -> str:
+    import base64
+
+    return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+
+
+def stack_config(redis_url: str, engine_url: str, sim_url: str, max_tokens: int, concurrency: int) -> dict[str, Any]:
+    """As in production except: temperature 0, limits that never bite, enough worker and engine slots."""
+    return {
+        "redis_url": redis_url,
+        "namespace": NAMESPACE,
+        "system_prompt": SYSTEM_PROMPT,
+        "log_level": "WARNING",
+        "engine": {
+            "base_url": engine_url,
+            "model": MODEL,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "max_in_flight": concurrency,
+        },
+        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
+        "worker": {"concurrency": concurrency},
+        "bots": [
+            {
+                "id": BOT_ID,
+                "platform": "wecom",
+                "corp_id": "wwbench" + secrets.token_hex(5),
+                "agent_id": 1000002,
+                "secret": secrets.token_urlsafe(24),
+                "token": secrets.token_hex(8),
+                "encoding_aes_key": random_aes_key(),
+                "api_base": sim_url,
+            }
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- the two clients
+
+
+@dataclass
+class Run:
+    """One closed-loop run of one mode at one concurrency."""
+
+    mode: str
+    concurrency: int
+    sent: int = 0
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    acks: list[float] = field(default_factory=list)
+    stages: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # botgw: seconds per stage
+    errors: list[str] = field(default_factory=list)
+    replies: dict[int, str] = field(default_factory=dict)  # request index -> reply text
+    tokens: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+    vllm_e2e: tuple[float, float] = (0.0, 0.0)  # sum of seconds, count
+
+    def error(self, text: str) -> None:
+        self.errors.append(text)
+        if len(self.errors) > MAX_ERRORS:
+            raise Broken(f"{self.mode} at concurrency {self.concurrency}: too many errors: {self.errors[:3]}")
+
+
+async def closed_loop(concurrency: int, total: int, one: Callable[[int], Awaitable[None]]) -> float:
+    """`concurrency` clients, each sending request i+1 as soon as its request i is done; returns wall seconds."""
+    cursor = 0
+
+    async def client() -> None:
+        nonlocal cursor
+        while cursor < total:
+            index = cursor
+            cursor += 1
+            await one(index)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+class Direct:
+    """(a): the worker's request (engine/client.py `_stream`), sent straight to vLLM."""
+
+    def __init__(self, http: httpx.AsyncClient, engine_url: str, max_tokens: int) -> None:
+        self._http = http
+        self._url = f"{engine_url}/v1/chat/completions"
+        self._max_tokens = max_tokens
+
+    def body(self, text: str) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
+            "max_tokens": self._max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    async def run(self, run: Run, total: int) -> None:
+        async def one(index: int) -> None:
+            body = self.body(PROMPTS[index % len(PROMPTS)])
+            parts: list[str] = []
+            started = time.perf_counter()
+            try:
+                async with self._http.stream("POST", self._url, json=body) as response:
+                    if response.status_code != 200:
+                        run.error(f"engine answered HTTP {response.status_code}")
+                        return
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        chunk = json.loads(data)
+                        if chunk.get("usage"):
+                            run.tokens += int(chunk["usage"].get("completion_tokens", 0))
+                        for choice in chunk.get("choices", []):
+                            parts.append((choice.get("delta") or {}).get("content") or "")
+            except httpx.HTTPError as exc:
+                run.error(f"engine request failed: {exc!r}")
+                return
+            run.latencies.append(time.perf_counter() - started)
+            run.replies[index] = "".join(parts)
+
+        run.sent = total
+        run.elapsed = await closed_loop(run.concurrency, total, one)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A callback built before the clock starts: WeCom signs and encrypts on its own machines."""
+
+    user: str
+    params: dict[str, str]
+    body: bytes
+    reply_key: str
+
+
+class Botgw:
+    """(b): WeCom callbacks into the gateway; a reply counts when the simulated WeCom has recorded it."""
+
+    def __init__(self, http: httpx.AsyncClient, redis: Redis, gateway_url: str, sim_url: str, bot: dict) -> None:
+        self._http = http
+        self._redis = redis
+        self._callback_url = f"{gateway_url}/callback/{BOT_ID}"
+        self._sim_url = sim_url
+        self._signer = WeComCallbackSigner(WeComAppConfig(**bot))
+        self._keys = Keys(NAMESPACE)
+        self._pending: dict[str, asyncio.Future[None]] = {}  # reply key -> resolved when delivered
+        self._pending_users: dict[str, str] = {}  # user -> reply key
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._serial = 0
+        self._pubsub: Any = None
+        self._poll_since = 0.0
+        self._detected: dict[str, float] = {}  # reply key -> when this process learnt of the delivery
+        self.users: set[str] = set()
+        self.seen_via: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        """Listen for the reply records' changes (Redis runs with notify-keyspace-events Kh) and poll slowly."""
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.psubscribe(f"__keyspace@0__:{self._keys.reply('*')}")
+        self._spawn(self._listen(self._pubsub))
+        self._spawn(self._poll())
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _resolve(self, key: str, via: str) -> None:
+        future = self._pending.get(key)
+        if future is not None and not future.done():
+            future.set_result(None)
+            self.seen_via[via] += 1
+            self._detected[key] = time.time()
+
+    async def _listen(self, pubsub: Any) -> None:
+        prefix = len("__keyspace@0__:")
+        async for message in pubsub.listen():
+            if message.get("type") != "pmessage":
+                continue
+            channel = message["channel"]
+            key = (channel.decode() if isinstance(channel, bytes) else channel)[prefix:]
+            if key in self._pending:
+                self._spawn(self._check_sent(key))
+
+    async def _check_sent(self, key: str) -> None:
+        """Delivered once the worker has counted a piece as sent (one round trip earlier than `done`)."""
+        with contextlib.suppress(Exception):
+            if await self._redis.hget(key, "sent"):
+                self._resolve(key, "redis notification")
+
+    async def _poll(self) -> None:
+        """Fallback should the reply record change name: whatever the simulator has delivered is done."""
+        while True:
+            await asyncio.sleep(FALLBACK_POLL_S)
+            if not self._pending_users:
+                continue
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                for item in await self.delivered(self._poll_since):
+                    key = self._pending_users.get(item["touser"])
+                    if key:
+                        self._resolve(key, "simulator poll")
+
+    async def delivered(self, since: float) -> list[dict[str, Any]]:
+        response = await self._http.get(f"{self._sim_url}/__sim__/wecom/messages", params={"since": since})
+        response.raise_for_status()
+        return response.json()
+
+    def prepare(self, total: int) -> list[Prepared]:
+        prepared = []
+        for index in range(total):
+            self._serial += 1
+            user = f"bench{self._serial:06d}"
+            msg_id = str(secrets.randbits(63))
+            callback = self._signer.text(user, PROMPTS[index % len(PROMPTS)], msg_id=msg_id)
+            message = InboundMessage(
+                platform="wecom", bot_id=BOT_ID, msg_id=msg_id, conversation_id=user, sender_id=user, text=""
+            )
+            prepared.append(Prepared(user, callback.params, callback.body, self._keys.reply(message.dedup_key)))
+        return prepared
+
+    async def run(self, run: Run, total: int) -> None:
+        prepared = self.prepare(total)
+        sent_at: dict[int, float] = {}
+        acked_at: dict[int, float] = {}
+        self._poll_since = time.time() - 1
+        loop = asyncio.get_running_loop()
+
+        async def one(index: int) -> None:
+            item = prepared[index]
+            done: asyncio.Future[None] = loop.create_future()
+            self._pending[item.reply_key] = done
+            self._pending_users[item.user] = item.reply_key
+            self.users.add(item.user)
+            try:
+                sent_at[index] = time.time()
+                started = time.perf_counter()
+                try:
+                    ack = await self._http.post(self._callback_url, params=item.params, content=item.body)
+                except httpx.HTTPError as exc:
+                    run.error(f"callback failed: {exc!r}")
+                    return
+                run.acks.append(time.perf_counter() - started)
+                acked_at[index] = time.time()
+                if ack.status_code != 200:
+                    run.error(f"gateway answered HTTP {ack.status_code}: {ack.text[:200]}")
+                    return
+                try:
+                    await asyncio.wait_for(done, REQUEST_TIMEOUT_S)
+                except TimeoutError:
+                    run.error(f"no reply to {item.user} within {REQUEST_TIMEOUT_S:.0f} s")
+            finally:
+                self._pending.pop(item.reply_key, None)
+                self._pending_users.pop(item.user, None)
+
+        run.sent = total
+        run.elapsed = await closed_loop(run.concurrency, total, one)
+        by_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for delivered in await self.delivered(min(sent_at.values(), default=time.time()) - 1):
+            by_user[delivered["touser"]].append(delivered)
+        # When the worker stored the answer (right after the engine finished): splits the time in two.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for item in prepared:
+                pipe.hget(item.reply_key, "created")
+            created = [float(value) if value else math.nan for value in await pipe.execute()]
+        for index, started_at in sent_at.items():
+            item = prepared[index]
+            replies = by_user.get(item.user, [])
+            if len(replies) != 1:
+                run.error(f"{item.user} got {len(replies)} replies")
+                continue
+            delivered_at = replies[0]["at"]
+            run.latencies.append(delivered_at - started_at)
+            run.replies[index] = replies[0]["content"]
+            if index in acked_at and not math.isnan(created[index]):
+                run.stages["ack to answer stored"].append(created[index] - acked_at[index])
+                run.stages["answer stored to delivered"].append(delivered_at - created[index])
+            if item.reply_key in self._detected:
+                run.stages["detection lag"].append(self._detected.pop(item.reply_key) - delivered_at)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+async def vllm_e2e(http: httpx.AsyncClient, engine_url: str) -> tuple[float, float]:
+    """vLLM's own e2e request latency (sum, count), to split a request's time into inside and outside vLLM."""
+    text = (await http.get(f"{engine_url}/metrics", timeout=10)).text
+    values = {"sum": 0.0, "count": 0.0}
+    for match in re.finditer(r"^vllm:e2e_request_latency_seconds_(sum|count)\{[^}]*\} (\S+)$", text, re.MULTILINE):
+        values[match.group(1)] += float(match.group(2))
+    return values["sum"], values["count"]
+
+
+async def measured(
+    run: Run,
+    body: Awaitable[None],
+    meter: CpuMeter,
+    stack: Stack,
+    http: httpx.AsyncClient,
+    engine_url: str,
+) -> Run:
+    """Run one closed loop with CPU and vLLM's e2e counters sampled around it."""
+    e2e_before = await vllm_e2e(http, engine_url)
+    cpu_before = meter.sample()
+    await body
+    cpu_after = meter.sample()
+    e2e_after = await vllm_e2e(http, engine_url)
+    run.cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
+    run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
+    stack.check_alive()
+    return run
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (nan if empty)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
+
+
+@dataclass
+class Totals:
+    """All rounds of one mode at one concurrency, pooled."""
+
+    runs: list[Run]
+
+    @property
+    def completed(self) -> int:
+        return sum(len(run.latencies) for run in self.runs)
+
+    @property
+    def rate(self) -> float:
+        elapsed = sum(run.elapsed for run in self.runs)
+        return self.completed / elapsed if elapsed > 0 else math.nan
+
+    @property
+    def latencies(self) -> list[float]:
+        return [value for run in self.runs for value in run.latencies]
+
+    @property
+    def mean(self) -> float:
+        values = self.latencies
+        return sum(values) / len(values) if values else math.nan
+
+    @property
+    def vllm_mean(self) -> float:
+        total, count = (sum(run.vllm_e2e[i] for run in self.runs) for i in (0, 1))
+        return total / count if count else math.nan
+
+    def stage(self, name: str) -> list[float]:
+        if name == "ack":
+            return [value for run in self.runs for value in run.acks]
+        return [value for run in self.runs for value in run.stages.get(name, [])]
+
+    def cpu(self, name: str) -> float:
+        return sum(run.cpu.get(name, math.nan) for run in self.runs)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ms(value: float, digits: int = 1) -> str:
+    return "n/a" if math.isnan(value) else f"{value * 1000:.{digits}f}"
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _ratio(modes: dict[str, Totals]) -> float:
+    direct = modes["direct"].rate
+    return modes["botgw"].rate / direct if direct > 0 else math.nan
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[col]) for row in [header, *rows]) for col in range(len(header))]
+    lines = [" | ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]]
+    return "\n".join([lines[0], "-+-".join("-" * width for width in widths), *lines[1:]])
+
+
+def report(
+    args: argparse.Namespace, results: dict[int, dict[str, Totals]], botgw: Botgw, check: dict[str, Any], wall: float
+) -> bool:
+    """Print the tables, the goals and the checks; returns True if something broke."""
+    print()
+    print(
+        f"botgw overhead: {MODEL} on vLLM CPU, {os.cpu_count()} cores shared by everything; max_tokens "
+        f"{args.max_tokens}, temperature 0; closed loop, {args.rounds} round(s) per level of max({args.requests}, "
+        "4 x concurrency) requests per mode, direct then botgw"
+    )
+    print()
+    rows = []
+    for level, modes in results.items():
+        direct, via = modes["direct"], modes["botgw"]
+        rows.append(
+            [
+                str(level),
+                f"{direct.completed}/{via.completed}",
+                f"{direct.rate:.2f}",
+                f"{via.rate:.2f}",
+                f"{_ratio(modes):.3f}",
+                f"{_ms(percentile(direct.latencies, 50))}/{_ms(percentile(direct.latencies, 99))}",
+                f"{_ms(percentile(via.latencies, 50))}/{_ms(percentile(via.latencies, 99))}",
+                _ms(percentile(via.latencies, 50) - percentile(direct.latencies, 50)),
+            ]
+        )
+    header = ["concurrency", "done d/b", "direct req/s", "botgw req/s", "throughput ratio"]
+    header += ["direct p50/p99 ms", "botgw p50/p99 ms", "added p50 ms"]
+    print(_table(header, rows))
+
+    print()
+    print("where the time goes (means, ms):")
+    print("  direct, botgw: end to end; in vLLM: vLLM's own e2e request latency (engine core, its /metrics)")
+    print("  ack: callback POST round trip; ack->stored: queue, worker, /tokenize, engine, until the answer is stored")
+    print("  stored->sent: reply record, token, message/send; added = (botgw - its vLLM) - (direct - its vLLM)")
+    print("  detect lag p50: delivery -> this client knowing (it holds back the closed loop's next request)")
+    rows = []
+    for level, modes in results.items():
+        direct, via = modes["direct"], modes["botgw"]
+        added = (via.mean - via.vllm_mean) - (direct.mean - direct.vllm_mean)
+        rows.append(
+            [
+                str(level),
+                _ms(direct.mean),
+                _ms(direct.vllm_mean),
+                _ms(via.mean),
+                _ms(_mean(via.stage("ack")), 2),
+                _ms(_mean(via.stage("ack to answer stored"))),
+                _ms(_mean(via.stage("answer stored to delivered")), 2),
+                _ms(via.vllm_mean),
+                _ms(added),
+                _ms(percentile(via.stage("detection lag"), 50), 2),
+            ]
+        )
+    header = ["concurrency", "direct", "in vLLM", "botgw", "ack", "ack->stored", "stored->sent", "in vLLM"]
+    header += ["added outside vLLM", "detect lag p50"]
+    print(_table(header, rows))
+
+    print()
+    for what, suffix in (("CPU seconds", ""), ("run-queue wait seconds (runnable, no core free)", " wait")):
+        print(f"{what} per process during the timed runs; ms/req = per request or message")
+        rows = []
+        for level, modes in results.items():
+            for mode, totals in modes.items():
+                wall_s = sum(run.elapsed for run in totals.runs)
+                done = max(1, totals.completed)
+                side = sum(totals.cpu(name + suffix) for name in BOTGW_SIDE)
+                rows.append(
+                    [
+                        str(level),
+                        mode,
+                        f"{wall_s:.1f}",
+                        *(f"{totals.cpu(name + suffix):.2f}" for name in PROCESSES),
+                        f"{totals.cpu('engine' + suffix) / done * 1000:.0f}",
+                        f"{side / done * 1000:.1f}" if mode == "botgw" else "-",
+                        f"{side / wall_s * 100:.0f}%" if mode == "botgw" else "-",
+                    ]
+                )
+        header = ["concurrency", "mode", "wall s", *PROCESSES, "engine ms/req", "botgw procs ms/msg", "per wall s"]
+        print(_table(header, rows))
+        print()
+    print(
+        "note: on 2 cores the gateway, worker, simulator and redis (and this client) take CPU from vLLM (its API "
+        "server, engine core and worker processes, counted together as 'engine'), and every sequential hop between "
+        "processes waits for a free core (run-queue wait); direct has one hop per request, botgw more than a dozen. "
+        "Other jobs on the machine disturb both modes: compare rounds and runs before trusting small differences."
+    )
+
+    print()
+    broken = False
+    ratio_levels = [level for level in (8, 32) if level in results]
+    for level in ratio_levels:
+        ratio = _ratio(results[level])
+        verdict = "PASS" if ratio >= 0.97 else "FAIL"
+        print(f"goal throughput ratio >= 0.97 at concurrency {level}: {ratio:.3f} -> {verdict}")
+    for level, modes in results.items():
+        added = percentile(modes["botgw"].latencies, 50) - percentile(modes["direct"].latencies, 50)
+        verdict = "PASS" if added < 0.005 else "FAIL"
+        print(f"goal added median latency < 5 ms at concurrency {level}: {_ms(added)} ms -> {verdict}")
+    print("(for reference: LiteLLM documents 3.25 ms of added latency for itself, Bifrost 0.44 ms)")
+
+    print()
+    errors = [
+        (level, mode, run.errors)
+        for level, modes in results.items()
+        for mode, totals in modes.items()
+        for run in totals.runs
+        if run.errors
+    ]
+    for level, mode, run_errors in errors:
+        print(f"errors, {mode} at concurrency {level}: {len(run_errors)}, e.g. {run_errors[0]}")
+    broken |= bool(errors)
+    counted = check["counts"]
+    exact = sum(1 for user in botgw.users if counted.get(user, 0) == 1)
+    wrong = {user: counted.get(user, 0) for user in botgw.users if counted.get(user, 0) != 1}
+    strangers = sorted(set(counted) - botgw.users)
+    ok = not wrong and not strangers
+    print(
+        f"reply count check: {len(botgw.users)} botgw messages (warm-up included), {exact} with exactly one reply, "
+        f"{len(wrong)} without, {len(strangers)} unknown recipients -> {'OK' if ok else 'MISMATCH'}"
+    )
+    if wrong:
+        print(f"  e.g. {dict(list(wrong.items())[:5])}")
+    broken |= not ok
+    same = total = 0
+    tokens = sent = 0
+    for modes in results.values():
+        for direct_run, via_run in zip(modes["direct"].runs, modes["botgw"].runs, strict=True):
+            tokens += direct_run.tokens
+            sent += len(direct_run.latencies)
+            for index, text in via_run.replies.items():
+                if index in direct_run.replies:
+                    total += 1
+                    same += text == direct_run.replies[index]
+    print(
+        f"same work: direct replies had {tokens / max(1, sent):.1f} completion tokens on average (max_tokens "
+        f"{args.max_tokens}); {same} of {total} botgw replies equal the direct reply to the same prompt "
+        "(temperature 0; batching on CPU can change a few)"
+    )
+    print(f"botgw completion learnt via: {dict(botgw.seen_via)}")
+    print(f"run time: {wall:.0f} s")
+    return broken
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
+    began = time.perf_counter()
+    levels: list[int] = args.levels
+    slots = max(32, *levels)
+    ports = {name: free_port() for name in ("redis", "engine", "simulator", "gateway")}
+    engine_url, sim_url = f"http://127.0.0.1:{ports['engine']}", f"http://127.0.0.1:{ports['simulator']}"
+    gateway_url, redis_url = f"http://127.0.0.1:{ports['gateway']}", f"redis://127.0.0.1:{ports['redis']}/0"
+
+    redis_binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    redis_args = ["--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    stack.start("redis", [redis_binary, *redis_args, "--notify-keyspace-events", "Kh"])
+    engine_args = ["engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])]
+    stack.start("engine", [*BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
+    config = stack_config(redis_url, engine_url, sim_url, args.max_tokens, slots)
+    config_path = stack.log_dir / "botgw.yaml"
+    config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    # BOTGW_* variables of the caller's shell would override the file; these processes must see only the file.
+    clean_env = {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
+    cfg = ["--config", str(config_path)]
+    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], clean_env)
+    stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], clean_env)
+    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], clean_env)
+
+    limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
+    redis = Redis.from_url(redis_url)
+    async with (
+        httpx.AsyncClient(timeout=timeout, limits=limits) as engine_http,
+        httpx.AsyncClient(timeout=timeout, limits=limits) as botgw_http,
+    ):
+
+        async def ok(url: str) -> bool:
+            return (await botgw_http.get(url, timeout=2)).status_code == 200
+
+        children = stack.children
+        await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
+        await wait_ready(stack, children["simulator"], lambda: ok(f"{sim_url}/__sim__/healthz"), SERVER_START_S)
+        await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/healthz"), SERVER_START_S)
+        print(f"servers up; waiting for the engine (logs in {stack.log_dir}) ...", flush=True)
+        await wait_ready(stack, children["engine"], lambda: ok(f"{engine_url}/health"), ENGINE_START_S)
+        await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/readyz"), SERVER_START_S)
+        print(f"engine ready after {time.perf_counter() - began:.0f} s", flush=True)
+
+        direct = Direct(engine_http, engine_url, args.max_tokens)
+        botgw = Botgw(botgw_http, redis, gateway_url, sim_url, config["bots"][0])
+        await botgw.start()
+        meter = CpuMeter(stack)
+        try:
+            warm = max(levels)
+            print(f"warm-up: {args.warmup} requests per mode at concurrency {warm} ...", flush=True)
+            for client in (direct, botgw):
+                run = Run("warm-up", warm)
+                await client.run(run, args.warmup)
+                if run.errors:
+                    raise Broken(f"warm-up failed: {run.errors[:3]}")
+
+            results: dict[int, dict[str, Totals]] = {}
+            for level in levels:
+                total = max(args.requests, 4 * level)
+                results[level] = {"direct": Totals([]), "botgw": Totals([])}
+                for round_no in range(1, args.rounds + 1):
+                    for mode, client in (("direct", direct), ("botgw", botgw)):
+                        run = Run(mode, level)
+                        await measured(run, client.run(run, total), meter, stack, engine_http, engine_url)
+                        results[level][mode].runs.append(run)
+                        print(
+                            f"  concurrency {level:>2}, round {round_no}, {mode:6}: {len(run.latencies)}/{total} in "
+                            f"{run.elapsed:.1f} s = {len(run.latencies) / run.elapsed:.2f} req/s, "
+                            f"p50 {_ms(percentile(run.latencies, 50))} ms",
+                            flush=True,
+                        )
+            await asyncio.sleep(SETTLE_S)  # a late duplicate would show up in the count check
+            counts = Counter(item["touser"] for item in await botgw.delivered(0.0))
+        finally:
+            await botgw.aclose()
+            await redis.aclose()
+    return report(args, results, botgw, {"counts": counts}, time.perf_counter() - began)
+
+
+async def _main_task(args: argparse.Namespace, stack: Stack) -> int:
+    """The benchmark under a time limit; SIGINT/SIGTERM/SIGHUP cancel it so that the children are stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    caught: list[int] = []
+
+    def stop(sig: int) -> None:
+        caught.append(sig)
+        if task is not None:
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        async with asyncio.timeout(args.time_limit):
+            return 1 if await benchmark(args, stack) else 0
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+        print(f"bench: stopped by signal {caught[0]}", file=sys.stderr)
+        return 128 + caught[0]
+    except TimeoutError:
+        print(f"bench: not finished within --time-limit {args.time_limit:.0f} s", file=sys.stderr)
+        return 1
+    except Broken as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (default 1,8,32)")
+    parser.add_argument("--requests", type=int, default=100, help="requests per run: max(this, 4 x concurrency)")
+    parser.add_argument("--rounds", type=int, default=2, help="direct+botgw rounds per level (default 2)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="engine.max_tokens, also for direct (default 32)")
+    parser.add_argument("--warmup", type=int, default=32, help="warm-up requests per mode (default 32)")
+    parser.add_argument("--time-limit", type=float, default=360.0, help="stop and fail after this many seconds")
+    parser.add_argument("--engine-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs and config")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(level) for level in args.levels.split(",") if level.strip()]
+    except ValueError:
+        parser.error("--levels takes integers, e.g. 1,8,32")
+    if not args.levels or min(args.levels) < 1 or min(args.requests, args.rounds, args.max_tokens, args.warmup) < 1:
+        parser.error("levels, --requests, --rounds, --max-tokens and --warmup must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stack = Stack(Path(tempfile.mkdtemp(prefix="botgw-overhead-")))
+    code = 1
+    try:
+        code = asyncio.run(_main_task(args, stack))
+    finally:
+        stack.stop()
+        if code == 0 and not args.keep_logs:
+            shutil.rmtree(stack.log_dir, ignore_errors=True)
+        else:
+            print(f"logs: {stack.log_dir}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

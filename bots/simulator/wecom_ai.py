@@ -1,0 +1,148 @@
+"""WeCom's side of an AI bot (智能机器人): encrypted JSON callbacks, then refresh polling of the stream.
+
+It plays what WeCom does for a user: send the message, then poll "refresh" callbacks at an
+interval, spreading them over any number of gateway addresses (as WeCom's load balancer
+would), verifying and decrypting every reply, and assembling what the user sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bots.wecom.config import WeComAIBotConfig
+from bots.wecom.crypto import WeComCrypto
+
+STREAM_LIMIT_S = 360.0
+
+
+@dataclass
+class StreamView:
+    """Everything the user saw of one answer, in order."""
+
+    stream_id: str = ""
+    shown: list[str] = field(default_factory=list)
+    finished: bool = False
+    first_text_s: float | None = None
+    refresh_latencies_s: list[float] = field(default_factory=list)
+    first_reply: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.shown[-1] if self.shown else ""
+
+
+class AIBotReplyError(Exception):
+    """The gateway's reply was not a valid, correctly signed envelope."""
+
+
+class WeComAIBotUser:
+    """Talks to botgw as WeCom does on behalf of users of one AI bot."""
+
+    def __init__(
+        self, bot: WeComAIBotConfig, gateways: list[str], simulator_url: str, http: httpx.AsyncClient
+    ) -> None:
+        self.bot = bot
+        self.crypto = WeComCrypto(bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), "")
+        self._gateways = itertools.cycle([url.rstrip("/") for url in gateways])
+        self._simulator = simulator_url.rstrip("/")
+        self._http = http
+
+    def signed(self, payload: dict[str, Any], timestamp: int | None = None) -> tuple[dict[str, str], bytes]:
+        """Query and body of one callback carrying `payload`."""
+        ts = str(timestamp if timestamp is not None else int(time.time()))
+        nonce = str(secrets.randbelow(10**9))
+        encrypted, signature = self.crypto.signed_envelope(json.dumps(payload, ensure_ascii=False), ts, nonce)
+        params = {"msg_signature": signature, "timestamp": ts, "nonce": nonce}
+        return params, json.dumps({"encrypt": encrypted}).encode()
+
+    def open_reply(self, response: httpx.Response) -> dict[str, Any]:
+        """Verify the reply's signature and decrypt it, as WeCom would."""
+        if response.status_code != 200:
+            raise AIBotReplyError(f"gateway answered {response.status_code}: {response.text[:200]}")
+        if not response.content:
+            return {}
+        envelope = response.json()
+        plaintext = self.crypto.verify_and_decrypt(
+            envelope["msgsignature"], str(envelope["timestamp"]), envelope["nonce"], envelope["encrypt"]
+        )
+        return json.loads(plaintext)
+
+    async def post(self, payload: dict[str, Any], gateway: str | None = None) -> dict[str, Any]:
+        params, body = self.signed(payload)
+        url = f"{gateway or next(self._gateways)}/callback/{self.bot.id}"
+        return self.open_reply(await self._http.post(url, params=params, content=body))
+
+    async def new_response_url(self) -> str:
+        response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url")
+        return response.json()["response_url"]
+
+    def message_payload(self, user: str, text: str, response_url: str, msg_id: str = "", chat_id: str = "") -> dict:
+        payload: dict[str, Any] = {
+            "msgid": msg_id or secrets.token_hex(16),
+            "aibotid": f"aib-{self.bot.id}",
+            "chattype": "group" if chat_id else "single",
+            "from": {"userid": user},
+            "response_url": response_url,
+            "msgtype": "text",
+            "text": {"content": text},
+        }
+        if chat_id:
+            payload["chatid"] = chat_id
+        return payload
+
+    async def ask(
+        self,
+        user: str,
+        text: str,
+        *,
+        interval_s: float = 0.5,
+        chat_id: str = "",
+        on_update: Callable[[str], Awaitable[None]] | None = None,
+    ) -> StreamView:
+        """Send `text` as `user` and follow the stream to its end, as the WeCom client shows it."""
+        started = time.monotonic()
+        payload = self.message_payload(user, text, await self.new_response_url(), chat_id=chat_id)
+        view = StreamView()
+        view.first_reply = await self.post(payload)
+        stream = view.first_reply.get("stream") or {}
+        view.stream_id = str(stream.get("id", ""))
+        await self._see(view, stream, started, on_update)
+        while not view.finished and time.monotonic() - started < STREAM_LIMIT_S:
+            await asyncio.sleep(interval_s)
+            sent = time.monotonic()
+            reply = await self.post(self.refresh_payload(user, view.stream_id))
+            view.refresh_latencies_s.append(time.monotonic() - sent)
+            await self._see(view, reply.get("stream") or {}, started, on_update)
+        return view
+
+    def refresh_payload(self, user: str, stream_id: str) -> dict[str, Any]:
+        return {
+            "msgid": secrets.token_hex(16),
+            "aibotid": f"aib-{self.bot.id}",
+            "chattype": "single",
+            "from": {"userid": user},
+            "msgtype": "stream",
+            "stream": {"id": stream_id},
+        }
+
+    @staticmethod
+    async def _see(
+        view: StreamView, stream: dict[str, Any], started: float, on_update: Callable[[str], Awaitable[None]] | None
+    ) -> None:
+        content = str(stream.get("content", ""))
+        view.finished = bool(stream.get("finish"))
+        if content and view.first_text_s is None:
+            view.first_text_s = time.monotonic() - started
+        if not view.shown or content != view.shown[-1]:
+            view.shown.append(content)
+            if on_update:
+                await on_update(content)

@@ -1,0 +1,93 @@
+"""WeCom's side of group robots (webhook/send) and of AI-bot response_url, for the simulator.
+
+Group robots: WeCom accepts 20 messages a minute per robot and refuses the rest (45009);
+text is capped at 2048 bytes, markdown at 4096. An AI bot's response_url takes one message
+within an hour. Both record what a user would have seen.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+ROBOT_PER_MINUTE = 20
+CAPS = {"text": 2048, "markdown": 4096}
+RESPONSE_URL_CAP = 20480
+
+
+@dataclass
+class RobotState:
+    """Messages pushed to group robots and posted to AI-bot response URLs."""
+
+    pushed: list[dict[str, Any]] = field(default_factory=list)
+    refused: int = 0
+    responses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    response_urls_issued: set[str] = field(default_factory=set)
+
+    def reset(self) -> None:
+        self.pushed.clear()
+        self.responses.clear()
+        self.response_urls_issued.clear()
+        self.refused = 0
+
+
+def _error(errcode: int, errmsg: str) -> JSONResponse:
+    return JSONResponse({"errcode": errcode, "errmsg": errmsg})
+
+
+def robots_router(state: RobotState) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/cgi-bin/webhook/send")
+    async def webhook_send(request: Request, key: str = "") -> JSONResponse:
+        if not key:
+            return _error(93000, "invalid webhook url")
+        body = await request.json()
+        msgtype = body.get("msgtype")
+        if msgtype not in CAPS:
+            return _error(40008, "invalid message type")
+        content = str((body.get(msgtype) or {}).get("content", ""))
+        if len(content.encode("utf-8")) > CAPS[msgtype]:
+            return _error(40058, f"content exceed max length {CAPS[msgtype]}")
+        now = time.time()
+        recent = [item for item in state.pushed if item["key"] == key and now - item["at"] < 60]
+        if len(recent) >= ROBOT_PER_MINUTE:
+            state.refused += 1
+            return _error(45009, "api freq out of limit")
+        state.pushed.append({"key": key, "msgtype": msgtype, "content": content, "at": now})
+        return JSONResponse({"errcode": 0, "errmsg": "ok"})
+
+    @router.post("/__sim__/wecom-ai/response-url")
+    async def issue_response_url(request: Request) -> dict[str, str]:
+        """A fresh response_url, as WeCom puts one in each AI-bot message callback."""
+        token = secrets.token_hex(12)
+        state.response_urls_issued.add(token)
+        return {"response_url": f"{request.base_url}__sim__/wecom-ai/response/{token}"}
+
+    @router.post("/__sim__/wecom-ai/response/{token}")
+    async def response_url(token: str, request: Request) -> JSONResponse:
+        if token not in state.response_urls_issued:
+            return _error(93000, "invalid response_url")
+        if token in state.responses:
+            return _error(60207, "response_url can only be used once")
+        body = await request.json()
+        content = str((body.get("markdown") or body.get("text") or {}).get("content", ""))
+        if len(content.encode("utf-8")) > RESPONSE_URL_CAP:
+            return _error(40058, "content exceed max length")
+        state.responses[token] = {"msgtype": body.get("msgtype"), "content": content, "at": time.time()}
+        return JSONResponse({"errcode": 0, "errmsg": "ok"})
+
+    @router.get("/__sim__/wecom/webhook")
+    async def pushed(key: str = "") -> dict[str, Any]:
+        return {"messages": [m for m in state.pushed if not key or m["key"] == key], "refused": state.refused}
+
+    @router.get("/__sim__/wecom-ai/responses")
+    async def responses() -> dict[str, Any]:
+        return state.responses
+
+    return router

@@ -1,0 +1,179 @@
+"""WeCom AI bot (智能机器人) adapter: JSON callbacks in, encrypted stream replies out.
+
+WeCom drives the stream by polling: the first callback of a message is answered with a
+stream id, then WeCom sends "refresh" callbacks for that id, each answered with the full
+text so far, until one says finish. The adapter only translates; where the text so far
+lives (Redis, so that any replica can answer any refresh) is the gateway's business.
+The crypto is the app callbacks' with an empty receiver id; wechatpy only builds XML
+envelopes, so the JSON envelope is built here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget, RetryableSendError
+from bots.text import utf8_prefix
+from bots.wecom.adapter import check_timestamp, required_params
+from bots.wecom.config import WeComAIBotConfig
+from bots.wecom.crypto import WeComCrypto, sign
+
+PLATFORM = "wecom-ai"
+STREAM_MAX_BYTES = 20480
+RESPONSE_URL_MAX_BYTES = 20480
+TEXT_LIKE = ("text", "voice", "mixed")
+
+
+@dataclass(frozen=True)
+class StreamPoll:
+    """A refresh callback: WeCom asks for the current state of one stream."""
+
+    stream_id: str
+
+
+@dataclass(frozen=True)
+class WelcomeEvent:
+    """The user opened the chat (enter_chat): answer with the welcome text."""
+
+
+@dataclass(frozen=True)
+class UnsupportedMessage:
+    """A message type the bot cannot read (image, file): answered at once with a short notice."""
+
+    msg_type: str
+
+
+AIBotEvent = InboundMessage | StreamPoll | WelcomeEvent | UnsupportedMessage | None
+
+
+def stream_id_for(message_dedup_key: str) -> str:
+    """The same stream id for every retry of one message, so a retried first callback joins its stream."""
+    return hashlib.sha256(message_dedup_key.encode()).hexdigest()[:32]
+
+
+def _loads(data: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CallbackRejected("malformed_json", 400, f"{what} is not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise CallbackRejected("malformed_json", 400, f"{what} must be a JSON object")
+    return value
+
+
+def _text_of(payload: dict[str, Any], msg_type: str) -> str:
+    if msg_type == "text":
+        return str((payload.get("text") or {}).get("content", ""))
+    if msg_type == "voice":
+        return str((payload.get("voice") or {}).get("content", ""))
+    items = (payload.get("mixed") or {}).get("msg_item") or []
+    return "\n".join(
+        str((item.get("text") or {}).get("content", "")) for item in items if item.get("msgtype") == "text"
+    )
+
+
+class WeComAIBotAdapter:
+    """One AI bot: verifies its JSON callbacks, classifies them, and builds its encrypted replies."""
+
+    platform = PLATFORM
+    max_stream_bytes = STREAM_MAX_BYTES
+
+    def __init__(self, config: WeComAIBotConfig, http: httpx.AsyncClient) -> None:
+        self.config = config
+        self.bot_id = config.id
+        self._token = config.token.get_secret_value()
+        self.crypto = WeComCrypto(self._token, config.encoding_aes_key.get_secret_value(), "")
+        self._http = http
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str:
+        """GET URL verification, as for apps (receiver id empty)."""
+        signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+
+    def parse(self, query: Mapping[str, str], body: bytes, now: float) -> AIBotEvent:
+        signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        encrypted = _loads(body, "body").get("encrypt")
+        if not isinstance(encrypted, str) or not encrypted:
+            raise CallbackRejected("missing_encrypt", 400, "body has no encrypt field")
+        payload = _loads(self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted), "plaintext")
+        return self._classify(payload, now)
+
+    def _classify(self, payload: dict[str, Any], now: float) -> AIBotEvent:
+        msg_type = str(payload.get("msgtype", ""))
+        if msg_type == "stream":
+            stream_id = str((payload.get("stream") or {}).get("id", ""))
+            if not stream_id:
+                raise CallbackRejected("missing_fields", 400, "stream refresh without stream.id")
+            return StreamPoll(stream_id)
+        if msg_type == "event":
+            event_type = str((payload.get("event") or {}).get("eventtype", ""))
+            return WelcomeEvent() if event_type == "enter_chat" else None
+        sender = str((payload.get("from") or {}).get("userid", ""))
+        msg_id = str(payload.get("msgid", ""))
+        if not sender or not msg_id:
+            raise CallbackRejected("missing_fields", 400, "from.userid or msgid missing")
+        if msg_type not in TEXT_LIKE:
+            return UnsupportedMessage(msg_type or "unknown")
+        chat_id = str(payload.get("chatid", ""))
+        message = InboundMessage(
+            platform=PLATFORM,
+            bot_id=self.bot_id,
+            msg_id=msg_id,
+            conversation_id=chat_id or sender,
+            sender_id=sender,
+            text=_text_of(payload, msg_type),
+            mentioned_bot=payload.get("chattype") == "group",
+            received_at=now,
+            reply_to=ReplyTarget(user_id=sender, chat_id=chat_id, webhook_url=str(payload.get("response_url", ""))),
+        )
+        stream_id = stream_id_for(message.dedup_key)
+        return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def envelope(self, payload: dict[str, Any], nonce: str, timestamp: int) -> str:
+        """The encrypted JSON reply: {encrypt, msgsignature, timestamp, nonce}."""
+        encrypted = self.crypto.encrypt(json.dumps(payload, ensure_ascii=False))
+        signature = sign(self._token, str(timestamp), nonce, encrypted)
+        return json.dumps({"encrypt": encrypted, "msgsignature": signature, "timestamp": timestamp, "nonce": nonce})
+
+    @staticmethod
+    def stream_payload(stream_id: str, content: str, finish: bool) -> dict[str, Any]:
+        """A stream reply carrying the full text so far, cut to WeCom's 20480 bytes."""
+        return {
+            "msgtype": "stream",
+            "stream": {"id": stream_id, "finish": finish, "content": utf8_prefix(content, STREAM_MAX_BYTES)},
+        }
+
+    @staticmethod
+    def text_payload(text: str) -> dict[str, Any]:
+        return {"msgtype": "text", "text": {"content": text}}
+
+    async def send_overflow(self, target: ReplyTarget, text: str) -> None:
+        """POST the part of an answer that did not fit the stream to the message's response_url (usable once)."""
+        if not target.webhook_url:
+            raise PermanentSendError("message has no response_url", code="no_response_url")
+        content = utf8_prefix(text, RESPONSE_URL_MAX_BYTES)
+        body = {"msgtype": "markdown", "markdown": {"content": content}}
+        try:
+            response = await self._http.post(target.webhook_url, json=body)
+        except httpx.HTTPError as exc:
+            raise RetryableSendError(f"response_url unreachable: {type(exc).__name__}", code="network") from exc
+        if response.status_code >= 500:
+            raise RetryableSendError(f"response_url answered HTTP {response.status_code}", code=response.status_code)
+        data = response.json() if response.content else {}
+        if response.status_code != 200 or int(data.get("errcode", 0)) != 0:
+            raise PermanentSendError(f"response_url refused the answer: {data.get('errmsg', response.status_code)}")
+
+
+def new_nonce() -> str:
+    return str(secrets.randbelow(10**10))

@@ -1,0 +1,47 @@
+"""WeCom group robot (群机器人) push: send-only text and markdown to a group, for notifications and alerts.
+
+WeCom allows 20 messages a minute per robot and drops the rest; pacing is the worker's
+job (shared across replicas in Redis), splitting to the byte caps is done here.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from bots.base import PermanentSendError, ReplyTarget, RetryableSendError
+from bots.wecom.config import WeComWebhookConfig
+from bots.wecom.exceptions import error_for
+
+TEXT_MAX_BYTES = 2048
+MARKDOWN_MAX_BYTES = 4096
+
+
+class WeComWebhookAdapter:
+    """One group robot. `target.chat_id` carries the format: "markdown" or "text"."""
+
+    platform = "wecom-webhook"
+
+    def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
+        self.config = config
+        self.bot_id = config.id
+        self._http = http
+
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+        msgtype = "markdown" if target.chat_id == "markdown" else "text"
+        body = {"msgtype": msgtype, msgtype: {"content": text}}
+        url = f"{self.config.api_base}/cgi-bin/webhook/send"
+        try:
+            response = await self._http.post(url, params={"key": self.config.key.get_secret_value()}, json=body)
+        except httpx.HTTPError as exc:
+            raise RetryableSendError(f"group robot unreachable: {type(exc).__name__}", code="network") from exc
+        if response.status_code >= 500:
+            raise RetryableSendError(f"group robot answered HTTP {response.status_code}", code=response.status_code)
+        if response.status_code != 200:
+            raise PermanentSendError(f"group robot answered HTTP {response.status_code}", code=response.status_code)
+        data = response.json()
+        errcode = int(data.get("errcode", 0))
+        if errcode:
+            raise error_for(errcode, str(data.get("errmsg", "")))

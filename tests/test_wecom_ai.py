@@ -1,0 +1,263 @@
+"""WeCom AI bot (智能机器人): JSON crypto, streamed answers across two gateway replicas, takeover
+mid-stream, the 20480-byte limit with response_url, and group-robot pacing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from bots.base import InboundMessage, ReplyTarget
+from bots.simulator.wecom_ai import StreamView, WeComAIBotUser
+from bots.text import utf8_len
+from bots.wecom.aibot import stream_id_for
+from bots.wecom.config import WeComAIBotConfig
+from gateway import commands
+from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
+from tests.holding_proxy import HoldingProxy
+from tests.procs import Proc, engine_requests_finished, free_port, start_gateway, start_worker, write_config
+
+
+def ai_bot(stack: Stack) -> WeComAIBotConfig:
+    return WeComAIBotConfig(**next(b for b in stack.config["bots"] if b["id"] == "ai"))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def ask(stack: Stack, gateways: list[str], user: str, text: str, interval: float = 0.1) -> StreamView:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await WeComAIBotUser(ai_bot(stack), gateways, stack.sim_url, http).ask(user, text, interval_s=interval)
+
+
+def assert_never_backwards(view: StreamView) -> None:
+    for before, after in zip(view.shown, view.shown[1:], strict=False):
+        assert after.startswith(before), f"text went backwards: {before[-40:]!r} -> {after[-40:]!r}"
+
+
+def engine_answer(engine_url: str, text: str, max_tokens: int) -> str:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+    body = {"model": ENGINE_MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    return httpx.post(f"{engine_url}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"][
+        "content"
+    ]
+
+
+@pytest.fixture
+def second_gateway(stack: Stack) -> Iterator[str]:
+    port = free_port()
+    proc = start_gateway(stack.config_path, port, stack.log_dir, name="gateway-2")
+    yield f"http://127.0.0.1:{port}"
+    proc.stop()
+
+
+def test_json_crypto_and_bad_input(stack: Stack) -> None:
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            user = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            query = {"msg_signature": "", "timestamp": "", "nonce": ""}
+            url = f"{stack.gateway_url}/callback/ai"
+            welcome = await user.post({"msgtype": "event", "event": {"eventtype": "enter_chat"}})
+            assert welcome == {"msgtype": "text", "text": {"content": "welcome to the test bot"}}
+
+            params, body = user.signed({"msgtype": "text", "text": {"content": "x"}})
+            bad_sig = {**params, "msg_signature": "0" * 40}
+            assert (await http.post(url, params=bad_sig, content=body)).status_code == 403
+            assert (await http.post(url, params=params, content=b"{not json")).status_code == 400
+            assert (await http.post(url, params=params, content=b'["a list"]')).status_code == 400
+            encrypted, signature = user.crypto.signed_envelope("plain text, not JSON", params["timestamp"], "1")
+            not_json = {**params, "nonce": "1", "msg_signature": signature}
+            answer = await http.post(url, params=not_json, content=json.dumps({"encrypt": encrypted}).encode())
+            assert answer.status_code == 400
+            assert (await http.post(url, params=query, content=body)).status_code == 400
+
+    before = stack.entries_added()
+    run(scenario())
+    assert stack.entries_added() == before
+
+
+def test_streamed_answer_across_two_replicas(
+    stack: Stack, live_engine: str, second_gateway: str, user: str
+) -> None:
+    text = "Tell me about the weather in Beijing"
+    view = run(ask(stack, [stack.gateway_url, second_gateway], user, text, interval=0.05))
+    assert view.finished
+    assert_never_backwards(view)
+    assert view.text == engine_answer(live_engine, text, stack.config["engine"]["max_tokens"])
+    assert len(view.refresh_latencies_s) >= 2, "the refreshes must have alternated between the two gateways"
+
+
+def test_duplicate_first_callback_one_stream_one_engine_call(stack: Stack, live_engine: str, user: str) -> None:
+    async def scenario() -> tuple[str, str, StreamView]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            payload = sim.message_payload(user, "hello twice", await sim.new_response_url())
+            first = await sim.post(payload)
+            again = await sim.post(payload)  # WeCom's retry of the same callback
+            view = StreamView(stream_id=first["stream"]["id"])
+            while not view.finished:
+                await asyncio.sleep(0.1)
+                reply = await sim.post(sim.refresh_payload(user, view.stream_id))
+                view.finished = reply["stream"]["finish"]
+                view.shown.append(reply["stream"]["content"])
+            return first["stream"]["id"], again["stream"]["id"], view
+
+    before = engine_requests_finished(live_engine)
+    first_id, retry_id, view = run(scenario())
+    assert first_id == retry_id
+    assert view.text
+    time.sleep(1.0)
+    assert engine_requests_finished(live_engine) - before == 1
+
+
+async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: str) -> str:
+    """Queue a finished answer for an AI-bot message (as a command's answer is), to test delivery alone."""
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.queue import WorkQueue
+    from gateway.streams import StreamStore
+
+    message = InboundMessage(
+        platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(8), conversation_id=user, sender_id=user,
+        text="", reply_to=ReplyTarget(user_id=user, webhook_url=response_url),
+    )
+    stream_id = stream_id_for(message.dedup_key)
+    message = message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+
+    redis = Redis.from_url(stack.config["redis_url"])
+    keys = Keys(stack.namespace)
+    await StreamStore(redis, keys).open("ai", user, stream_id, limit=3, max_age_s=360)
+    fields = {"msg": message.model_dump_json(), "kind": "notice", "notice": answer, "rid": "test"}
+    await WorkQueue(redis, keys).enqueue(message.conversation_key, fields)
+    await redis.aclose()
+    return stream_id
+
+
+def test_answer_over_the_stream_limit_rest_through_response_url_once(stack: Stack, user: str) -> None:
+    answer = "".join(f"第{i}段：企业微信智能机器人的回答内容。\n" for i in range(1200))
+    assert utf8_len(answer) > 30000
+
+    async def scenario() -> tuple[StreamView, str]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            response_url = await sim.new_response_url()
+            stream_id = await enqueue_ai_answer(stack, user, answer, response_url)
+            view = StreamView(stream_id=stream_id)
+            deadline = time.monotonic() + 30
+            while not view.finished and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                reply = await sim.post(sim.refresh_payload(user, stream_id))
+                view.finished = reply["stream"]["finish"]
+                view.shown.append(reply["stream"]["content"])
+            return view, response_url.rsplit("/", 1)[1]
+
+    view, token = run(scenario())
+    assert view.finished
+    assert utf8_len(view.text) <= 20480 and answer.startswith(view.text)
+    time.sleep(1.0)
+    responses = httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
+    assert responses[token]["content"] == answer[len(view.text) :][: len(responses[token]["content"])]
+    assert view.text + responses[token]["content"] == answer[: len(view.text) + len(responses[token]["content"])]
+    assert responses[token]["msgtype"] == "markdown"
+
+
+def test_more_than_three_unfinished_messages_get_a_busy_notice(stack: Stack) -> None:
+    namespace = "b" + secrets.token_hex(4)
+    config = {**stack.config, "namespace": namespace}
+    path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+    port = free_port()
+    gateway = start_gateway(path, port, stack.log_dir, name=f"gw-{namespace}")  # no worker: nothing finishes
+    try:
+        async def scenario() -> list[dict]:
+            async with httpx.AsyncClient(timeout=10) as http:
+                sim = WeComAIBotUser(ai_bot(stack), [f"http://127.0.0.1:{port}"], stack.sim_url, http)
+                url = await sim.new_response_url()
+                return [await sim.post(sim.message_payload("busy-user", f"q{i}", url)) for i in range(4)]
+
+        replies = run(scenario())
+        assert [r["stream"]["finish"] for r in replies] == [False, False, False, True]
+        assert replies[3]["stream"]["content"] == commands.TOO_MANY_STREAMS_TEXT
+    finally:
+        gateway.stop()
+
+
+def test_worker_killed_mid_stream_another_finishes_never_backwards(
+    stack: Stack, live_engine: str, user: str
+) -> None:
+    namespace = "k" + secrets.token_hex(4)
+    slow = HoldingProxy(live_engine, chunk_delay_s=0.03).__enter__()
+    slow.release.set()
+    engine = {**stack.config["engine"], "max_tokens": 200, "base_url": slow.url}
+    config = {**stack.config, "namespace": namespace, "engine": engine}
+    path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+    port = free_port()
+    procs: dict[str, Proc] = {"gateway": start_gateway(path, port, stack.log_dir, name=f"gw-{namespace}")}
+    procs["a"] = start_worker(path, stack.log_dir, f"{namespace}-a")
+    seen_text = threading.Event()
+    result: dict[str, StreamView] = {}
+
+    async def follow() -> None:
+        async def on_update(text: str) -> None:
+            if text:
+                seen_text.set()
+
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(stack), [f"http://127.0.0.1:{port}"], stack.sim_url, http)
+            result["view"] = await sim.ask(user, "Write a very long story", interval_s=0.1, on_update=on_update)
+
+    follower = threading.Thread(target=lambda: asyncio.run(follow()))
+    try:
+        follower.start()
+        assert seen_text.wait(60), "worker A never started streaming"
+        procs["a"].kill()
+        procs["a"].popen.wait(5)
+        procs["b"] = start_worker(path, stack.log_dir, f"{namespace}-b")
+        follower.join(240)
+        view = result["view"]
+        assert view.finished
+        assert_never_backwards(view)
+        assert "took over a stalled message" in procs["b"].tail(200)
+        assert len(view.shown) >= 3
+    finally:
+        for proc in procs.values():
+            proc.stop()
+        slow.__exit__()
+
+
+def test_group_robot_burst_paced_to_twenty_a_minute(stack: Stack) -> None:
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.push import enqueue_push
+    from gateway.queue import WorkQueue
+
+    key = next(b for b in stack.config["bots"] if b["id"] == "robot")["key"]
+
+    async def burst() -> None:
+        redis = Redis.from_url(stack.config["redis_url"])
+        queue = WorkQueue(redis, Keys(stack.namespace))
+        for i in range(25):
+            await enqueue_push(queue, "robot", f"**alert {i}**", markdown=i % 2 == 0)
+        await redis.aclose()
+
+    run(burst())
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{stack.sim_url}/__sim__/wecom/webhook", params={"key": key}, timeout=5).json()
+        if len(state["messages"]) >= 25:
+            break
+        time.sleep(1)
+    messages = state["messages"]
+    assert [m["content"] for m in messages] == [f"**alert {i}**" for i in range(25)]
+    assert [m["msgtype"] for m in messages[:2]] == ["markdown", "text"]
+    assert state["refused"] == 0, "the robot was sent more than WeCom allows"
+    times = [m["at"] for m in messages]
+    assert all(times[i + 20] - times[i] >= 60 for i in range(len(times) - 20))
