@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import ctypes
 import json
@@ -236,8 +237,6 @@ class CpuMeter:
 
 
 def random_aes_key() -> str:
-    import base64
-
     return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
 
 
@@ -685,7 +684,11 @@ def report(
     print(_table(header, rows))
 
     print()
-    for what, suffix in (("CPU seconds", ""), ("run-queue wait seconds (runnable, no core free)", " wait")):
+    captions = (
+        ("CPU seconds", ""),
+        ("run-queue wait seconds (runnable, no core free; summed over threads, not all on a request's path)", " wait"),
+    )
+    for what, suffix in captions:
         print(f"{what} per process during the timed runs; ms/req = per request or message")
         rows = []
         for level, modes in results.items():

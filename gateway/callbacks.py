@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bots.base import InboundMessage
+from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import StreamPoll, UnsupportedMessage, WeComAIBotAdapter, WelcomeEvent
 from gateway import commands, metrics
@@ -22,6 +23,16 @@ from gateway.streams import StreamStore
 log = logging.getLogger(__name__)
 
 MAX_OPEN_STREAMS_PER_USER = 3  # WeCom: at most 3 messages of one user in progress with one bot
+
+
+@dataclass(frozen=True)
+class CallbackRequest:
+    """What a handler gets of the HTTP request: the platforms sign different parts of it."""
+
+    query: Mapping[str, str]
+    headers: Mapping[str, str]
+    body: bytes
+    now: float
 
 
 @dataclass(frozen=True)
@@ -38,11 +49,25 @@ class AppCallbacks:
         self.adapter = adapter
         self._ingest = ingest
 
-    async def handle(self, query: Mapping[str, str], body: bytes, now: float) -> CallbackReply:
-        message = self.adapter.parse(query, body, now)
+    async def handle(self, request: CallbackRequest) -> CallbackReply:
+        message = self.adapter.parse(request.query, request.body, request.now)
         outcome = "ignored" if message is None else await self._ingest.accept(message)
         metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
         return CallbackReply(200, "")
+
+
+class DingTalkCallbacks:
+    """DingTalk robot in HTTP mode: verify the signed headers, enqueue, answer 200 at once."""
+
+    def __init__(self, adapter: DingTalkRobotAdapter, ingest: Ingest) -> None:
+        self.adapter = adapter
+        self._ingest = ingest
+
+    async def handle(self, request: CallbackRequest) -> CallbackReply:
+        message = self.adapter.parse(request.headers, request.body, request.now)
+        outcome = await self._ingest.accept(message)
+        metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
+        return CallbackReply(200, "{}", "application/json")
 
 
 class AIBotCallbacks:
@@ -53,8 +78,9 @@ class AIBotCallbacks:
         self._ingest = ingest
         self._streams = streams
 
-    async def handle(self, query: Mapping[str, str], body: bytes, now: float) -> CallbackReply:
-        event = self.adapter.parse(query, body, now)
+    async def handle(self, request: CallbackRequest) -> CallbackReply:
+        query, now = request.query, request.now
+        event = self.adapter.parse(query, request.body, now)
         if isinstance(event, InboundMessage):
             payload, outcome = await self._first_callback(event)
         elif isinstance(event, StreamPoll):
@@ -100,7 +126,7 @@ class AIBotCallbacks:
         return self.adapter.stream_payload(stream_id, state.content, state.finished)
 
 
-CallbackHandler = AppCallbacks | AIBotCallbacks
+CallbackHandler = AppCallbacks | AIBotCallbacks | DingTalkCallbacks
 
 
 def callback_handlers(adapters: dict[str, object], ingest: Ingest, streams: StreamStore) -> dict[str, CallbackHandler]:
@@ -111,4 +137,6 @@ def callback_handlers(adapters: dict[str, object], ingest: Ingest, streams: Stre
             handlers[bot_id] = AppCallbacks(adapter, ingest)
         elif isinstance(adapter, WeComAIBotAdapter):
             handlers[bot_id] = AIBotCallbacks(adapter, ingest, streams)
+        elif isinstance(adapter, DingTalkRobotAdapter) and adapter.config.mode == "http":
+            handlers[bot_id] = DingTalkCallbacks(adapter, ingest)
     return handlers

@@ -63,6 +63,23 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dingtalk_stream(args: argparse.Namespace) -> int:
+    from gateway.stream_mode import run_stream_mode
+
+    settings = load_settings(args.config)
+    setup_logging(settings.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_stream_mode(settings, stop)
+
+    asyncio.run(main())
+    return 0
+
+
 def _hub_reachable(python: str, repo: str) -> bool:
     try:
         probe = subprocess.run([python, "-c", HUB_PROBE, repo], capture_output=True, timeout=20)
@@ -135,7 +152,7 @@ def _sim_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
-    app = create_simulator_app(settings.bots)
+    app = create_simulator_app(settings.bots, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
     return 0
 
@@ -187,6 +204,41 @@ def _sim_wecom_ai(args: argparse.Namespace) -> int:
         print(view.text)
         print(f"[{len(view.shown)} states, finished={view.finished}]", file=sys.stderr)
         return 0 if view.finished else 1
+
+    return asyncio.run(main())
+
+
+def _sim_dingtalk(args: argparse.Namespace) -> int:
+    from bots.dingtalk.config import DingTalkBotConfig
+    from bots.simulator.dingtalk_user import DingTalkUser
+
+    settings = load_settings(args.config)
+    bot = settings.bot(args.bot)
+    if not isinstance(bot, DingTalkBotConfig):
+        raise ConfigError(f"bot {args.bot!r} is not a dingtalk bot")
+
+    async def main() -> int:
+        async with httpx.AsyncClient(timeout=10) as http:
+            user = DingTalkUser(bot, args.gateway, args.simulator, http)
+            payload = await user.send(args.user, args.text, group=args.group or "")
+            deadline = time.monotonic() + args.timeout
+            seen: list[dict] = []
+            quiet_since = time.monotonic()
+            while time.monotonic() < deadline:
+                replies = await user.replies(payload["conversationId"])
+                mine = [r for r in replies if r["at"] * 1000 >= payload["createAt"]]
+                if len(mine) != len(seen):
+                    seen, quiet_since = mine, time.monotonic()
+                elif seen and time.monotonic() - quiet_since > 1.0:
+                    break
+                await asyncio.sleep(0.1)
+        if not seen:
+            print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
+            return 1
+        for reply in seen:
+            mention = f"@{','.join(reply['at_user_ids'])} " if reply["at_user_ids"] else ""
+            print(f"[{reply['via']}] {mention}{reply['content']}")
+        return 0
 
     return asyncio.run(main())
 
@@ -246,6 +298,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", default=None, help="consumer name (default host-pid-random)")
     worker.set_defaults(run=_worker)
 
+    stream = sub.add_parser("dingtalk-stream", help="hold the Stream-mode connection of every DingTalk stream bot")
+    stream.add_argument("--config", required=True)
+    stream.set_defaults(run=_dingtalk_stream)
+
     push = sub.add_parser("push", help="queue a message for a WeCom group robot (paced to 20 a minute)")
     push.add_argument("--config", required=True)
     push.add_argument("--bot", required=True)
@@ -293,6 +349,16 @@ def _parser() -> argparse.ArgumentParser:
     sim_wecom.add_argument("--timeout", type=float, default=120.0)
     sim_wecom.add_argument("text")
     sim_wecom.set_defaults(run=_sim_wecom)
+    sim_dt = sim_sub.add_parser("dingtalk", help="write to a DingTalk robot (HTTP or Stream mode), print its answer")
+    sim_dt.add_argument("--config", required=True)
+    sim_dt.add_argument("--bot", required=True)
+    sim_dt.add_argument("--user", required=True)
+    sim_dt.add_argument("--group", default=None, help="a group conversation id: the robot is @-mentioned there")
+    sim_dt.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_dt.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
+    sim_dt.add_argument("--timeout", type=float, default=120.0)
+    sim_dt.add_argument("text")
+    sim_dt.set_defaults(run=_sim_dingtalk)
     sim_ai = sim_sub.add_parser("wecom-ai", help="talk to a WeCom AI bot and watch the streamed answer grow")
     sim_ai.add_argument("--config", required=True)
     sim_ai.add_argument("--bot", required=True)

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bots.dingtalk.config import DingTalkBotConfig
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
 from engine.settings import EngineSettings
 
@@ -55,7 +56,9 @@ class WorkerSettings(BaseModel):
     metrics_port: int | None = None
 
 
-BotConfig = Annotated[WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig, Field(discriminator="platform")]
+BotConfig = Annotated[
+    WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig | DingTalkBotConfig, Field(discriminator="platform")
+]
 
 
 class Settings(BaseSettings):

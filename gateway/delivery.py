@@ -17,13 +17,14 @@ import time
 from redis.asyncio import Redis
 
 from bots.base import InboundMessage, ReplyChannel, SendError
+from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.text import split_utf8, utf8_prefix
 from bots.wecom.aibot import WeComAIBotAdapter
-from bots.wecom.webhook import WeComWebhookAdapter
 from gateway.config import WorkerSettings
 from gateway.keys import Keys
 from gateway.limits import MovingWindowLimiter
 from gateway.retry import retry
+from gateway.stream_sinks import DingTalkCardSink
 from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,15 @@ class Delivery:
         self._streams = streams
         self._cfg = settings
         self._redis_url = redis_url
-        self._pacers: dict[str, MovingWindowLimiter] = {}
+        self._pacers: dict[int, MovingWindowLimiter] = {}
 
     async def deliver(
         self, adapter: object, message: InboundMessage, record_key: str, text: str, record: dict[str, str]
     ) -> None:
         if isinstance(adapter, WeComAIBotAdapter):
             await self._finish_stream(adapter, message, record_key, text, record)
+        elif isinstance(adapter, DingTalkRobotAdapter) and (track := await self._redis.hget(record_key, "card_track")):
+            await DingTalkCardSink(self._streams, adapter, track.decode()).finish(text)
         else:
             await self._send_pieces(adapter, message, record_key, text, record)  # type: ignore[arg-type]
         await self._redis.hset(record_key, "done", "1")
@@ -68,8 +71,8 @@ class Delivery:
         started = int(record.get("started", 0))
         for index in range(sent, len(pieces)):
             outcome_unknown = index < started
-            if isinstance(adapter, WeComWebhookAdapter):
-                await self._pace(adapter)
+            if hasattr(adapter, "pacing"):
+                await self._pace(*adapter.pacing(message.reply_to))
             await self._redis.hset(record_key, "started", index + 1)
             piece = pieces[index]
             await self._retry_send(
@@ -90,16 +93,14 @@ class Delivery:
             what="send",
         )
 
-    async def _pace(self, adapter: WeComWebhookAdapter) -> None:
-        """Wait for a slot in the robot's per-minute allowance (shared by every worker)."""
-        pacer = self._pacers.get(adapter.bot_id)
+    async def _pace(self, key: str, per_minute: int) -> None:
+        """Wait for a slot in a per-minute allowance (a robot's, a conversation's), shared by every worker."""
+        pacer = self._pacers.get(per_minute)
         if pacer is None:
-            pacer = MovingWindowLimiter(
-                self._redis_url, f"{adapter.config.per_minute}/minute", self._keys.push_pace(adapter.bot_id)
-            )
-            self._pacers[adapter.bot_id] = pacer
+            pacer = MovingWindowLimiter(self._redis_url, f"{per_minute}/minute", self._keys.send_pace_prefix)
+            self._pacers[per_minute] = pacer
         while True:
-            decision = await pacer.hit(adapter.bot_id)
+            decision = await pacer.hit(key)
             if decision.allowed:
                 return
             await asyncio.sleep(min(decision.retry_after_s, 5))

@@ -58,9 +58,10 @@ class Keys:
         """A user's unfinished streams with one bot (a sorted set by start time)."""
         return f"{self.namespace}:streams:{bot_id}:{user}"
 
-    def push_pace(self, bot_id: str) -> str:
-        """Pacing window of a send-only group robot."""
-        return f"{self.namespace}:pace:{bot_id}"
+    @property
+    def send_pace_prefix(self) -> str:
+        """Prefix of the pacing windows of sends (per robot, per conversation)."""
+        return f"{self.namespace}:pace"
 
     def memory(self, session_key: str) -> str:
         """The turns of one session (a list of JSON objects)."""

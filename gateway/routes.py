@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bots.base import CallbackRejected
 from gateway import metrics
+from gateway.callbacks import CallbackRequest
 from gateway.logs import request_id
 from gateway.runtime import Runtime
 
@@ -72,7 +73,7 @@ async def receive(bot_id: str, request: Request) -> Response:
     platform = handler.adapter.platform
     try:
         body = await read_body(request, _runtime(request).settings.max_body_bytes)
-        reply = await handler.handle(request.query_params, body, time.time())
+        reply = await handler.handle(CallbackRequest(request.query_params, request.headers, body, time.time()))
     except BodyTooLarge:
         return _rejected(platform, CallbackRejected("body_too_large", 413, "request body too large"))
     except CallbackRejected as exc:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import httpx
 from redis.asyncio import Redis
 
+from bots.dingtalk.adapter import DingTalkRobotAdapter
+from bots.dingtalk.config import DingTalkBotConfig
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
@@ -25,7 +27,7 @@ from gateway.queue import WorkQueue
 from gateway.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
-Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter
+Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter | DingTalkRobotAdapter
 
 
 def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenStore) -> Adapter:
@@ -36,6 +38,8 @@ def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenSto
         return WeComAIBotAdapter(bot, http)
     if isinstance(bot, WeComWebhookConfig):
         return WeComWebhookAdapter(bot, http)
+    if isinstance(bot, DingTalkBotConfig):
+        return DingTalkRobotAdapter(bot, http, tokens)
     raise TypeError(f"no adapter for platform {bot.platform!r}")
 
 

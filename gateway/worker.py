@@ -20,7 +20,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, WatchError
 
 from bots.base import InboundMessage, SendError
-from bots.text import utf8_prefix
+from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from engine.client import Completion, EngineError
 from engine.observability import expert_usage, export_expert_usage, format_expert_trace
@@ -33,6 +33,7 @@ from gateway.memory import ConversationMemory, Turn, fit_to_budget
 from gateway.push import PUSH_PLATFORM, enqueue_push
 from gateway.queue import Entry
 from gateway.runtime import Adapter, Runtime
+from gateway.stream_sinks import DingTalkCardSink, StreamSink, WeComStreamSink
 from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
@@ -270,10 +271,8 @@ class Worker:
             *({"role": turn.role, "content": turn.content} for turn in history),
             {"role": "user", "content": message.text},
         ]
-        if isinstance(adapter, WeComAIBotAdapter):
-            completion = await self._stream_to_user(message.reply_to.stream_id, prompt, adapter.max_stream_bytes)
-        else:
-            completion = await engine.chat(prompt)
+        sink = await self._stream_sink(adapter, message, record_key)
+        completion = await (self._stream_to_user(sink, prompt) if sink else engine.chat(prompt))
         metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
@@ -287,21 +286,35 @@ class Worker:
         )
         return await self._commit(record_key, answer, message.session_key, exchange)
 
-    async def _stream_to_user(self, stream_id: str, prompt: list[dict[str, str]], max_bytes: int) -> Completion:
-        """Generate into the user's stream as the engine writes. If a worker or engine died mid-answer, what
-        the user already sees is continued (vLLM's continue_final_message), never replaced."""
+    async def _stream_sink(self, adapter: Adapter, message: InboundMessage, record_key: str) -> StreamSink | None:
+        """Where the answer is shown as it is written, if this platform shows it so."""
+        if isinstance(adapter, WeComAIBotAdapter):
+            return WeComStreamSink(self._streams, adapter, message)
+        if isinstance(adapter, DingTalkRobotAdapter) and adapter.config.ai_card.enabled:
+            track_id = adapter.api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
+            created = await self._rt.redis.hsetnx(record_key, "card_track", track_id)
+            await self._rt.redis.expire(record_key, self._settings.effective_dedup_ttl_s())
+            if not created:
+                track_id = (await self._rt.redis.hget(record_key, "card_track")).decode()
+            sink = DingTalkCardSink(self._streams, adapter, track_id)
+            await sink.open(adapter, message, create=bool(created))
+            return sink
+        return None
+
+    async def _stream_to_user(self, sink: StreamSink, prompt: list[dict[str, str]]) -> Completion:
+        """Generate into the user's stream or card as the engine writes. If a worker or engine died mid-answer,
+        what the user already sees is continued (vLLM's continue_final_message), never replaced."""
         for attempt in range(STREAM_ATTEMPTS):
-            state = await self._streams.get(stream_id)
-            shown = state.content if state else ""
+            shown = await sink.shown()
             text = shown
             pushed_at = 0.0
 
             async def on_delta(delta: str) -> None:
                 nonlocal text, pushed_at
                 text += delta
-                if time.monotonic() - pushed_at >= STREAM_UPDATE_INTERVAL_S:
+                if time.monotonic() - pushed_at >= sink.interval_s:
                     pushed_at = time.monotonic()
-                    await self._streams.update(stream_id, utf8_prefix(text, max_bytes))
+                    await sink.show(text)
 
             messages, extra = prompt, None
             if shown:

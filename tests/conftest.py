@@ -124,6 +124,20 @@ class Stack:
             return 0
 
 
+def dingtalk_bot(bot_id: str, mode: str, sim_url: str) -> dict:
+    return {
+        "id": bot_id,
+        "platform": "dingtalk",
+        "mode": mode,
+        "app_key": f"ding{secrets.token_hex(6)}",
+        "app_secret": secrets.token_urlsafe(24),
+        "api_base": sim_url,
+        "oapi_base": sim_url,
+        "stream_ping_interval_s": 1.0,
+        "stream_ping_timeout_s": 1.0,
+    }
+
+
 def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, **overrides: object) -> dict:
     config = {
         "redis_url": redis_url,
@@ -153,6 +167,9 @@ def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, 
                 "welcome_text": "welcome to the test bot",
             },
             {"id": "robot", "platform": "wecom-webhook", "key": secrets.token_hex(12), "api_base": sim_url},
+            dingtalk_bot("ding-http", "http", sim_url),
+            dingtalk_bot("ding-stream", "stream", sim_url),
+            {**dingtalk_bot("ding-card", "http", sim_url), "ai_card": {"enabled": True, "updates_per_second": 3}},
         ],
     }
     for key, value in overrides.items():

@@ -2,31 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
 
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
 from bots.simulator.wecom_api import WeComApiState, wecom_api_router
 from bots.simulator.wecom_robots import RobotState, robots_router
 from bots.wecom.config import WeComAppConfig
 
 
-def create_simulator_app(bots: Sequence[object]) -> FastAPI:
-    """WeCom's API for the configured apps (their corp ids and secrets are the accepted credentials),
-    group robots and AI-bot response URLs."""
+def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
+    """WeCom (apps, group robots, AI-bot response URLs) and DingTalk (OpenAPI, sessionWebhooks, Stream)
+    for the configured bots; `port` is the simulator's own, behind the Stream relay."""
     apps = {(bot.corp_id, bot.secret.get_secret_value()) for bot in bots if isinstance(bot, WeComAppConfig)}
-    state = WeComApiState(apps=apps)
+    wecom = WeComApiState(apps=apps)
     robots = RobotState()
-    app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None)
-    app.state.wecom = state
-    app.include_router(wecom_api_router(state))
-    app.include_router(robots_router(robots))
+    dingtalk = DingTalkState(
+        apps={(bot.app_key, bot.app_secret.get_secret_value()) for bot in bots if isinstance(bot, DingTalkBotConfig)}
+    )
+    relay = FreezableRelay(port)
 
-    @app.post("/__sim__/reset-all")
-    async def reset_all() -> dict[str, str]:
-        state.reset()
-        robots.reset()
-        return {"status": "reset"}
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await relay.start()
+        delivery = asyncio.create_task(deliver_stream_frames(dingtalk))
+        yield
+        delivery.cancel()
+        await relay.stop()
+
+    app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.wecom = wecom
+    app.include_router(wecom_api_router(wecom))
+    app.include_router(robots_router(robots))
+    app.include_router(dingtalk_router(dingtalk, relay))
 
     @app.get("/__sim__/healthz")
     async def healthz() -> dict[str, str]:

@@ -26,6 +26,10 @@ class WeComWebhookAdapter:
         self.bot_id = config.id
         self._http = http
 
+    def pacing(self, target: ReplyTarget) -> tuple[str, int]:
+        """WeCom drops what a robot sends beyond 20 a minute: pace every worker's sends together."""
+        return self.bot_id, self.config.per_minute
+
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES
 

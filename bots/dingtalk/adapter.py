@@ -1,0 +1,82 @@
+"""DingTalk enterprise robot adapter: HTTP-mode callbacks in, replies out (sessionWebhook, then OpenAPI).
+
+A reply goes through the message's sessionWebhook while it is valid (about 90 minutes,
+no token needed), @-mentioning the asker in groups; after that, or if DingTalk refuses
+the webhook, through the OpenAPI with the robot's access token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget, RetryableSendError, TokenStore
+from bots.dingtalk.client import DingTalkApiClient
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.crypto import verify_headers
+from bots.dingtalk.exceptions import SessionWebhookExpired, error_for
+from bots.dingtalk.models import parse_robot_message
+
+TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
+WEBHOOK_MARGIN_S = 60.0
+
+
+class DingTalkRobotAdapter:
+    """One enterprise robot, whichever mode its messages arrive in."""
+
+    platform = "dingtalk"
+
+    def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
+        self.config = config
+        self.bot_id = config.id
+        self._http = http
+        self.api = DingTalkApiClient(config, http, tokens)
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str:
+        raise CallbackRejected("no_handshake", 405, "DingTalk robots have no URL verification")
+
+    def parse(self, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage:
+        """HTTP mode: check timestamp and sign headers, then parse the JSON body."""
+        verify_headers(headers, self.config.app_secret.get_secret_value(), now, self.config.replay_window_s)
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CallbackRejected("malformed_json", 400, "body is not valid JSON") from exc
+        if not isinstance(payload, dict):
+            raise CallbackRejected("malformed_json", 400, "body must be a JSON object")
+        return parse_robot_message(self.bot_id, payload, now)
+
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        return TEXT_MAX_BYTES
+
+    def pacing(self, target: ReplyTarget) -> tuple[str, int]:
+        """At most `per_minute` sends per conversation, shared by every worker."""
+        return f"{self.bot_id}:{target.chat_id or target.user_id}", self.config.per_minute
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+        if target.webhook_url and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S:
+            try:
+                await self._send_by_session(target, text)
+                return
+            except SessionWebhookExpired:
+                pass  # DingTalk ended the session early: the OpenAPI still reaches the conversation
+        await self.api.send_text(group_id=target.chat_id, user_id=target.user_id, text=text)
+
+    async def _send_by_session(self, target: ReplyTarget, text: str) -> None:
+        body: dict = {"msgtype": "text", "text": {"content": text}}
+        if target.chat_id:
+            body["at"] = {"atUserIds": [target.user_id], "isAtAll": False}
+        try:
+            response = await self._http.post(target.webhook_url, json=body)
+        except httpx.HTTPError as exc:
+            raise RetryableSendError(f"sessionWebhook unreachable: {type(exc).__name__}", code="network") from exc
+        if response.status_code >= 500:
+            raise RetryableSendError(f"sessionWebhook answered HTTP {response.status_code}", code=response.status_code)
+        if response.status_code != 200:
+            raise PermanentSendError(f"sessionWebhook answered HTTP {response.status_code}", code=response.status_code)
+        data = response.json()
+        if int(data.get("errcode", 0) or 0):
+            raise error_for(int(data["errcode"]), str(data.get("errmsg", "")))

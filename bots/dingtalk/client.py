@@ -1,0 +1,146 @@
+"""DingTalk's OpenAPI for a robot: access token, group and one-to-one messages, AI cards.
+
+All calls are async (httpx): the dingtalk-stream SDK's helpers use blocking `requests`.
+The access token is shared by all replicas through the TokenStore (Redis) and refreshed
+by one process at a time, five minutes before it expires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from typing import Any
+
+import httpx
+
+from bots.base import PermanentSendError, RetryableSendError, TokenStore
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.exceptions import error_for
+
+log = logging.getLogger(__name__)
+TOKEN_EARLY_REFRESH_S = 300
+TOKEN_HEADER = "x-acs-dingtalk-access-token"
+
+FLOW_PROCESSING, FLOW_INPUTTING, FLOW_FINISHED, FLOW_FAILED = 1, 2, 3, 5
+
+
+class DingTalkApiClient:
+    """OpenAPI calls of one robot."""
+
+    def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
+        self._config = config
+        self._http = http
+        self._tokens = tokens
+        digest = hashlib.sha256(config.app_secret.get_secret_value().encode()).hexdigest()[:16]
+        self._token_name = f"dingtalk:{config.app_key}:{digest}"
+
+    async def access_token(self, stale: str | None = None) -> str:
+        cached = await self._tokens.get(self._token_name)
+        if cached and cached != stale:
+            return cached
+        async with self._tokens.refresh_lock(self._token_name):
+            cached = await self._tokens.get(self._token_name)
+            if cached and cached != stale:
+                return cached
+            if stale:
+                await self._tokens.invalidate(self._token_name, stale)
+            body = {"appKey": self._config.app_key, "appSecret": self._config.app_secret.get_secret_value()}
+            data = await self._call("POST", "/v1.0/oauth2/accessToken", body, token=None)
+            token = str(data["accessToken"])
+            ttl = max(60.0, float(data.get("expireIn", 7200)) - TOKEN_EARLY_REFRESH_S)
+            await self._tokens.put(self._token_name, token, ttl)
+            log.info("dingtalk token refreshed", extra={"bot_id": self._config.id})
+            return token
+
+    async def send_text(self, *, group_id: str, user_id: str, text: str) -> None:
+        """A text message through the OpenAPI: to the group, or one-to-one to the user."""
+        params = json.dumps({"content": text}, ensure_ascii=False)
+        if group_id:
+            body = {"robotCode": self._config.robot, "openConversationId": group_id, "msgKey": "sampleText",
+                    "msgParam": params}
+            await self.call("POST", "/v1.0/robot/groupMessages/send", body)
+        else:
+            body = {"robotCode": self._config.robot, "userIds": [user_id], "msgKey": "sampleText", "msgParam": params}
+            await self.call("POST", "/v1.0/robot/oToMessages/batchSend", body)
+
+    # -- AI cards ----------------------------------------------------------------------------
+
+    @staticmethod
+    def new_track_id(*parts: str) -> str:
+        return hashlib.sha256("|".join([*parts, uuid.uuid1().hex]).encode()).hexdigest()
+
+    async def create_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
+        """Create the AI card and deliver it into the conversation."""
+        space = {"supportForward": True}
+        body: dict[str, Any] = {
+            "cardTemplateId": self._config.ai_card.template_id,
+            "outTrackId": track_id,
+            "cardData": {"cardParamMap": {"flowStatus": str(FLOW_PROCESSING), "msgContent": ""}},
+            "callbackType": "STREAM",
+            "imGroupOpenSpaceModel" if group_id else "imRobotOpenSpaceModel": space,
+        }
+        await self.call("POST", "/v1.0/card/instances", body)
+        deliver: dict[str, Any] = {"outTrackId": track_id, "userIdType": 1}
+        if group_id:
+            deliver["openSpaceId"] = f"dtv1.card//IM_GROUP.{group_id}"
+            deliver["imGroupOpenDeliverModel"] = {"robotCode": self._config.robot}
+        else:
+            deliver["openSpaceId"] = f"dtv1.card//IM_ROBOT.{user_id}"
+            deliver["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT"}
+        await self.call("POST", "/v1.0/card/instances/deliver", deliver)
+
+    async def set_card_status(self, track_id: str, flow_status: int, content: str | None = None) -> None:
+        params: dict[str, str] = {"flowStatus": str(flow_status)}
+        if content is not None:
+            params["msgContent"] = content
+        body = {"outTrackId": track_id, "cardData": {"cardParamMap": params}}
+        await self.call("PUT", "/v1.0/card/instances", body)
+
+    async def stream_card(self, track_id: str, content: str, *, final: bool = False) -> None:
+        """Show the full text so far in the card."""
+        body = {
+            "outTrackId": track_id,
+            "guid": uuid.uuid1().hex,
+            "key": "msgContent",
+            "content": content,
+            "isFull": True,
+            "isFinalize": final,
+            "isError": False,
+        }
+        await self.call("PUT", "/v1.0/card/streaming", body)
+
+    # -- transport ---------------------------------------------------------------------------
+
+    async def call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAPI call with the token; refetch the token once when DingTalk says it is invalid."""
+        token = await self.access_token()
+        try:
+            return await self._call(method, path, body, token=token)
+        except _TokenRejected:
+            return await self._call(method, path, body, token=await self.access_token(stale=token))
+
+    async def _call(self, method: str, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+        headers = {TOKEN_HEADER: token} if token else {}
+        try:
+            response = await self._http.request(method, f"{self._config.api_base}{path}", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise RetryableSendError(f"DingTalk API unreachable: {type(exc).__name__}", code="network") from exc
+        data = response.json() if response.content else {}
+        if response.status_code == 401 and token:
+            raise _TokenRejected
+        if response.status_code == 429 or response.status_code >= 500:
+            raise RetryableSendError(f"DingTalk API answered HTTP {response.status_code}", code=response.status_code)
+        if response.status_code != 200:
+            code = str(data.get("code", response.status_code))
+            if code == "Forbidden.AccessDenied.QpsLimitForApi":
+                raise RetryableSendError("DingTalk API rate limit", code=code, retry_after=1.0)
+            raise PermanentSendError(f"DingTalk API {path}: {code} {data.get('message', '')}".strip(), code=code)
+        if int(data.get("errcode", 0) or 0):
+            raise error_for(int(data["errcode"]), str(data.get("errmsg", "")))
+        return data
+
+
+class _TokenRejected(Exception):
+    """HTTP 401 from the OpenAPI: the cached token is no longer valid."""

@@ -1,0 +1,51 @@
+"""Configuration of a DingTalk (钉钉) enterprise robot, in HTTP or Stream mode."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+DINGTALK_API_BASE = "https://api.dingtalk.com"
+DINGTALK_OAPI_BASE = "https://oapi.dingtalk.com"
+AI_CARD_TEMPLATE = "382e4302-551d-4880-bf29-a30acfab2e71.schema"
+
+
+class AICardSettings(BaseModel):
+    """Answers shown as an AI card that fills in as the engine writes (OpenAPI only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    template_id: str = AI_CARD_TEMPLATE
+    updates_per_second: float = Field(default=3.0, gt=0, le=10)
+
+
+class DingTalkBotConfig(BaseModel):
+    """An enterprise robot: HTTP mode (DingTalk posts to us) or Stream mode (we hold a WebSocket)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    platform: Literal["dingtalk"] = "dingtalk"
+    mode: Literal["http", "stream"] = "stream"
+    app_key: str
+    app_secret: SecretStr
+    robot_code: str = ""
+    api_base: str = DINGTALK_API_BASE
+    oapi_base: str = DINGTALK_OAPI_BASE
+    replay_window_s: int = Field(default=3600, ge=0)
+    per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
+    ai_card: AICardSettings = Field(default_factory=AICardSettings)
+    stream_ping_interval_s: float = Field(default=20.0, gt=0)
+    stream_ping_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("api_base", "oapi_base")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+    @property
+    def robot(self) -> str:
+        """robotCode: the app key unless configured otherwise (DingTalk's default for enterprise robots)."""
+        return self.robot_code or self.app_key

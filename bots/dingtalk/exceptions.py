@@ -1,0 +1,22 @@
+"""DingTalk error codes and how a sender must react to each."""
+
+from __future__ import annotations
+
+from bots.base import PermanentSendError, RetryableSendError, SendError
+
+SEND_TOO_FAST = 130101  # "send too fast": DingTalk throttles the robot
+SESSION_EXPIRED_CODES = frozenset({300001, 310000})
+
+
+class SessionWebhookExpired(SendError):
+    """The message's sessionWebhook no longer works: answer through the OpenAPI instead."""
+
+
+def error_for(errcode: int, errmsg: str) -> SendError:
+    if errcode == SEND_TOO_FAST:
+        return RetryableSendError("DingTalk says send too fast (130101)", code=errcode, retry_after=3.0)
+    if errcode in SESSION_EXPIRED_CODES:
+        return SessionWebhookExpired(f"sessionWebhook refused ({errcode}): {errmsg}", code=errcode)
+    if errcode == -1:
+        return RetryableSendError("DingTalk is busy (-1)", code=errcode)
+    return PermanentSendError(f"DingTalk errcode {errcode}: {errmsg}", code=errcode)

@@ -1,0 +1,40 @@
+"""A DingTalk robot message (HTTP body or Stream CALLBACK data; the same JSON) → InboundMessage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bots.base import CallbackRejected, InboundMessage, ReplyTarget
+
+PLATFORM = "dingtalk"
+GROUP = "2"
+
+
+def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> InboundMessage:
+    """Normalize; non-text messages keep their type so the worker can answer "text only for now"."""
+    msg_id = str(payload.get("msgId", ""))
+    sender = str(payload.get("senderStaffId") or payload.get("senderId") or "")
+    conversation = str(payload.get("conversationId", ""))
+    if not msg_id or not sender or not conversation:
+        raise CallbackRejected("missing_fields", 400, "msgId, sender or conversationId missing")
+    msg_type = str(payload.get("msgtype", ""))
+    text = str((payload.get("text") or {}).get("content", "")).strip() if msg_type == "text" else ""
+    group = str(payload.get("conversationType", "1")) == GROUP
+    expires_ms = payload.get("sessionWebhookExpiredTime") or 0
+    return InboundMessage(
+        platform=PLATFORM,
+        bot_id=bot_id,
+        msg_id=msg_id,
+        conversation_id=conversation,
+        sender_id=sender,
+        text=text,
+        msg_type=msg_type or "unknown",
+        mentioned_bot=bool(payload.get("isInAtList")) or not group,
+        received_at=now,
+        reply_to=ReplyTarget(
+            user_id=sender,
+            chat_id=conversation if group else "",
+            webhook_url=str(payload.get("sessionWebhook", "")),
+            webhook_expires_at=float(expires_ms) / 1000 if expires_ms else 0.0,
+        ),
+    )

@@ -1,0 +1,150 @@
+"""DingTalk Stream mode: an outbound WebSocket that DingTalk pushes robot messages into.
+
+dingtalk-stream provides the frame types (CallbackMessage, SystemMessage, AckMessage) used
+here. Its client is not: it opens connections with blocking `requests` inside the event
+loop, probes the local IP by routing toward a public address, pings without ever noticing
+a missing pong (a silently dead connection is never replaced), retries at a fixed 10 s,
+and reads its endpoint from a process-wide environment variable. So the connection loop
+is ours: async connections/open, websockets' ping/pong timeout to detect a silent link,
+reconnects with jittered backoff, and an ack only after the message is safely queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote_plus
+
+import httpx
+import websockets
+from dingtalk_stream.chatbot import ChatbotMessage
+from dingtalk_stream.frames import AckMessage, CallbackMessage, Headers, SystemMessage
+
+from bots.base import CallbackRejected, InboundMessage
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.models import parse_robot_message
+
+log = logging.getLogger(__name__)
+
+MessageSink = Callable[[InboundMessage], Awaitable[None]]
+MAX_BACKOFF_S = 30.0
+USER_AGENT = "botgw-dingtalk-stream/1"
+
+
+class StreamOpenError(Exception):
+    """connections/open did not give an endpoint and ticket."""
+
+
+def ack_frame(message_id: str, data: Any, code: int = AckMessage.STATUS_OK, text: str = "OK") -> str:
+    ack = AckMessage()
+    ack.code = code
+    ack.headers.message_id = message_id
+    ack.headers.content_type = Headers.CONTENT_TYPE_APPLICATION_JSON
+    ack.message = text
+    ack.data = data
+    return json.dumps(ack.to_dict())
+
+
+class DingTalkStreamConnection:
+    """Keeps one bot's Stream connection alive and hands its messages to `sink` (the ingest path)."""
+
+    def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, sink: MessageSink) -> None:
+        self.config = config
+        self._http = http
+        self._sink = sink
+        self.connections = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 1.0
+        while not stop.is_set():
+            try:
+                endpoint, ticket = await self._open()
+                uri = f"{endpoint}?ticket={quote_plus(ticket)}"
+                async with websockets.connect(
+                    uri,
+                    ping_interval=self.config.stream_ping_interval_s,
+                    ping_timeout=self.config.stream_ping_timeout_s,
+                    open_timeout=10,
+                    close_timeout=2,
+                ) as socket:
+                    self.connections += 1
+                    backoff = 1.0
+                    log.info("dingtalk stream connected", extra={"bot_id": self.config.id})
+                    await self._serve(socket, stop)
+            except (OSError, TimeoutError, httpx.HTTPError, websockets.WebSocketException, StreamOpenError) as exc:
+                log.warning(
+                    "dingtalk stream lost; reconnecting",
+                    extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}", "retry_in_s": backoff},
+                )
+            if stop.is_set():
+                break
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    async def _open(self) -> tuple[str, str]:
+        body = {
+            "clientId": self.config.app_key,
+            "clientSecret": self.config.app_secret.get_secret_value(),
+            "subscriptions": [{"type": "CALLBACK", "topic": ChatbotMessage.TOPIC}, {"type": "EVENT", "topic": "*"}],
+            "ua": USER_AGENT,
+            "localIp": "",
+        }
+        response = await self._http.post(f"{self.config.api_base}/v1.0/gateway/connections/open", json=body)
+        if response.status_code != 200:
+            raise StreamOpenError(f"connections/open answered HTTP {response.status_code}")
+        data = response.json()
+        if not data.get("endpoint") or not data.get("ticket"):
+            raise StreamOpenError("connections/open gave no endpoint or ticket")
+        return str(data["endpoint"]), str(data["ticket"])
+
+    async def _serve(self, socket: websockets.ClientConnection, stop: asyncio.Event) -> None:
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                receiving = asyncio.create_task(socket.recv())
+                done, _ = await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if stopping in done:
+                    receiving.cancel()
+                    await socket.close()
+                    return
+                reply = await self._route(json.loads(receiving.result()))
+                if reply == "disconnect":
+                    await socket.close()
+                    return
+                if reply:
+                    await socket.send(reply)
+        finally:
+            stopping.cancel()
+
+    async def _route(self, frame: dict[str, Any]) -> str | None:
+        """The frame's ack (or "disconnect"); a robot message is acked only once it is queued."""
+        frame_type = frame.get("type")
+        headers = frame.get("headers") or {}
+        message_id = str(headers.get("messageId", ""))
+        if frame_type == SystemMessage.TYPE:
+            if headers.get("topic") == SystemMessage.TOPIC_DISCONNECT:
+                log.info("dingtalk asked to reconnect", extra={"bot_id": self.config.id})
+                return "disconnect"
+            return ack_frame(message_id, frame.get("data"))  # ping: echo the opaque data
+        if frame_type == CallbackMessage.TYPE and headers.get("topic") == ChatbotMessage.TOPIC:
+            return await self._robot_message(message_id, frame.get("data"))
+        return ack_frame(message_id, {"response": None})
+
+    async def _robot_message(self, message_id: str, data: Any) -> str:
+        try:
+            payload = json.loads(data) if isinstance(data, str) else dict(data or {})
+            message = parse_robot_message(self.config.id, payload, time.time())
+        except (ValueError, TypeError, CallbackRejected) as exc:
+            log.warning("unreadable dingtalk stream message", extra={"error": str(exc)})
+            return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")
+        try:
+            await self._sink(message)
+        except Exception:
+            log.exception("could not queue a dingtalk message; not acking it, so DingTalk may resend it")
+            return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "retry")
+        return ack_frame(message_id, {"response": None})

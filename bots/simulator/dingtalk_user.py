@@ -1,0 +1,86 @@
+"""DingTalk's client side: a person writing to a robot, one-to-one or @-mentioning it in a group.
+
+For an HTTP-mode robot the message is POSTed to the gateway with DingTalk's signed headers;
+for a Stream-mode robot it is pushed through the simulated Stream gateway. Either way it
+carries a sessionWebhook issued by the simulator, where the answer then shows up.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import httpx
+
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.crypto import sign
+
+
+def robot_payload(
+    bot: DingTalkBotConfig, user: str, text: str, *, conversation: str, group: bool, webhook: dict[str, Any]
+) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000)
+    payload: dict[str, Any] = {
+        "msgtype": "text",
+        "text": {"content": f" {text}" if group else text},
+        "msgId": "msg" + secrets.token_hex(12),
+        "createAt": now_ms,
+        "conversationType": "2" if group else "1",
+        "conversationId": conversation,
+        "senderId": "$:LWCP_v1:$" + secrets.token_hex(8),
+        "senderNick": user,
+        "senderCorpId": "ding-sim-corp",
+        "senderStaffId": user,
+        "chatbotCorpId": "ding-sim-corp",
+        "chatbotUserId": "$:LWCP_v1:$bot",
+        "robotCode": bot.robot,
+        "isAdmin": False,
+        "isInAtList": group,
+        "sessionWebhook": webhook["url"],
+        "sessionWebhookExpiredTime": webhook["expires_ms"],
+    }
+    if group:
+        payload["conversationTitle"] = "botgw test group"
+        payload["atUsers"] = [{"dingtalkId": "$:LWCP_v1:$bot"}]
+    return payload
+
+
+class DingTalkUser:
+    """Sends robot messages as DingTalk would and reads what the robot answered."""
+
+    def __init__(self, bot: DingTalkBotConfig, gateway_url: str, simulator_url: str, http: httpx.AsyncClient) -> None:
+        self.bot = bot
+        self._gateway = gateway_url.rstrip("/")
+        self._sim = simulator_url.rstrip("/")
+        self._http = http
+
+    async def send(
+        self, user: str, text: str, *, group: str = "", webhook_ttl_s: float = 5400, payload: dict | None = None
+    ) -> dict[str, Any]:
+        """Deliver one message; returns the payload (its conversationId and msgId)."""
+        conversation = group or f"cid-single-{user}"
+        if payload is None:
+            webhook = (
+                await self._http.post(
+                    f"{self._sim}/__sim__/dingtalk/session",
+                    json={"conversation": conversation, "user": user, "group": bool(group), "ttl_s": webhook_ttl_s},
+                )
+            ).json()
+            payload = robot_payload(self.bot, user, text, conversation=conversation, group=bool(group), webhook=webhook)
+        if self.bot.mode == "http":
+            response = await self.post_signed(payload)
+            response.raise_for_status()
+        else:
+            body = {"client_id": self.bot.app_key, "payload": payload}
+            (await self._http.post(f"{self._sim}/__sim__/dingtalk/stream/push", json=body)).raise_for_status()
+        return payload
+
+    async def post_signed(self, payload: dict[str, Any], timestamp_ms: int | None = None) -> httpx.Response:
+        ts = str(timestamp_ms if timestamp_ms is not None else int(time.time() * 1000))
+        headers = {"timestamp": ts, "sign": sign(ts, self.bot.app_secret.get_secret_value())}
+        return await self._http.post(f"{self._gateway}/callback/{self.bot.id}", json=payload, headers=headers)
+
+    async def replies(self, conversation: str) -> list[dict[str, Any]]:
+        url = f"{self._sim}/__sim__/dingtalk/messages"
+        return (await self._http.get(url, params={"conversation": conversation})).json()

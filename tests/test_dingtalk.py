@@ -1,0 +1,242 @@
+"""DingTalk enterprise robot: HTTP-mode signatures, HTTP and Stream mode end to end, Stream connections
+dropped or silent, two stream processes, sessionWebhook expiry and throttling, AI cards."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.crypto import sign
+from bots.simulator.dingtalk_user import DingTalkUser
+from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
+from tests.holding_proxy import HoldingProxy
+from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, write_config
+
+
+def bot(stack: Stack, bot_id: str) -> DingTalkBotConfig:
+    return DingTalkBotConfig(**next(b for b in stack.config["bots"] if b["id"] == bot_id))
+
+
+def send(stack: Stack, bot_id: str, user: str, text: str, **kwargs: object) -> dict:
+    async def go() -> dict:
+        async with httpx.AsyncClient(timeout=10) as http:
+            return await DingTalkUser(bot(stack, bot_id), stack.gateway_url, stack.sim_url, http).send(
+                user, text, **kwargs
+            )
+
+    return asyncio.run(go())
+
+
+def replies(stack: Stack, conversation: str) -> list[dict]:
+    url = f"{stack.sim_url}/__sim__/dingtalk/messages"
+    return httpx.get(url, params={"conversation": conversation}, timeout=5).json()
+
+
+def wait_replies(stack: Stack, conversation: str, count: int, timeout: float = 60, settle: float = 1.5) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(replies(stack, conversation)) >= count:
+            time.sleep(settle)
+            return replies(stack, conversation)
+        time.sleep(0.1)
+    raise AssertionError(f"{conversation}: {len(replies(stack, conversation))} replies, expected {count}")
+
+
+def engine_answer(engine_url: str, text: str, max_tokens: int) -> str:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+    body = {"model": ENGINE_MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    response = httpx.post(f"{engine_url}/v1/chat/completions", json=body, timeout=120)
+    return response.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def stream_process(stack: Stack) -> Iterator[Proc]:
+    proc = Proc([*BOTGW, "dingtalk-stream", "--config", str(stack.config_path)], stack.log_dir / "dingtalk-stream.log")
+    deadline = time.monotonic() + 30
+    while "dingtalk stream connected" not in proc.tail(20) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "dingtalk stream connected" in proc.tail(20), proc.tail()
+    yield proc
+    proc.stop()
+
+
+def stream_stats(stack: Stack) -> dict:
+    return httpx.get(f"{stack.sim_url}/__sim__/dingtalk/stream/stats", timeout=5).json()
+
+
+# -- HTTP mode signature ---------------------------------------------------------------------
+
+
+def test_reference_signature() -> None:
+    assert sign("1577262236757", "this is secret") == "hmPWwU+7lVdm3ZZz0r9tSfx0L4Q26jWOZr9+Gs6EZQM="
+
+
+def test_http_signature_checks(stack: Stack, user: str) -> None:
+    robot = bot(stack, "ding-http")
+    payload = {"msgtype": "text", "text": {"content": "/help"}, "msgId": f"m-{user}", "conversationType": "1",
+               "conversationId": f"cid-{user}", "senderStaffId": user}
+    url = f"{stack.gateway_url}/callback/ding-http"
+    secret = robot.app_secret.get_secret_value()
+    now_ms = int(time.time() * 1000)
+    old_ms = now_ms - 61 * 60 * 1000
+    before = stack.entries_added()
+    cases = {
+        "wrong sign": ({"timestamp": str(now_ms), "sign": sign(str(now_ms), "not-the-secret")}, 403),
+        "missing headers": ({}, 400),
+        "61 minutes old": ({"timestamp": str(old_ms), "sign": sign(str(old_ms), secret)}, 403),
+    }
+    for name, (headers, status) in cases.items():
+        assert httpx.post(url, json=payload, headers=headers).status_code == status, name
+    assert stack.entries_added() == before
+    good = {"timestamp": str(now_ms), "sign": sign(str(now_ms), secret)}
+    assert httpx.post(url, json=payload, headers=good).status_code == 200
+    assert stack.entries_added() == before + 1
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bot_id", ["ding-http", "ding-stream"])
+def test_one_to_one_and_group_through_the_engine(
+    stack: Stack, live_engine: str, stream_process: Proc, user: str, bot_id: str
+) -> None:
+    max_tokens = stack.config["engine"]["max_tokens"]
+    single = send(stack, bot_id, user, "What is DingTalk?")
+    answer = wait_replies(stack, single["conversationId"], 1)
+    assert [r["content"] for r in answer] == [engine_answer(live_engine, "What is DingTalk?", max_tokens)]
+    assert answer[0]["at_user_ids"] == [] and answer[0]["via"] == "session"
+
+    group = f"cid-group-{user}"
+    send(stack, bot_id, user, "Summarise the meeting", group=group)
+    answer = wait_replies(stack, group, 1)
+    assert len(answer) == 1 and answer[0]["at_user_ids"] == [user], "the asker is @-mentioned in groups"
+    assert answer[0]["content"] == engine_answer(live_engine, " Summarise the meeting".strip(), max_tokens)
+
+
+def test_non_text_message_gets_text_only_notice(stack: Stack, user: str) -> None:
+    payload = send(stack, "ding-http", user, "/help")  # the first one sets a session up
+    wait_replies(stack, payload["conversationId"], 1)
+    picture = {**payload, "msgtype": "picture", "msgId": payload["msgId"] + "-pic", "content": {"downloadCode": "x"}}
+    picture.pop("text")
+    send(stack, "ding-http", user, "", payload=picture)
+    assert "text" in wait_replies(stack, payload["conversationId"], 2)[1]["content"].lower()
+
+
+# -- Stream connection trouble ---------------------------------------------------------------
+
+
+def test_stream_dropped_then_silent_every_message_answered_once(
+    stack: Stack, stream_process: Proc, user: str
+) -> None:
+    conversation = f"cid-single-{user}"
+    send(stack, "ding-stream", user, "/help")
+    wait_replies(stack, conversation, 1, settle=0)
+    opened = stream_stats(stack)["opened"]
+
+    httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/drop", timeout=5)
+    for _ in range(3):
+        send(stack, "ding-stream", user, "/help")
+    wait_replies(stack, conversation, 4, settle=0)
+
+    assert httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/silence", timeout=5).json()["silenced"] >= 1
+    for _ in range(3):
+        send(stack, "ding-stream", user, "/help")
+    delivered = wait_replies(stack, conversation, 7, timeout=60, settle=3.0)
+    assert len(delivered) == 7
+    assert stream_stats(stack)["opened"] >= opened + 2, "botgw should have reconnected twice"
+    assert stream_stats(stack)["pending"] == 0
+    assert "dingtalk stream lost; reconnecting" in stream_process.tail(200)
+
+
+def test_two_stream_processes_each_message_answered_once(stack: Stack, stream_process: Proc) -> None:
+    second = Proc([*BOTGW, "dingtalk-stream", "--config", str(stack.config_path)], stack.log_dir / "dts-2.log")
+    try:
+        deadline = time.monotonic() + 30
+        while "dingtalk stream connected" not in second.tail(20) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        users = [f"two{i}-{int(time.time())}" for i in range(10)]
+        for person in users:
+            send(stack, "ding-stream", person, "/help")
+        for person in users:
+            assert len(wait_replies(stack, f"cid-single-{person}", 1, settle=0)) >= 1
+        time.sleep(2.0)
+        assert all(len(replies(stack, f"cid-single-{person}")) == 1 for person in users)
+        assert stream_stats(stack)["live"][bot(stack, "ding-stream").app_key] >= 2
+    finally:
+        second.stop()
+
+
+# -- sending -----------------------------------------------------------------------------------
+
+
+def test_expired_session_webhook_answer_goes_through_openapi(stack: Stack, user: str) -> None:
+    payload = send(stack, "ding-http", user, "/help", webhook_ttl_s=1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        mine = httpx.get(f"{stack.sim_url}/__sim__/dingtalk/messages", params={"user": user}).json()
+        if mine:
+            break
+        time.sleep(0.1)
+    assert len(mine) == 1 and mine[0]["via"] == "openapi" and mine[0]["user"] == user
+    assert payload["sessionWebhookExpiredTime"] <= (time.time() + 1) * 1000
+
+
+def test_send_too_fast_backs_off_then_delivers(stack: Stack, user: str) -> None:
+    httpx.post(f"{stack.sim_url}/__sim__/dingtalk/faults", json={"errcode": 130101, "times": 2}, timeout=5)
+    started = time.monotonic()
+    payload = send(stack, "ding-http", user, "/help")
+    delivered = wait_replies(stack, payload["conversationId"], 1, settle=1.0)
+    assert len(delivered) == 1
+    assert time.monotonic() - started >= 5.0, "two 130101 answers ask for at least 3 s each"
+
+
+# -- AI card -----------------------------------------------------------------------------------
+
+
+def test_ai_card_streams_full_text_at_most_three_updates_a_second(
+    stack: Stack, live_engine: str, user: str
+) -> None:
+    with HoldingProxy(live_engine, chunk_delay_s=0.03) as slow:
+        slow.release.set()
+        namespace = f"c{int(time.time())}"
+        engine = {**stack.config["engine"], "base_url": slow.url, "max_tokens": 120}
+        config = {**stack.config, "namespace": namespace, "engine": engine}
+        path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+        port = free_port()
+        procs = [
+            start_gateway(path, port, stack.log_dir, f"gw-{namespace}"),
+            start_worker(path, stack.log_dir, namespace),
+        ]
+        try:
+            card_stack = Stack(config, path, f"http://127.0.0.1:{port}", stack.sim_url, stack.redis, namespace,
+                               stack.log_dir)
+            before = set(httpx.get(f"{stack.sim_url}/__sim__/dingtalk/cards", timeout=5).json())
+            send(card_stack, "ding-card", user, "Explain AI cards")
+            deadline = time.monotonic() + 90
+            events: list[dict] = []
+            while time.monotonic() < deadline:
+                cards = httpx.get(f"{stack.sim_url}/__sim__/dingtalk/cards", timeout=5).json()
+                new = [track for track in cards if track not in before]
+                if new and any(e["op"] == "status" and e["flowStatus"] == "3" for e in cards[new[0]]):
+                    events = cards[new[0]]
+                    break
+                time.sleep(0.2)
+        finally:
+            for proc in procs:
+                proc.stop()
+    ops = [e["op"] for e in events]
+    assert ops[:2] == ["create", "deliver"] and ops[-1] == "status"
+    updates = [e for e in events if e["op"] == "stream"]
+    assert len(updates) >= 3
+    texts = [e["content"] for e in updates]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts)), "each update is the full text so far"
+    times = [e["at"] for e in updates if not e["finalize"]]
+    assert all(b - a >= 0.3 for a, b in itertools.pairwise(times)), "no more than ~3 updates a second"
+    final = events[-1]["content"]
+    assert final == texts[-1] == engine_answer(live_engine, "Explain AI cards", 120)
