@@ -2,6 +2,8 @@
 
 Measures the acknowledgement path only (verify → decrypt → parse → dedup+enqueue (one Redis script) → 200), with no
 worker, against a bare FastAPI app that just reads the body and answers 200, run by uvicorn the same way.
+The same gateway process is also measured with DingTalk HTTP-mode robot callbacks (signed `timestamp`/`sign`
+headers, JSON body; verify → parse → dedup+enqueue → 200 "{}"), the row `gateway-dingtalk`.
 
 Phase 1 (capacity): closed loop, `--concurrency` keep-alive connections for `--duration` seconds after a warm-up.
 Phase 2 (latency): open loop at half the gateway's capacity, the same rate against both servers; latency is taken
@@ -20,6 +22,7 @@ import base64
 import contextlib
 import ctypes
 import gc
+import json
 import math
 import os
 import re
@@ -42,6 +45,7 @@ from fastapi import FastAPI, Request, Response
 
 ROOT = Path(__file__).resolve().parent.parent
 BOT_ID = "app"
+DINGTALK_BOT_ID = "ding"
 NAMESPACE = "bench"
 START_TIMEOUT_S = 30.0
 PHASE_GRACE_S = 30.0
@@ -173,7 +177,8 @@ def random_aes_key() -> str:
 
 
 def gateway_config(redis_url: str) -> dict[str, Any]:
-    """One WeCom bot; limits high enough never to throttle; WARNING logs, as in production."""
+    """One WeCom app and one DingTalk HTTP-mode robot; limits high enough never to throttle; WARNING logs."""
+    api_base = f"http://127.0.0.1:{free_port()}"  # nothing listens: no worker runs, nothing is sent
     return {
         "redis_url": redis_url,
         "namespace": NAMESPACE,
@@ -189,8 +194,17 @@ def gateway_config(redis_url: str) -> dict[str, Any]:
                 "secret": secrets.token_urlsafe(24),
                 "token": secrets.token_hex(8),
                 "encoding_aes_key": random_aes_key(),
-                "api_base": f"http://127.0.0.1:{free_port()}",
-            }
+                "api_base": api_base,
+            },
+            {
+                "id": DINGTALK_BOT_ID,
+                "platform": "dingtalk",
+                "mode": "http",
+                "app_key": "dingbench" + secrets.token_hex(5),
+                "app_secret": secrets.token_urlsafe(24),
+                "api_base": api_base,
+                "oapi_base": api_base,
+            },
         ],
     }
 
@@ -219,6 +233,47 @@ class CallbackFactory:
                 f"Content-Type: text/xml\r\nContent-Length: {len(callback.body)}\r\n\r\n"
             )
             out.append(head.encode("ascii") + callback.body)
+        self._next += count
+        return out
+
+
+class DingTalkCallbackFactory:
+    """Builds complete DingTalk HTTP-mode robot callbacks (signed headers, JSON body), each with its own msgId.
+
+    DingTalk signs each request with its own millisecond timestamp; one timestamp per batch costs the gateway the
+    same (it recomputes the HMAC on every request either way), as the WeCom factory's one timestamp does.
+    """
+
+    def __init__(self, bot_config: dict[str, Any], users: int) -> None:
+        from bots.dingtalk.config import DingTalkBotConfig
+
+        self._bot = DingTalkBotConfig(**bot_config)
+        self._users = users
+        self._next = 0
+        self._msg_base = secrets.randbelow(10**9) * 10**9
+
+    def build(self, count: int) -> list[bytes]:
+        from bots.dingtalk.crypto import sign
+        from bots.simulator.dingtalk_user import robot_payload
+
+        timestamp = str(int(time.time() * 1000))
+        signature = sign(timestamp, self._bot.app_secret.get_secret_value())
+        webhook = {
+            "url": f"{self._bot.oapi_base}/robot/sendBySession?session=bench",
+            "expires_ms": int(time.time() * 1000) + 5_400_000,
+        }
+        out: list[bytes] = []
+        for i in range(self._next, self._next + count):
+            user = f"bench-user-{i % self._users:06d}"
+            text, conversation = f"benchmark message {i}", f"cid-single-{user}"
+            payload = robot_payload(self._bot, user, text, conversation=conversation, group=False, webhook=webhook)
+            payload["msgId"] = f"msgbench{self._msg_base + i}"
+            body = json.dumps(payload, ensure_ascii=False).encode()
+            head = (
+                f"POST /callback/{self._bot.id} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"timestamp: {timestamp}\r\nsign: {signature}\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            out.append(head.encode("ascii") + body)
         self._next += count
         return out
 
@@ -555,16 +610,18 @@ def timed_phase(coro: Coroutine[Any, Any, T], limit_s: float, fast: bool) -> T:
 # --------------------------------------------------------------------------- report
 
 
-def gateway_outcomes(port: int) -> dict[str, float]:
-    """botgw_callbacks_total by outcome, from the gateway's /metrics."""
+def gateway_outcomes(port: int) -> dict[str, dict[str, float]]:
+    """botgw_callbacks_total by platform, then outcome, from the gateway's /metrics."""
     import httpx
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    outcomes: dict[str, float] = {}
+    outcomes: dict[str, dict[str, float]] = {}
     for match in re.finditer(r"^botgw_callbacks_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
         outcome = re.search(r'outcome="([^"]*)"', match.group(1))
+        platform = re.search(r'platform="([^"]*)"', match.group(1))
         if outcome:
-            outcomes[outcome.group(1)] = outcomes.get(outcome.group(1), 0.0) + float(match.group(2))
+            counts = outcomes.setdefault(platform.group(1) if platform else "", {})
+            counts[outcome.group(1)] = counts.get(outcome.group(1), 0.0) + float(match.group(2))
     return outcomes
 
 
@@ -632,45 +689,71 @@ def start_servers(stack: Stack) -> tuple[int, int, dict[str, Any], Any]:
     return gateway_port, bare_port, config, client
 
 
+# Rows of the table: name -> (server process, callback kind). The gateway rows share one process, one at a time.
+TARGETS: dict[str, tuple[str, str]] = {
+    "bare": ("bare", "wecom"),
+    "gateway": ("gateway", "wecom"),
+    "gateway-dingtalk": ("gateway", "dingtalk"),
+}
+PLATFORM_OF = {"gateway": "wecom", "gateway-dingtalk": "dingtalk"}
+
+
 def benchmark(args: argparse.Namespace, stack: Stack) -> int:
-    """Both phases against both servers, then the table; returns the exit code."""
+    """Both phases against every target, then the table; returns the exit code."""
     began = time.perf_counter()
     gateway_port, bare_port, config, redis_client = start_servers(stack)
-    servers = {"bare": bare_port, "gateway": gateway_port}
-    meters = {name: Meter({"server": stack.children[name], "redis": stack.children["redis"]}) for name in servers}
-    factory = CallbackFactory(config["bots"][0], args.users)
+    ports = {"bare": bare_port, "gateway": gateway_port}
+    meters = {
+        name: Meter({"server": stack.children[server], "redis": stack.children["redis"]})
+        for name, (server, _) in TARGETS.items()
+    }
+    factories: dict[str, CallbackFactory | DingTalkCallbackFactory] = {
+        "wecom": CallbackFactory(config["bots"][0], args.users),
+        "dingtalk": DingTalkCallbackFactory(config["bots"][1], args.users),
+    }
 
     pool_size = math.ceil((args.warmup + args.duration) * args.max_rate)
     t0 = time.perf_counter()
-    pool = factory.build(pool_size)
+    pools = {kind: factory.build(pool_size) for kind, factory in factories.items()}
     gc.collect()
     gc.freeze()
-    print(f"pre-built {pool_size} signed+encrypted callbacks in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"pre-built {pool_size} signed+encrypted WeCom callbacks and {pool_size} signed DingTalk callbacks in "
+        f"{time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
 
     limit = args.warmup + args.duration + PHASE_GRACE_S
     capacity: dict[str, CapacityResult] = {}
-    for name, port in servers.items():
-        source = Source(pool, unique=name == "gateway")
+    for name, (server, kind) in TARGETS.items():
+        source = Source(pools[kind], unique=server == "gateway")
         print(f"phase 1 capacity: {name} ({args.concurrency} connections, {args.duration:g} s)...", flush=True)
         capacity[name] = timed_phase(
-            _capacity(port, source, args.concurrency, args.warmup, args.duration, meters[name]),
+            _capacity(ports[server], source, args.concurrency, args.warmup, args.duration, meters[name]),
             limit,
             fast=True,
         )
-    del pool
+    del pools
     gc.unfreeze()
     gc.collect()
 
-    rate = args.rate or max(1.0, round(capacity["gateway"].rate / 2))
-    latency_requests = factory.build(math.ceil(rate * args.latency_duration) + 16)
+    # Half of each kind's gateway capacity; the bare endpoint gets the WeCom rate, as before.
+    rates = {
+        kind: args.rate or max(1.0, round(capacity["gateway" if kind == "wecom" else "gateway-dingtalk"].rate / 2))
+        for kind in factories
+    }
+    latency_pools = {
+        kind: factory.build(math.ceil(rates[kind] * args.latency_duration) + 16) for kind, factory in factories.items()
+    }
     gc.collect()
     gc.freeze()
     latency: dict[str, LatencyResult] = {}
-    for name, port in servers.items():
-        source = Source(latency_requests, unique=name == "gateway")
+    for name, (server, kind) in TARGETS.items():
+        source = Source(latency_pools[kind], unique=server == "gateway")
+        rate = rates[kind]
         print(f"phase 2 latency: {name} at {rate:.0f} req/s ({args.latency_duration:g} s)...", flush=True)
         latency[name] = timed_phase(
-            _latency(port, source, args.concurrency, rate, args.latency_duration, meters[name]),
+            _latency(ports[server], source, args.concurrency, rate, args.latency_duration, meters[name]),
             args.latency_duration + PHASE_GRACE_S,
             fast=False,
         )
@@ -685,7 +768,7 @@ def report(
     capacity: dict[str, CapacityResult],
     latency: dict[str, LatencyResult],
     xlen: int,
-    outcomes: dict[str, float],
+    outcomes: dict[str, dict[str, float]],
     wall_s: float,
 ) -> int:
     """Print the table and the checks; non-zero only if something broke (not for a missed goal)."""
@@ -708,21 +791,25 @@ def report(
                 _ms(lat.latencies[-1] if lat.latencies else math.nan),
             ]
         )
+    width = max(len(name) for name in capacity)
     print()
     print(f"botgw ingest benchmark ({os.cpu_count()} cores; generator, servers and redis share them)")
     print(
         f"closed loop: {args.concurrency} connections, {args.warmup:g} s warm-up + {args.duration:g} s; "
-        f"open loop: {args.latency_duration:g} s at half the gateway's capacity; {args.users} WeCom users"
+        f"open loop: {args.latency_duration:g} s at half the gateway's capacity for that platform; "
+        f"{args.users} users"
     )
+    print("bare and gateway: WeCom app callbacks (signed, AES-encrypted XML); gateway-dingtalk: DingTalk HTTP-mode")
+    print("robot callbacks (signed headers, JSON) into the same gateway process; one row after the other")
     print()
     print(_table(header, rows))
     print()
     for name in capacity:
         cap, lat = capacity[name], latency[name]
-        print(f"CPU, capacity phase, {name:7}: {_cpu(cap.cpu)}  (100% = one core)")
-        print(f"CPU, latency phase,  {name:7}: {_cpu(lat.cpu)}")
+        print(f"CPU, capacity phase, {name:{width}}: {_cpu(cap.cpu)}  (100% = one core)")
+        print(f"CPU, latency phase,  {name:{width}}: {_cpu(lat.cpu)}")
         print(
-            f"generator send lag, {name:7}: p50 {_ms(percentile(lat.lags, 50))} ms, "
+            f"generator send lag, {name:{width}}: p50 {_ms(percentile(lat.lags, 50))} ms, "
             f"p99 {_ms(percentile(lat.lags, 99))} ms (included in the latencies above)"
         )
     statuses = {name: dict(capacity[name].tally.statuses + latency[name].tally.statuses) for name in capacity}
@@ -735,20 +822,37 @@ def report(
         "ceiling of this setup, not of the gateway's hardware"
     )
 
-    gateway_cap, bare_cap, gateway_lat = capacity["gateway"], capacity["bare"], latency["gateway"]
-    gateway_ok = gateway_cap.warmup.ok + gateway_cap.tally.ok + gateway_lat.tally.ok
-    accepted = int(outcomes.get("accepted", 0))
-    others = {name: int(count) for name, count in outcomes.items() if name != "accepted" and count}
-    xlen_ok = xlen == gateway_ok and accepted == gateway_ok and not others
     print()
+    answered: dict[str, int] = {}
+    xlen_ok = True
+    for name, platform in PLATFORM_OF.items():
+        cap, lat = capacity[name], latency[name]
+        answered[name] = cap.warmup.ok + cap.tally.ok + lat.tally.ok
+        counts = outcomes.get(platform, {})
+        accepted = int(counts.get("accepted", 0))
+        others = {outcome: int(count) for outcome, count in counts.items() if outcome != "accepted" and count}
+        platform_ok = accepted == answered[name] and not others
+        xlen_ok &= platform_ok
+        print(
+            f"outcome check, {platform:8}: gateway answered {answered[name]} x 200, outcomes accepted={accepted} "
+            f"other={others or 0} -> {'OK' if platform_ok else 'MISMATCH'}"
+        )
+    total_ok = sum(answered.values())
+    xlen_ok &= xlen == total_ok
     print(
-        f"XLEN check: {NAMESPACE}:inbound has {xlen} entries, gateway answered {gateway_ok} x 200, "
-        f"outcomes accepted={accepted} other={others or 0} -> {'OK' if xlen_ok else 'MISMATCH'}"
+        f"XLEN check: {NAMESPACE}:inbound has {xlen} entries, gateway answered {total_ok} x 200 "
+        f"({' + '.join(str(count) for count in answered.values())}) -> {'OK' if xlen_ok else 'MISMATCH'}"
     )
-    ratio = gateway_cap.rate / bare_cap.rate if bare_cap.rate else 0.0
-    p99 = percentile(gateway_lat.latencies, 99)
-    print(f"goal capacity: gateway/bare = {ratio:.2f} (>= 0.50) -> {'PASS' if ratio >= 0.5 else 'FAIL'}")
-    print(f"goal latency:  gateway p99 at half load = {_ms(p99)} ms (< 20 ms) -> {'PASS' if p99 < 0.020 else 'FAIL'}")
+    bare_cap = capacity["bare"]
+    for name, platform in PLATFORM_OF.items():
+        ratio = capacity[name].rate / bare_cap.rate if bare_cap.rate else 0.0
+        p99 = percentile(latency[name].latencies, 99)
+        label = "" if name == "gateway" else f" ({platform}, same goals)"
+        print(f"goal capacity{label}: {name}/bare = {ratio:.2f} (>= 0.50) -> {'PASS' if ratio >= 0.5 else 'FAIL'}")
+        print(
+            f"goal latency{label}:  {name} p99 at half load = {_ms(p99)} ms (< 20 ms) -> "
+            f"{'PASS' if p99 < 0.020 else 'FAIL'}"
+        )
     print(f"run time: {wall_s:.1f} s")
 
     broken = (

@@ -41,6 +41,7 @@ class InboundMessage(BaseModel):
     mentioned_bot: bool = False
     received_at: float = Field(default_factory=time.time)
     reply_to: ReplyTarget = Field(default_factory=ReplyTarget)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="the user's preset, if any")
 
     @property
     def session_key(self) -> str:

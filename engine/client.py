@@ -17,6 +17,7 @@ import httpx
 from engine.settings import EngineSettings
 
 DeltaCallback = Callable[[str], Awaitable[None]]
+HEALTH_TIMEOUT_S = 5.0
 
 
 class EngineError(Exception):
@@ -192,10 +193,10 @@ class EngineClient:
     async def is_ready(self) -> bool:
         """True when /health answers 200 and /v1/models lists our model."""
         try:
-            health = await self._http.get(f"{self._base}/health", timeout=2.0)
+            health = await self._http.get(f"{self._base}/health", timeout=HEALTH_TIMEOUT_S)
             if health.status_code != 200:
                 return False
-            models = await self._http.get(f"{self._base}/v1/models", headers=self._headers, timeout=2.0)
+            models = await self._http.get(f"{self._base}/v1/models", headers=self._headers, timeout=HEALTH_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         if models.status_code != 200:

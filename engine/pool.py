@@ -29,6 +29,7 @@ Status = Literal["down", "warming", "ready"]
 StateListener = Callable[["Endpoint"], None]
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 30.0
+HEALTH_FAILURES_TO_TAKE_OUT = 2
 
 
 class EngineUnavailable(EngineError):
@@ -76,6 +77,7 @@ class Endpoint:
     in_flight: int = 0
     sent_since_scrape: int = 0
     failures: int = 0
+    health_failures: int = 0
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
 
@@ -223,11 +225,14 @@ class EnginePool:
         if endpoint.status == "down" and time.monotonic() < endpoint.next_probe_at:
             return
         if not await endpoint.client.is_ready():
-            if endpoint.status != "down":
-                await self._take_out(endpoint, "health check failed")
-            else:
+            endpoint.health_failures += 1
+            if endpoint.status == "down":
                 await self._take_out(endpoint, "still down")
+            elif endpoint.health_failures >= HEALTH_FAILURES_TO_TAKE_OUT:
+                # one slow answer from a busy engine is not death; two in a row is taken seriously
+                await self._take_out(endpoint, "health check failed")
             return
+        endpoint.health_failures = 0
         if endpoint.status == "down":
             if self._settings.warmup:
                 endpoint.status = "warming"

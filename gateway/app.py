@@ -18,6 +18,7 @@ from gateway.ingest import Ingest
 from gateway.routes import router
 from gateway.runtime import open_runtime
 from gateway.streams import StreamStore
+from gateway.web_routes import router as web_router
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -32,7 +33,9 @@ def create_app(settings: Settings) -> FastAPI:
             batcher.start()
             app.state.runtime = runtime
             ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
-            app.state.callbacks = callback_handlers(runtime.adapters, ingest, StreamStore(runtime.redis, runtime.keys))
+            app.state.ingest = ingest
+            app.state.streams = StreamStore(runtime.redis, runtime.keys)
+            app.state.callbacks = callback_handlers(runtime.adapters, ingest, app.state.streams)
             try:
                 yield
             finally:
@@ -49,4 +52,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
     app.add_middleware(SlowAPIASGIMiddleware)
     app.include_router(router)
+    app.include_router(web_router)
     return app

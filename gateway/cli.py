@@ -80,6 +80,35 @@ def _dingtalk_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _web(args: argparse.Namespace) -> int:
+    import secrets as token_source
+    from pathlib import Path
+
+    from bots.web.config import WebBotConfig
+
+    settings = load_settings(args.config)
+    bot = settings.bot(args.bot)
+    if not isinstance(bot, WebBotConfig):
+        raise ConfigError(f"bot {args.bot!r} is not a web bot")
+    app_root = Path(args.app_root).expanduser()
+    app_root.mkdir(parents=True, exist_ok=True)
+    secret = bot.auth_secret.get_secret_value() if bot.auth_secret else token_source.token_urlsafe(32)
+    env = {
+        **os.environ,
+        "BOTGW_CONFIG": str(Path(args.config).resolve()),
+        "BOTGW_WEB_BOT": bot.id,
+        "CHAINLIT_APP_ROOT": str(app_root),
+        "CHAINLIT_AUTH_SECRET": secret,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                    os.environ.get("PYTHONPATH")])),
+    }
+    app = Path(__file__).resolve().parent.parent / "bots" / "web" / "app.py"
+    argv = [sys.executable, "-m", "chainlit", "run", str(app), "--headless"]
+    argv += ["--host", args.host, "--port", str(args.port)]
+    os.execve(argv[0], argv, env)
+    return 0
+
+
 def _hub_reachable(python: str, repo: str) -> bool:
     try:
         probe = subprocess.run([python, "-c", HUB_PROBE, repo], capture_output=True, timeout=20)
@@ -297,6 +326,14 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--config", required=True)
     worker.add_argument("--name", default=None, help="consumer name (default host-pid-random)")
     worker.set_defaults(run=_worker)
+
+    web = sub.add_parser("web", help="the web chat page (Chainlit) on the same pipeline")
+    web.add_argument("--config", required=True)
+    web.add_argument("--bot", default="web", help="the web bot's id in the configuration")
+    web.add_argument("--host", default="127.0.0.1")
+    web.add_argument("--port", type=int, default=8100)
+    web.add_argument("--app-root", default="~/.cache/botgw/web", help="where Chainlit keeps its files")
+    web.set_defaults(run=_web)
 
     stream = sub.add_parser("dingtalk-stream", help="hold the Stream-mode connection of every DingTalk stream bot")
     stream.add_argument("--config", required=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.dingtalk.config import DingTalkBotConfig
+from bots.web.config import WebBotConfig
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
 from engine.settings import EngineSettings
 
@@ -57,7 +58,8 @@ class WorkerSettings(BaseModel):
 
 
 BotConfig = Annotated[
-    WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig | DingTalkBotConfig, Field(discriminator="platform")
+    WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig | DingTalkBotConfig | WebBotConfig,
+    Field(discriminator="platform"),
 ]
 
 

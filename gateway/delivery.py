@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from bots.base import InboundMessage, ReplyChannel, SendError
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.text import split_utf8, utf8_prefix
+from bots.web.adapter import WebAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from gateway.config import WorkerSettings
 from gateway.keys import Keys
@@ -48,6 +49,8 @@ class Delivery:
     ) -> None:
         if isinstance(adapter, WeComAIBotAdapter):
             await self._finish_stream(adapter, message, record_key, text, record)
+        elif isinstance(adapter, WebAdapter):
+            await self._streams.update(message.reply_to.stream_id, text, finish=True)
         elif isinstance(adapter, DingTalkRobotAdapter) and (track := await self._redis.hget(record_key, "card_track")):
             await DingTalkCardSink(self._streams, adapter, track.decode()).finish(text)
         else:

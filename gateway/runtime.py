@@ -15,6 +15,8 @@ from redis.asyncio import Redis
 
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.dingtalk.config import DingTalkBotConfig
+from bots.web.adapter import WebAdapter
+from bots.web.config import WebBotConfig
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
@@ -27,7 +29,7 @@ from gateway.queue import WorkQueue
 from gateway.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
-Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter | DingTalkRobotAdapter
+Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter | DingTalkRobotAdapter | WebAdapter
 
 
 def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenStore) -> Adapter:
@@ -40,6 +42,8 @@ def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenSto
         return WeComWebhookAdapter(bot, http)
     if isinstance(bot, DingTalkBotConfig):
         return DingTalkRobotAdapter(bot, http, tokens)
+    if isinstance(bot, WebBotConfig):
+        return WebAdapter(bot)
     raise TypeError(f"no adapter for platform {bot.platform!r}")
 
 

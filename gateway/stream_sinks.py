@@ -47,6 +47,12 @@ class WeComStreamSink(StreamSink):
         return await super().show(utf8_prefix(text, self._max_bytes))
 
 
+class WebStreamSink(StreamSink):
+    """The web page's answer: the gateway's /web endpoint streams it to the browser from Redis."""
+
+    interval_s = 0.05
+
+
 class DingTalkCardSink(StreamSink):
     """A DingTalk AI card, created on first use, updated with the full text so far (≤ updates_per_second)."""
 

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, WatchError
 
 from bots.base import InboundMessage, SendError
 from bots.dingtalk.adapter import DingTalkRobotAdapter
+from bots.web.adapter import WebAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from engine.client import Completion, EngineError
 from engine.observability import expert_usage, export_expert_usage, format_expert_trace
@@ -33,7 +34,7 @@ from gateway.memory import ConversationMemory, Turn, fit_to_budget
 from gateway.push import PUSH_PLATFORM, enqueue_push
 from gateway.queue import Entry
 from gateway.runtime import Adapter, Runtime
-from gateway.stream_sinks import DingTalkCardSink, StreamSink, WeComStreamSink
+from gateway.stream_sinks import DingTalkCardSink, StreamSink, WebStreamSink, WeComStreamSink
 from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
@@ -263,8 +264,9 @@ class Worker:
     async def _ask_engine(self, adapter: Adapter, message: InboundMessage, record_key: str) -> str:
         engine = self._rt.engine
         await self._await_engine(adapter, message, record_key)
-        user_tokens = await engine.count_tokens(message.text)
         turns = await self._memory.load(message.session_key)
+        # Tokens are counted only to trim history; with none, the engine's own prompt count is used below.
+        user_tokens = await engine.count_tokens(message.text) if turns else 0
         history = fit_to_budget(turns, max(0, self._settings.memory.token_budget - user_tokens))
         prompt = [
             {"role": "system", "content": self._settings.system_prompt},
@@ -272,7 +274,11 @@ class Worker:
             {"role": "user", "content": message.text},
         ]
         sink = await self._stream_sink(adapter, message, record_key)
-        completion = await (self._stream_to_user(sink, prompt) if sink else engine.chat(prompt))
+        temperature = message.temperature
+        if sink:
+            completion = await self._stream_to_user(sink, prompt, temperature)
+        else:
+            completion = await engine.chat(prompt, temperature=temperature)
         metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
@@ -281,7 +287,7 @@ class Worker:
         if completion.routed_experts:
             answer = await self._record_experts(record_key, completion.routed_experts, answer)
         exchange = (
-            Turn("user", message.text, user_tokens),
+            Turn("user", message.text, user_tokens or completion.prompt_tokens),
             Turn("assistant", completion.text, completion.completion_tokens),
         )
         return await self._commit(record_key, answer, message.session_key, exchange)
@@ -290,6 +296,8 @@ class Worker:
         """Where the answer is shown as it is written, if this platform shows it so."""
         if isinstance(adapter, WeComAIBotAdapter):
             return WeComStreamSink(self._streams, adapter, message)
+        if isinstance(adapter, WebAdapter):
+            return WebStreamSink(self._streams, message.reply_to.stream_id)
         if isinstance(adapter, DingTalkRobotAdapter) and adapter.config.ai_card.enabled:
             track_id = adapter.api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
             created = await self._rt.redis.hsetnx(record_key, "card_track", track_id)
@@ -301,7 +309,9 @@ class Worker:
             return sink
         return None
 
-    async def _stream_to_user(self, sink: StreamSink, prompt: list[dict[str, str]]) -> Completion:
+    async def _stream_to_user(
+        self, sink: StreamSink, prompt: list[dict[str, str]], temperature: float | None
+    ) -> Completion:
         """Generate into the user's stream or card as the engine writes. If a worker or engine died mid-answer,
         what the user already sees is continued (vLLM's continue_final_message), never replaced."""
         for attempt in range(STREAM_ATTEMPTS):
@@ -321,7 +331,9 @@ class Worker:
                 messages = [*prompt, {"role": "assistant", "content": shown}]
                 extra = {"continue_final_message": True, "add_generation_prompt": False}
             try:
-                completion = await self._rt.engine.chat(messages, on_delta=on_delta, extra=extra, failover=False)
+                completion = await self._rt.engine.chat(
+                    messages, temperature=temperature, on_delta=on_delta, extra=extra, failover=False
+                )
             except EngineError as exc:
                 if not exc.retryable or attempt + 1 == STREAM_ATTEMPTS:
                     raise

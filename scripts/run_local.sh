@@ -30,7 +30,7 @@ wait_url() {  # url, seconds, name
 }
 
 stop_all() {
-  for name in simulator dingtalk-stream worker gateway engine redis; do
+  for name in web simulator dingtalk-stream worker gateway engine redis; do
     if [ -f "$RUN/$name.pid" ]; then
       pid=$(cat "$RUN/$name.pid")
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
@@ -54,6 +54,7 @@ start_bg simulator "$BOTGW" sim serve --config "$CONFIG" --port 8090
 start_bg gateway "$BOTGW" serve --config "$CONFIG" --port 8080
 start_bg worker "$BOTGW" worker --config "$CONFIG"
 start_bg dingtalk-stream "$BOTGW" dingtalk-stream --config "$CONFIG"
+start_bg web "$BOTGW" web --config "$CONFIG" --bot web --port 8100
 wait_url http://127.0.0.1:8090/__sim__/healthz 30 simulator
 wait_url http://127.0.0.1:8080/healthz 30 gateway
 echo "botgw: waiting for the engine to load (first start builds the tiny model; up to a few minutes)"
@@ -70,6 +71,7 @@ botgw is up.  Talk to the bot as a WeCom user would (the simulator signs and enc
   .venv/bin/botgw sim dingtalk --config $CONFIG --bot dingtalk --user bob "你好"              # Stream mode
   .venv/bin/botgw sim dingtalk --config $CONFIG --bot dingtalk-http --user bob --group cid-team "@bot hi"
 
+  web chat   http://127.0.0.1:8100  (sign in as alice / alice-demo-password)
   readiness  http://127.0.0.1:8080/readyz     metrics  http://127.0.0.1:8080/metrics
   engine     http://127.0.0.1:8000/v1/models  logs     $LOGS/
   stop everything: make stop

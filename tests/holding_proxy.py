@@ -5,6 +5,7 @@ worker in the middle of one: the tiny engine alone answers too fast for that).""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ class HoldingProxy:
         self.chunk_delay_s = chunk_delay_s
         self.release = threading.Event()
         self.held = 0
+        self.chat_bodies: list[dict] = []
         self.port = free_port()
         app = FastAPI()
 
@@ -32,6 +34,7 @@ class HoldingProxy:
         async def forward(path: str, request: Request) -> Response:
             if path.endswith("chat/completions"):
                 self.held += 1
+                self.chat_bodies.append(json.loads(await request.body()))
                 while not self.release.is_set():
                     await asyncio.sleep(0.05)
                 if self.chunk_delay_s:

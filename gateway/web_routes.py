@@ -1,0 +1,104 @@
+"""The web chat page's HTTP API: a message in, its answer streamed back as server-sent events.
+
+The message takes the same path as every platform's (limits, memory, queue, worker); the
+answer is read from the stream store as the worker writes it, so any gateway replica can
+serve the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from bots.base import CallbackRejected
+from bots.web.adapter import WebAdapter
+from gateway import metrics
+from gateway.routes import BodyTooLarge, read_body
+from gateway.streams import StreamStore
+
+router = APIRouter()
+POLL_S = 0.05
+MAX_OPEN_PER_USER = 3
+
+
+def _web_adapter(request: Request, bot_id: str) -> WebAdapter | None:
+    adapter = request.app.state.runtime.adapters.get(bot_id)
+    return adapter if isinstance(adapter, WebAdapter) else None
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def answer_events(
+    streams: StreamStore, stream_id: str, timeout_s: float, experts: Callable[[], Awaitable[str]]
+) -> AsyncIterator[str]:
+    """Deltas of the answer as it grows, then one `done` event (or an `error` event on timeout)."""
+    sent = ""
+    deadline = time.monotonic() + timeout_s
+    yield _event({"status": "queued"})
+    while True:
+        state = await streams.get(stream_id)
+        if state and len(state.content) > len(sent):
+            yield _event({"delta": state.content[len(sent) :]})
+            sent = state.content
+        if state and state.finished:
+            yield _event({"done": True, "text": sent, "experts": await experts()})
+            return
+        if time.monotonic() > deadline:
+            yield _event({"error": "timeout", "message": "The answer did not arrive in time; please try again."})
+            return
+        await asyncio.sleep(POLL_S)
+
+
+@router.post("/web/{bot_id}/chat")
+async def web_chat(bot_id: str, request: Request) -> Response:
+    adapter = _web_adapter(request, bot_id)
+    if adapter is None:
+        return JSONResponse({"error": "unknown web bot"}, status_code=404)
+    runtime = request.app.state.runtime
+    try:
+        body = await read_body(request, runtime.settings.max_body_bytes)
+        message = adapter.parse(request.headers, body, time.time())
+    except BodyTooLarge:
+        return JSONResponse({"error": "body_too_large"}, status_code=413)
+    except CallbackRejected as exc:
+        metrics.REJECTED.labels(adapter.platform, exc.reason).inc()
+        return JSONResponse({"error": exc.reason, "message": exc.detail}, status_code=exc.status)
+    streams: StreamStore = request.app.state.streams
+    stream_id = message.reply_to.stream_id
+    if not await streams.open(bot_id, message.sender_id, stream_id, limit=MAX_OPEN_PER_USER, max_age_s=600):
+        message_text = "Please wait for your earlier questions to be answered."
+        return JSONResponse({"error": "busy", "message": message_text}, status_code=429)
+    outcome = await request.app.state.ingest.accept(message)
+    metrics.CALLBACKS.labels(adapter.platform, outcome).inc()
+    record_key = runtime.keys.reply(message.dedup_key)
+
+    async def experts() -> str:
+        value = await runtime.redis.hget(record_key, "experts")
+        return value.decode() if value else ""
+
+    events = answer_events(streams, stream_id, adapter.config.answer_timeout_s, experts)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/web/{bot_id}/status")
+async def web_status(bot_id: str, request: Request) -> JSONResponse:
+    """What the page shows: loading (no engine ready), busy (every engine at its cap), or ready."""
+    if _web_adapter(request, bot_id) is None:
+        return JSONResponse({"error": "unknown web bot"}, status_code=404)
+    pool = request.app.state.runtime.engine
+    ready = [e for e in pool.endpoints if e.status == "ready"]
+    cap = request.app.state.runtime.settings.engine.max_in_flight
+    if not ready:
+        status = "loading"
+    elif all(e.load.running + e.load.waiting >= cap for e in ready):
+        status = "busy"
+    else:
+        status = "ready"
+    return JSONResponse({"engine": status, "endpoints": {e.url: e.status for e in pool.endpoints}})
