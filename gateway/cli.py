@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 from pydantic import ValidationError
@@ -39,6 +40,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Run `run(stop)` until SIGINT or SIGTERM sets `stop` (then it finishes what it holds)."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
 def _worker(args: argparse.Namespace) -> int:
     from gateway.runtime import open_runtime
     from gateway.worker import Worker
@@ -46,21 +61,16 @@ def _worker(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
     consumer = args.name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    if settings.worker.metrics_port:
+        from prometheus_client import start_http_server
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if settings.worker.metrics_port:
-            from prometheus_client import start_http_server
+        start_http_server(settings.worker.metrics_port)
 
-            start_http_server(settings.worker.metrics_port)
+    async def work(stop: asyncio.Event) -> None:
         async with open_runtime(settings) as runtime:
             await Worker(runtime, consumer).run(stop)
 
-    asyncio.run(main())
-    return 0
+    return _until_signal(work)
 
 
 def _dingtalk_stream(args: argparse.Namespace) -> int:
@@ -68,16 +78,7 @@ def _dingtalk_stream(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_stream_mode(settings, stop)
-
-    asyncio.run(main())
-    return 0
+    return _until_signal(lambda stop: run_stream_mode(settings, stop))
 
 
 def _web(args: argparse.Namespace) -> int:

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 
 import httpx
 
-from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget, RetryableSendError, TokenStore
+from bots.base import CallbackRejected, InboundMessage, ReplyTarget, TokenStore
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import verify_headers
 from bots.dingtalk.exceptions import SessionWebhookExpired, error_for
 from bots.dingtalk.models import parse_robot_message
+from bots.http import request_json
 
 TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
 WEBHOOK_MARGIN_S = 60.0
@@ -69,14 +70,6 @@ class DingTalkRobotAdapter:
         body: dict = {"msgtype": "text", "text": {"content": text}}
         if target.chat_id:
             body["at"] = {"atUserIds": [target.user_id], "isAtAll": False}
-        try:
-            response = await self._http.post(target.webhook_url, json=body)
-        except httpx.HTTPError as exc:
-            raise RetryableSendError(f"sessionWebhook unreachable: {type(exc).__name__}", code="network") from exc
-        if response.status_code >= 500:
-            raise RetryableSendError(f"sessionWebhook answered HTTP {response.status_code}", code=response.status_code)
-        if response.status_code != 200:
-            raise PermanentSendError(f"sessionWebhook answered HTTP {response.status_code}", code=response.status_code)
-        data = response.json()
+        data = await request_json(self._http, "POST", target.webhook_url, "sessionWebhook", json=body)
         if int(data.get("errcode", 0) or 0):
             raise error_for(int(data["errcode"]), str(data.get("errmsg", "")))

@@ -18,9 +18,9 @@ import httpx
 from bots.base import PermanentSendError, RetryableSendError, TokenStore
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.exceptions import error_for
+from bots.http import cached_token, token_name
 
 log = logging.getLogger(__name__)
-TOKEN_EARLY_REFRESH_S = 300
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 FLOW_PROCESSING, FLOW_INPUTTING, FLOW_FINISHED, FLOW_FAILED = 1, 2, 3, 5
@@ -33,26 +33,16 @@ class DingTalkApiClient:
         self._config = config
         self._http = http
         self._tokens = tokens
-        digest = hashlib.sha256(config.app_secret.get_secret_value().encode()).hexdigest()[:16]
-        self._token_name = f"dingtalk:{config.app_key}:{digest}"
+        self._token_name = token_name("dingtalk", config.app_key, config.app_secret.get_secret_value())
 
     async def access_token(self, stale: str | None = None) -> str:
-        cached = await self._tokens.get(self._token_name)
-        if cached and cached != stale:
-            return cached
-        async with self._tokens.refresh_lock(self._token_name):
-            cached = await self._tokens.get(self._token_name)
-            if cached and cached != stale:
-                return cached
-            if stale:
-                await self._tokens.invalidate(self._token_name, stale)
-            body = {"appKey": self._config.app_key, "appSecret": self._config.app_secret.get_secret_value()}
-            data = await self._call("POST", "/v1.0/oauth2/accessToken", body, token=None)
-            token = str(data["accessToken"])
-            ttl = max(60.0, float(data.get("expireIn", 7200)) - TOKEN_EARLY_REFRESH_S)
-            await self._tokens.put(self._token_name, token, ttl)
-            log.info("dingtalk token refreshed", extra={"bot_id": self._config.id})
-            return token
+        return await cached_token(self._tokens, self._token_name, self._fetch_token, stale)
+
+    async def _fetch_token(self) -> tuple[str, float]:
+        body = {"appKey": self._config.app_key, "appSecret": self._config.app_secret.get_secret_value()}
+        data = await self._call("POST", "/v1.0/oauth2/accessToken", body, token=None)
+        log.info("dingtalk token refreshed", extra={"bot_id": self._config.id})
+        return str(data["accessToken"]), float(data.get("expireIn", 7200))
 
     async def send_text(self, *, group_id: str, user_id: str, text: str) -> None:
         """A text message through the OpenAPI: to the group, or one-to-one to the user."""

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget, RetryableSendError
+from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget
+from bots.http import request_json
 from bots.text import utf8_prefix
 from bots.wecom.adapter import check_timestamp, required_params
 from bots.wecom.config import WeComAIBotConfig
@@ -164,16 +165,9 @@ class WeComAIBotAdapter:
             raise PermanentSendError("message has no response_url", code="no_response_url")
         content = utf8_prefix(text, RESPONSE_URL_MAX_BYTES)
         body = {"msgtype": "markdown", "markdown": {"content": content}}
-        try:
-            response = await self._http.post(target.webhook_url, json=body)
-        except httpx.HTTPError as exc:
-            raise RetryableSendError(f"response_url unreachable: {type(exc).__name__}", code="network") from exc
-        if response.status_code >= 500:
-            raise RetryableSendError(f"response_url answered HTTP {response.status_code}", code=response.status_code)
-        data = response.json() if response.content else {}
-        if response.status_code != 200 or int(data.get("errcode", 0)) != 0:
-            raise PermanentSendError(f"response_url refused the answer: {data.get('errmsg', response.status_code)}")
-
+        data = await request_json(self._http, "POST", target.webhook_url, "response_url", json=body)
+        if int(data.get("errcode", 0)) != 0:
+            raise PermanentSendError(f"response_url refused the answer: {data.get('errmsg', '')}")
 
 def new_nonce() -> str:
     return str(secrets.randbelow(10**10))

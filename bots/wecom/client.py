@@ -8,18 +8,17 @@ only one process at a time asks WeCom for a new one (gettoken is rate-limited).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import httpx
 
-from bots.base import PermanentSendError, RetryableSendError, TokenStore
+from bots.base import RetryableSendError, TokenStore
+from bots.http import cached_token, request_json, token_name
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.exceptions import TOKEN_INVALID_CODES, error_for
 
 log = logging.getLogger(__name__)
 
-TOKEN_EARLY_REFRESH_S = 300
 DUPLICATE_CHECK_INTERVAL_S = 1800
 
 
@@ -30,23 +29,11 @@ class WeComApiClient:
         self._config = config
         self._http = http
         self._tokens = tokens
-        secret_digest = hashlib.sha256(config.secret.get_secret_value().encode()).hexdigest()[:16]
-        self._token_name = f"wecom:{config.corp_id}:{secret_digest}"
+        self._token_name = token_name("wecom", config.corp_id, config.secret.get_secret_value())
 
     async def access_token(self, stale: str | None = None) -> str:
         """A valid token from the cache, fetched once for everyone when missing or `stale`."""
-        cached = await self._tokens.get(self._token_name)
-        if cached and cached != stale:
-            return cached
-        async with self._tokens.refresh_lock(self._token_name):
-            cached = await self._tokens.get(self._token_name)
-            if cached and cached != stale:
-                return cached
-            if stale:
-                await self._tokens.invalidate(self._token_name, stale)
-            token, expires_in = await self._fetch_token()
-            await self._tokens.put(self._token_name, token, max(60.0, expires_in - TOKEN_EARLY_REFRESH_S))
-            return token
+        return await cached_token(self._tokens, self._token_name, self._fetch_token, stale)
 
     async def _fetch_token(self) -> tuple[str, float]:
         params = {"corpid": self._config.corp_id, "corpsecret": self._config.secret.get_secret_value()}
@@ -87,17 +74,4 @@ class WeComApiClient:
         return await self._request("POST", path, params={"access_token": token}, json=payload)
 
     async def _request(self, method: str, path: str, **kwargs: object) -> dict:
-        """One HTTP call; transport errors and 5xx are retryable, other non-200s are not."""
-        url = f"{self._config.api_base}{path}"
-        try:
-            response = await self._http.request(method, url, **kwargs)  # type: ignore[arg-type]
-        except httpx.HTTPError as exc:
-            raise RetryableSendError(f"WeCom API unreachable: {type(exc).__name__}", code="network") from exc
-        if response.status_code >= 500:
-            raise RetryableSendError(f"WeCom API answered HTTP {response.status_code}", code=response.status_code)
-        if response.status_code != 200:
-            raise PermanentSendError(f"WeCom API answered HTTP {response.status_code}", code=response.status_code)
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise RetryableSendError("WeCom API answered non-JSON", code="bad_json") from exc
+        return await request_json(self._http, method, f"{self._config.api_base}{path}", "WeCom API", **kwargs)

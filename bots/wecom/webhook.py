@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import httpx
 
-from bots.base import PermanentSendError, ReplyTarget, RetryableSendError
+from bots.base import ReplyTarget
+from bots.http import request_json
 from bots.wecom.config import WeComWebhookConfig
 from bots.wecom.exceptions import error_for
 
@@ -37,15 +38,8 @@ class WeComWebhookAdapter:
         msgtype = "markdown" if target.chat_id == "markdown" else "text"
         body = {"msgtype": msgtype, msgtype: {"content": text}}
         url = f"{self.config.api_base}/cgi-bin/webhook/send"
-        try:
-            response = await self._http.post(url, params={"key": self.config.key.get_secret_value()}, json=body)
-        except httpx.HTTPError as exc:
-            raise RetryableSendError(f"group robot unreachable: {type(exc).__name__}", code="network") from exc
-        if response.status_code >= 500:
-            raise RetryableSendError(f"group robot answered HTTP {response.status_code}", code=response.status_code)
-        if response.status_code != 200:
-            raise PermanentSendError(f"group robot answered HTTP {response.status_code}", code=response.status_code)
-        data = response.json()
+        key = self.config.key.get_secret_value()
+        data = await request_json(self._http, "POST", url, "group robot", params={"key": key}, json=body)
         errcode = int(data.get("errcode", 0))
         if errcode:
             raise error_for(errcode, str(data.get("errmsg", "")))

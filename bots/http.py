@@ -1,0 +1,55 @@
+"""What every platform client shares: a cached access token, and HTTP failures mapped to send errors.
+
+Transport errors and 5xx are worth retrying; other non-200 answers are not. A token is
+fetched once for all replicas (TokenStore in Redis, one refresher at a time) and fetched
+again only when the platform says the cached one is stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from bots.base import PermanentSendError, RetryableSendError, TokenStore
+
+TOKEN_EARLY_REFRESH_S = 300
+TokenFetch = Callable[[], Awaitable[tuple[str, float]]]
+
+
+def token_name(platform: str, app: str, secret: str) -> str:
+    """One cache entry per (app, secret): a rotated secret gets a new token, and no secret is in the key."""
+    return f"{platform}:{app}:{hashlib.sha256(secret.encode()).hexdigest()[:16]}"
+
+
+async def cached_token(tokens: TokenStore, name: str, fetch: TokenFetch, stale: str | None = None) -> str:
+    """A valid token from the cache; fetched once for everyone when missing or equal to `stale`."""
+    cached = await tokens.get(name)
+    if cached and cached != stale:
+        return cached
+    async with tokens.refresh_lock(name):
+        cached = await tokens.get(name)
+        if cached and cached != stale:
+            return cached  # another process refreshed it while we waited
+        if stale:
+            await tokens.invalidate(name, stale)
+        token, expires_in = await fetch()
+        await tokens.put(name, token, max(60.0, expires_in - TOKEN_EARLY_REFRESH_S))
+        return token
+
+
+async def request_json(http: httpx.AsyncClient, method: str, url: str, what: str, **kwargs: object) -> dict:
+    """One call whose answer must be 200 with a JSON body; failures become typed send errors."""
+    try:
+        response = await http.request(method, url, **kwargs)  # type: ignore[arg-type]
+    except httpx.HTTPError as exc:
+        raise RetryableSendError(f"{what} unreachable: {type(exc).__name__}", code="network") from exc
+    if response.status_code >= 500 or response.status_code == 429:
+        raise RetryableSendError(f"{what} answered HTTP {response.status_code}", code=response.status_code)
+    if response.status_code != 200:
+        raise PermanentSendError(f"{what} answered HTTP {response.status_code}", code=response.status_code)
+    try:
+        return response.json() if response.content else {}
+    except ValueError as exc:
+        raise RetryableSendError(f"{what} answered non-JSON", code="bad_json") from exc
