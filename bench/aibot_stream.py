@@ -240,6 +240,8 @@ def report(args: argparse.Namespace, results: Results, wall_s: float) -> bool:
     wall = results.elapsed_s
     cpu = ", ".join(f"{name} {results.cpu.get(name, math.nan) / wall * 100:.0f}%" for name in PROCESSES if wall > 0)
     print(f"CPU over the measured run ({wall:.1f} s; 100% = one core): {cpu}")
+    waits = ", ".join(f"{name} {results.cpu.get(f'{name} wait', math.nan):.2f}" for name in PROCESSES)
+    print(f"run-queue wait, seconds (runnable but no core free; summed over threads): {waits}")
     print("note: timings are noisy on a shared 2-core machine (the engine competes with everything else here)")
 
     print()

@@ -103,23 +103,33 @@ class DingTalkStreamConnection:
         return str(data["endpoint"]), str(data["ticket"])
 
     async def _serve(self, socket: websockets.ClientConnection, stop: asyncio.Event) -> None:
+        """Read frames until stopped or told to reconnect; each frame is handled (and acked) in its own task,
+        so that a burst of messages shares Redis round trips instead of waiting in line."""
         stopping = asyncio.create_task(stop.wait())
+        handling: set[asyncio.Task[None]] = set()
+
+        async def handle(frame: dict[str, Any]) -> None:
+            reply = await self._route(frame)
+            if reply == "disconnect":
+                await socket.close()
+            elif reply:
+                await socket.send(reply)
+
         try:
             while True:
                 receiving = asyncio.create_task(socket.recv())
                 done, _ = await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if stopping in done:
                     receiving.cancel()
-                    await socket.close()
-                    return
-                reply = await self._route(json.loads(receiving.result()))
-                if reply == "disconnect":
-                    await socket.close()
-                    return
-                if reply:
-                    await socket.send(reply)
+                    break
+                task = asyncio.create_task(handle(json.loads(receiving.result())))
+                handling.add(task)
+                task.add_done_callback(handling.discard)
         finally:
             stopping.cancel()
+            if handling:
+                await asyncio.wait(handling, timeout=5)
+            await socket.close()
 
     async def _route(self, frame: dict[str, Any]) -> str | None:
         """The frame's ack (or "disconnect"); a robot message is acked only once it is queued."""
