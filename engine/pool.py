@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 Status = Literal["down", "warming", "ready"]
 StateListener = Callable[["Endpoint"], None]
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
-MAX_PROBE_BACKOFF_S = 30.0
+MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
 HEALTH_FAILURES_TO_TAKE_OUT = 2
 
 

@@ -206,6 +206,9 @@ def live_engine(stack: Stack, log_dir: Path) -> Iterator[str]:
     port = int(os.environ["BOTGW_TEST_ENGINE_PORT"])
     proc = Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / "engine.log")
     wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
+    # The stack's gateway and worker watch the engine on their own; let them see it warmed up.
+    wait_http(f"{stack.gateway_url}/readyz", 60)
+    time.sleep(1.0)
     yield f"http://127.0.0.1:{port}"
     proc.stop(timeout=30)
 

@@ -8,10 +8,8 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from bots.base import InboundMessage, ReplyTarget
 from bots.simulator.wecom_ai import StreamView, WeComAIBotUser
@@ -50,14 +48,6 @@ def engine_answer(engine_url: str, text: str, max_tokens: int) -> str:
     ]
 
 
-@pytest.fixture
-def second_gateway(stack: Stack) -> Iterator[str]:
-    port = free_port()
-    proc = start_gateway(stack.config_path, port, stack.log_dir, name="gateway-2")
-    yield f"http://127.0.0.1:{port}"
-    proc.stop()
-
-
 def test_json_crypto_and_bad_input(stack: Stack) -> None:
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=10) as http:
@@ -83,15 +73,27 @@ def test_json_crypto_and_bad_input(stack: Stack) -> None:
     assert stack.entries_added() == before
 
 
-def test_streamed_answer_across_two_replicas(
-    stack: Stack, live_engine: str, second_gateway: str, user: str
-) -> None:
-    text = "Tell me about the weather in Beijing"
-    view = run(ask(stack, [stack.gateway_url, second_gateway], user, text, interval=0.05))
+def test_streamed_answer_across_two_replicas(stack: Stack, live_engine: str, user: str) -> None:
+    with HoldingProxy(live_engine, chunk_delay_s=0.03) as slow:  # the tiny engine alone answers in one blink
+        slow.release.set()
+        namespace = "r" + secrets.token_hex(4)
+        config = {**stack.config, "namespace": namespace, "engine": {**stack.config["engine"], "base_url": slow.url}}
+        path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+        ports = [free_port(), free_port()]
+        procs = [start_gateway(path, port, stack.log_dir, f"gw{i}-{namespace}") for i, port in enumerate(ports)]
+        procs.append(start_worker(path, stack.log_dir, namespace))
+        try:
+            text = "Tell me about the weather in Beijing"
+            gateways = [f"http://127.0.0.1:{port}" for port in ports]
+            view = run(ask(stack, gateways, user, text, interval=0.05))
+        finally:
+            for proc in procs:
+                proc.stop()
     assert view.finished
     assert_never_backwards(view)
     assert view.text == engine_answer(live_engine, text, stack.config["engine"]["max_tokens"])
-    assert len(view.refresh_latencies_s) >= 2, "the refreshes must have alternated between the two gateways"
+    assert len(view.refresh_latencies_s) >= 4, "the refreshes must have alternated between the two gateways"
+    assert len(view.shown) >= 3, "the answer should be seen growing"
 
 
 def test_duplicate_first_callback_one_stream_one_engine_call(stack: Stack, live_engine: str, user: str) -> None:
