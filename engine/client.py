@@ -1,7 +1,7 @@
-"""Async client for vLLM's OpenAI-compatible API: streamed chat, token counting, readiness.
+"""Async client for one vLLM endpoint's OpenAI-compatible API: streamed chat, token counting, readiness.
 
-It knows nothing of platforms or Redis. Backpressure: at most `max_in_flight` requests
-are open at once per process, so that bursts wait in the durable queue, not in vLLM.
+It knows nothing of platforms or Redis. Backpressure (at most `max_in_flight` requests open
+per engine) and routing between engines are the pool's job (engine/pool.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ class EngineClient:
         self._own_http = http is None
         timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
         self._http = http or httpx.AsyncClient(timeout=timeout)
-        self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._headers = {}
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
@@ -88,13 +87,12 @@ class EngineClient:
             "stream_options": {"include_usage": True},
         }
         run = self._whole if self._settings.expert_trace else self._stream
-        async with self._slots:
-            try:
-                return await asyncio.wait_for(run(body, on_delta), timeout=self._settings.request_timeout_s)
-            except TimeoutError as exc:
-                raise EngineError("engine did not finish the answer in time") from exc
-            except httpx.HTTPError as exc:
-                raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
+        try:
+            return await asyncio.wait_for(run(body, on_delta), timeout=self._settings.request_timeout_s)
+        except TimeoutError as exc:
+            raise EngineError("engine did not finish the answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
 
     async def _stream(self, body: dict, on_delta: DeltaCallback | None) -> Completion:
         started = time.monotonic()
