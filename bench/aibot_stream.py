@@ -19,46 +19,47 @@ Run: `.venv/bin/python bench/aibot_stream.py [--questions 20 --concurrency 4 --i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import math
 import os
-import re
 import secrets
-import shutil
-import signal
 import sys
-import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from redis.asyncio import Redis
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/aibot_stream.py` puts bench/, not the project, on the path
-    sys.path.insert(0, str(ROOT))
+# `python bench/aibot_stream.py` puts bench/, not the project, on the path; `bench.common` needs the project.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.overhead import (  # noqa: E402
+from bench.common import (
     BOTGW,
-    MODEL,
-    PROMPTS,
-    SYSTEM_PROMPT,
     Broken,
     CpuMeter,
     Stack,
-    _ms,
-    _table,
+    botgw_config,
+    clean_env,
+    closed_loop,
     free_port,
+    http_ok,
+    main_async,
+    ms,
     percentile,
     random_aes_key,
+    start_redis,
+    table,
+    vllm_histograms,
     wait_ready,
+    write_config,
 )
-from bots.simulator.wecom_ai import StreamView, WeComAIBotUser  # noqa: E402
-from bots.wecom.config import WeComAIBotConfig  # noqa: E402
+from bench.overhead import MODEL, PROMPTS, SYSTEM_PROMPT, engine_config
+from bots.simulator.wecom_ai import StreamView, WeComAIBotUser
+from bots.wecom.config import WeComAIBotConfig
 
 NAMESPACE = "aibench"
 BOT_ID = "ai"
@@ -76,24 +77,15 @@ MAX_ERRORS = 3
 def aibot_config(redis_url: str, engine_url: str, concurrency: int, max_tokens: int) -> dict[str, Any]:
     """One WeCom AI bot (platform wecom-ai, as in tests/conftest.py); temperature 0, limits that never bite."""
     slots = max(8, concurrency)
-    return {
-        "redis_url": redis_url,
-        "namespace": NAMESPACE,
-        "system_prompt": SYSTEM_PROMPT,
-        "log_level": "WARNING",
-        "engine": {
-            "base_url": engine_url,
-            "model": MODEL,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "max_in_flight": slots,
-        },
-        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
-        "worker": {"concurrency": slots},
-        "bots": [
-            {"id": BOT_ID, "platform": "wecom-ai", "token": secrets.token_hex(8), "encoding_aes_key": random_aes_key()}
-        ],
-    }
+    bot = {"id": BOT_ID, "platform": "wecom-ai", "token": secrets.token_hex(8), "encoding_aes_key": random_aes_key()}
+    return botgw_config(
+        redis_url,
+        NAMESPACE,
+        [bot],
+        engine_config(engine_url, max_tokens, slots),
+        system_prompt=SYSTEM_PROMPT,
+        worker={"concurrency": slots},
+    )
 
 
 class PreparedUser(WeComAIBotUser):
@@ -135,13 +127,7 @@ class Results:
 
 async def vllm_counters(http: httpx.AsyncClient, engine_url: str) -> dict[str, float]:
     """vLLM's own TTFT and e2e histograms' sums and counts (summed over label sets)."""
-    text = (await http.get(f"{engine_url}/metrics", timeout=10)).text
-    values: dict[str, float] = {}
-    pattern = r"^vllm:(time_to_first_token_seconds|e2e_request_latency_seconds)_(sum|count)\{[^}]*\} (\S+)$"
-    for match in re.finditer(pattern, text, re.MULTILINE):
-        key = f"{match.group(1)}_{match.group(2)}"
-        values[key] = values.get(key, 0.0) + float(match.group(3))
-    return values
+    return await vllm_histograms(http, engine_url, "time_to_first_token_seconds", "e2e_request_latency_seconds")
 
 
 async def ask_all(
@@ -155,30 +141,23 @@ async def ask_all(
     results: Results,
 ) -> None:
     """`count` questions from fresh users, `--concurrency` at a time (closed loop)."""
-    cursor = 0
 
-    async def client() -> None:
-        nonlocal cursor
-        while cursor < count:
-            index = cursor
-            cursor += 1
-            user = PreparedUser(bot, gateways, sim_url, http)
-            try:
-                await user.prepare()
-                started = time.perf_counter()
-                view = await user.ask(
-                    f"{tag}-{index}-{secrets.token_hex(3)}", PROMPTS[index % len(PROMPTS)], interval_s=args.interval
-                )
-            except Exception as exc:  # an error here is a result to report, not a crash of the benchmark
-                results.errors.append(f"question {index}: {type(exc).__name__}: {exc}")
-                if len(results.errors) > MAX_ERRORS:
-                    raise Broken(f"too many failed questions: {results.errors}") from exc
-                continue
-            results.answers.append(Answer(index, view, time.perf_counter() - started))
+    async def one(index: int) -> None:
+        user = PreparedUser(bot, gateways, sim_url, http)
+        try:
+            await user.prepare()
+            started = time.perf_counter()
+            view = await user.ask(
+                f"{tag}-{index}-{secrets.token_hex(3)}", PROMPTS[index % len(PROMPTS)], interval_s=args.interval
+            )
+        except Exception as exc:  # an error here is a result to report, not a crash of the benchmark
+            results.errors.append(f"question {index}: {type(exc).__name__}: {exc}")
+            if len(results.errors) > MAX_ERRORS:
+                raise Broken(f"too many failed questions: {results.errors}") from exc
+            return
+        results.answers.append(Answer(index, view, time.perf_counter() - started))
 
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(args.concurrency)))
-    results.elapsed_s = time.perf_counter() - started
+    results.elapsed_s = await closed_loop(args.concurrency, count, one)
 
 
 # --------------------------------------------------------------------------- report
@@ -189,9 +168,9 @@ def _stats_row(name: str, values: list[float]) -> list[str]:
     return [
         name,
         str(len(values)),
-        *(_ms(percentile(values, pct)) for pct in (50, 90, 99)),
-        _ms(max(values, default=math.nan)),
-        _ms(mean),
+        *(ms(percentile(values, pct)) for pct in (50, 90, 99)),
+        ms(max(values, default=math.nan)),
+        ms(mean),
     ]
 
 
@@ -227,12 +206,12 @@ def report(args: argparse.Namespace, results: Results, wall_s: float) -> bool:
         *(_stats_row(f"  refreshes via {name}", values) for name, values in by_gateway.items()),
         _stats_row("question to finished answer", totals),
     ]
-    print(_table(["measure", "n", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms"], rows))
+    print(table(["measure", "n", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms"], rows))
     print()
     per_question = len(refreshes) / max(1, len(answers))
     states = sum(len(a.view.shown) for a in answers) / max(1, len(answers))
     print(
-        f"vLLM's own means over the same requests: time to first token {_ms(ttft)} ms, e2e {_ms(e2e)} ms "
+        f"vLLM's own means over the same requests: time to first token {ms(ttft)} ms, e2e {ms(e2e)} ms "
         f"({int(vllm.get('e2e_request_latency_seconds_count', 0))} requests); a refresh waits {args.interval:g} s, "
         f"so polling alone adds up to that to the first visible text (about half on average)"
     )
@@ -269,22 +248,15 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     gateway_urls = [f"http://127.0.0.1:{ports[name]}" for name in GATEWAYS]
     redis_url = f"redis://127.0.0.1:{ports['redis']}/0"
 
-    redis_binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    stack.start(
-        "redis",
-        [redis_binary, "--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-    )
+    start_redis(stack, ports["redis"])
     stack.start("engine", [*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])])
     config = aibot_config(redis_url, engine_url, args.concurrency, args.max_tokens)
-    config_path = stack.log_dir / "botgw.yaml"
-    config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    # BOTGW_* variables of the caller's shell would override the file; these processes must see only the file.
-    clean_env = {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
-    cfg = ["--config", str(config_path)]
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], clean_env)
+    cfg = ["--config", str(write_config(stack, config))]
+    env = clean_env()
+    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
     for name in GATEWAYS:
-        stack.start(name, [*BOTGW, "serve", *cfg, "--port", str(ports[name])], clean_env)
-    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], clean_env)
+        stack.start(name, [*BOTGW, "serve", *cfg, "--port", str(ports[name])], env)
+    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
 
     bot = WeComAIBotConfig(**config["bots"][0])
     redis = Redis.from_url(redis_url)
@@ -292,8 +264,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     try:
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
 
-            async def ok(url: str) -> bool:
-                return (await http.get(url, timeout=2)).status_code == 200
+            def ok(url: str) -> Awaitable[bool]:
+                return http_ok(http, url)
 
             children = stack.children
             await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
@@ -317,42 +289,12 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
             meter = CpuMeter(stack)
             vllm_before, cpu_before = await vllm_counters(http, engine_url), meter.sample()
             await ask_all(args, bot, gateway_urls, sim_url, http, args.questions, "q", results)
-            cpu_after, vllm_after = meter.sample(), await vllm_counters(http, engine_url)
-            results.cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
+            results.cpu, vllm_after = meter.since(cpu_before), await vllm_counters(http, engine_url)
             results.vllm = {name: vllm_after.get(name, 0.0) - value for name, value in vllm_before.items()}
             stack.check_alive()
     finally:
         await redis.aclose()
     return report(args, results, time.perf_counter() - began)
-
-
-async def _main_task(args: argparse.Namespace, stack: Stack) -> int:
-    """The benchmark under a time limit; SIGINT/SIGTERM/SIGHUP cancel it so that the children are stopped."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    caught: list[int] = []
-
-    def stop(sig: int) -> None:
-        caught.append(sig)
-        if task is not None:
-            task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        async with asyncio.timeout(args.time_limit):
-            return 1 if await benchmark(args, stack) else 0
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        print(f"bench: stopped by signal {caught[0]}", file=sys.stderr)
-        return 128 + caught[0]
-    except TimeoutError:
-        print(f"bench: not finished within --time-limit {args.time_limit:.0f} s", file=sys.stderr)
-        return 1
-    except Broken as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -371,18 +313,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="botgw-aibot-")))
-    code = 1
-    try:
-        code = asyncio.run(_main_task(args, stack))
-    finally:
-        stack.stop()
-        if code == 0 and not args.keep_logs:
-            shutil.rmtree(stack.log_dir, ignore_errors=True)
-        else:
-            print(f"logs: {stack.log_dir}", file=sys.stderr)
-    return code
+    return main_async(parse_args(argv), "botgw-aibot-", benchmark)
 
 
 if __name__ == "__main__":

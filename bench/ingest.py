@@ -18,40 +18,58 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import ctypes
 import gc
 import json
 import math
 import os
 import re
 import secrets
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request, Response
 
-ROOT = Path(__file__).resolve().parent.parent
+# `python bench/ingest.py` puts bench/, not the project, on the path; `bench.common` needs the project.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    BOTGW,
+    Child,
+    HttpConnection,
+    Stack,
+    StartupError,
+    Stopped,
+    Tally,
+    botgw_config,
+    connect,
+    dingtalk_robot,
+    free_port,
+    http_ok,
+    interruptible,
+    ms,
+    percentile,
+    run_in_stack,
+    start_redis,
+    table,
+    wait_ready,
+    wecom_app,
+    write_config,
+)
+
 BOT_ID = "app"
 DINGTALK_BOT_ID = "ding"
 NAMESPACE = "bench"
 START_TIMEOUT_S = 30.0
 PHASE_GRACE_S = 30.0
-PR_SET_PDEATHSIG = 1
 MAX_ERRORS = 50
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 T = TypeVar("T")
 
 
@@ -82,131 +100,14 @@ def serve_bare(port: int) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- child processes
-
-
-def _die_with_parent() -> None:
-    """Children get SIGKILL if the benchmark itself is killed hard, so nothing is left listening."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Child:
-    """A server process in its own session, output to a log file; stopped (group-wide) by `stop`."""
-
-    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("ab")  # closed in stop()
-        self.popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            if not self.alive():
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(wait)
-        self._log.close()
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def cpu_seconds(self) -> float:
-        """utime + stime of the process so far, from /proc (Linux)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return math.nan
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class StartupError(RuntimeError):
-    """A server did not come up; the message carries the tail of its log."""
-
-
-def wait_until(child: Child, ready: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not child.alive():
-            raise StartupError(f"{child.name} exited with {child.popen.returncode}:\n{child.tail()}")
-        with contextlib.suppress(Exception):
-            if ready():
-                return
-        time.sleep(0.1)
-    raise StartupError(f"{child.name} not ready after {START_TIMEOUT_S:.0f} s:\n{child.tail()}")
-
-
-def http_ok(port: int, path: str = "/healthz") -> Callable[[], bool]:
-    import httpx
-
-    return lambda: httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2.0).status_code == 200
-
-
 # --------------------------------------------------------------------------- config and pre-built callbacks
-
-
-def random_aes_key() -> str:
-    return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
 
 
 def gateway_config(redis_url: str) -> dict[str, Any]:
     """One WeCom app and one DingTalk HTTP-mode robot; limits high enough never to throttle; WARNING logs."""
     api_base = f"http://127.0.0.1:{free_port()}"  # nothing listens: no worker runs, nothing is sent
-    return {
-        "redis_url": redis_url,
-        "namespace": NAMESPACE,
-        "log_level": "WARNING",
-        "engine": {"base_url": f"http://127.0.0.1:{free_port()}", "model": "unused"},
-        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
-        "bots": [
-            {
-                "id": BOT_ID,
-                "platform": "wecom",
-                "corp_id": "wwbench" + secrets.token_hex(5),
-                "agent_id": 1000002,
-                "secret": secrets.token_urlsafe(24),
-                "token": secrets.token_hex(8),
-                "encoding_aes_key": random_aes_key(),
-                "api_base": api_base,
-            },
-            {
-                "id": DINGTALK_BOT_ID,
-                "platform": "dingtalk",
-                "mode": "http",
-                "app_key": "dingbench" + secrets.token_hex(5),
-                "app_secret": secrets.token_urlsafe(24),
-                "api_base": api_base,
-                "oapi_base": api_base,
-            },
-        ],
-    }
+    bots = [wecom_app(BOT_ID, api_base), dingtalk_robot(DINGTALK_BOT_ID, "http", api_base)]
+    return botgw_config(redis_url, NAMESPACE, bots)
 
 
 class CallbackFactory:
@@ -298,93 +199,7 @@ class Source:
         return payload
 
 
-# --------------------------------------------------------------------------- lean HTTP/1.1 client
-
-
-class HttpConnection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection carrying one request at a time; reads status and Content-Length only.
-
-    httpx costs far more CPU per request than the bare server does, and on 2 cores that would measure the client.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._waiter: asyncio.Future[int] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        head = bytes(self._buffer[:end]).lower()
-        at = head.find(b"\r\ncontent-length:")
-        if at < 0:
-            self._fail(ConnectionError("response without Content-Length"))
-            return
-        line_end = head.find(b"\r\n", at + 2)
-        total = end + 4 + int(head[at + 17 : line_end if line_end >= 0 else len(head)])
-        if len(self._buffer) < total:
-            return
-        del self._buffer[:total]
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(int(head[9:12]))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self._fail(ConnectionError(f"connection closed: {exc}"))
-
-    def _fail(self, exc: Exception) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
-
-    def request(self, payload: bytes) -> asyncio.Future[int]:
-        """Send one request; the future resolves to the response status."""
-        if self.transport is None:
-            raise ConnectionError("not connected")
-        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiter = waiter
-        self.transport.write(payload)
-        return waiter
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-async def connect(port: int) -> HttpConnection:
-    _, protocol = await asyncio.get_running_loop().create_connection(HttpConnection, "127.0.0.1", port)
-    return protocol
-
-
 # --------------------------------------------------------------------------- phases
-
-
-@dataclass
-class Tally:
-    """Responses by status and transport errors of one run."""
-
-    statuses: Counter[int] = field(default_factory=Counter)
-    errors: int = 0
-
-    @property
-    def responses(self) -> int:
-        return sum(self.statuses.values())
-
-    @property
-    def ok(self) -> int:
-        return self.statuses[200]
-
-    @property
-    def non_200(self) -> int:
-        return self.responses - self.ok
 
 
 class TooManyErrors(ConnectionError):
@@ -424,13 +239,6 @@ class LatencyResult:
     latencies: list[float]
     lags: list[float]
     cpu: dict[str, float]
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values (nan if empty)."""
-    if not values:
-        return math.nan
-    return values[min(len(values) - 1, max(0, math.ceil(pct / 100 * len(values)) - 1))]
 
 
 async def _closed_loop(port: int, conns: list[HttpConnection], source: Source, seconds: float) -> tuple[Tally, float]:
@@ -566,43 +374,16 @@ async def _latency(
     return LatencyResult(tally, rate, achieved, latencies, lags, cpu)
 
 
-async def _interruptible(coro: Coroutine[Any, Any, T], limit_s: float) -> T:
-    """Ctrl-C / SIGTERM / SIGHUP cancel the phase from the loop, then end the run (children are stopped by main).
-
-    A plain Python signal handler would raise inside whatever protocol callback is running, where the event
-    loop reports and swallows it, and the run would go on.
-    """
-    loop = asyncio.get_running_loop()
-    task = cast(asyncio.Task[T], asyncio.current_task())
-    caught: list[int] = []
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
-
-    def stop(sig: int) -> None:
-        caught.append(sig)
-        task.cancel()
-
-    for sig in saved:
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        return await asyncio.wait_for(coro, limit_s)
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        if caught[0] == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise SystemExit(128 + caught[0]) from None
-    finally:
-        for sig, handler in saved.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)
-
-
 def timed_phase(coro: Coroutine[Any, Any, T], limit_s: float, fast: bool) -> T:
     """Run one phase with a hard time limit, GC paused so that collections of the request pool do not stall sends."""
 
     gc.disable()
     try:
-        return run_loop(_interruptible(coro, limit_s), fast)
+        return run_loop(interruptible(coro, limit_s), fast)
+    except Stopped as exc:  # Ctrl-C reads as an interruption; SIGTERM/SIGHUP end the run with 128 + the signal
+        if exc.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(128 + exc.signum) from None
     finally:
         gc.enable()
 
@@ -625,18 +406,6 @@ def gateway_outcomes(port: int) -> dict[str, dict[str, float]]:
     return outcomes
 
 
-def _ms(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value * 1000:.2f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(row[col])) for row in [header, *rows]) for col in range(len(header))]
-    line = "-+-".join("-" * width for width in widths)
-    render = [" | ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
-    head = " | ".join(cell.rjust(width) for cell, width in zip(header, widths, strict=True))
-    return "\n".join([head, line, *render])
-
-
 def _cpu(cpu: dict[str, float]) -> str:
     return ", ".join(f"{name} {share * 100:.0f}%" for name, share in cpu.items() if not math.isnan(share))
 
@@ -644,48 +413,32 @@ def _cpu(cpu: dict[str, float]) -> str:
 # --------------------------------------------------------------------------- main
 
 
-@dataclass
-class Stack:
-    """The processes of one run."""
-
-    log_dir: Path
-    children: dict[str, Child] = field(default_factory=dict)
-
-    def start(self, name: str, args: list[str]) -> Child:
-        child = Child(name, args, self.log_dir)
-        self.children[name] = child
-        return child
-
-    def stop(self) -> None:
-        for child in reversed(list(self.children.values())):
-            child.stop()
-
-
 def _raise_exit(signum: int, frame: object) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
-def start_servers(stack: Stack) -> tuple[int, int, dict[str, Any], Any]:
+async def start_servers(stack: Stack) -> tuple[int, int, dict[str, Any], Any]:
     """redis-server (no persistence), the gateway (no worker) and the bare app; returns ports, config, redis."""
+    import httpx
     import redis
-    import yaml
 
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     redis_port, gateway_port, bare_port = free_port(), free_port(), free_port()
-    redis_child = stack.start(
-        "redis",
-        [binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-    )
+    redis_child = start_redis(stack, redis_port)
     client = redis.Redis(port=redis_port)
-    wait_until(redis_child, lambda: bool(client.ping()))
+
+    async def redis_up() -> bool:
+        return bool(client.ping())
+
+    await wait_ready(stack, redis_child, redis_up, START_TIMEOUT_S)
     config = gateway_config(f"redis://127.0.0.1:{redis_port}/0")
-    config_path = stack.log_dir / "gateway.yaml"
-    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    config_path = write_config(stack, config, "gateway.yaml")
     serve = ["serve", "--config", str(config_path), "--port", str(gateway_port)]
-    gateway = stack.start("gateway", [sys.executable, "-m", "gateway.cli", *serve])
+    gateway = stack.start("gateway", [*BOTGW, *serve])
     bare = stack.start("bare", [sys.executable, str(Path(__file__).resolve()), "--bare-server", str(bare_port)])
-    wait_until(gateway, http_ok(gateway_port))
-    wait_until(bare, http_ok(bare_port))
+    async with httpx.AsyncClient() as http:
+        for child, port in ((gateway, gateway_port), (bare, bare_port)):
+            url = f"http://127.0.0.1:{port}/healthz"
+            await wait_ready(stack, child, lambda url=url: http_ok(http, url), START_TIMEOUT_S)
     return gateway_port, bare_port, config, client
 
 
@@ -701,7 +454,7 @@ PLATFORM_OF = {"gateway": "wecom", "gateway-dingtalk": "dingtalk"}
 def benchmark(args: argparse.Namespace, stack: Stack) -> int:
     """Both phases against every target, then the table; returns the exit code."""
     began = time.perf_counter()
-    gateway_port, bare_port, config, redis_client = start_servers(stack)
+    gateway_port, bare_port, config, redis_client = asyncio.run(start_servers(stack))
     ports = {"bare": bare_port, "gateway": gateway_port}
     meters = {
         name: Meter({"server": stack.children[server], "redis": stack.children["redis"]})
@@ -787,8 +540,8 @@ def report(
                 str(errors),
                 f"{lat.rate:.0f}/s",
                 f"{lat.achieved:.0f}/s",
-                *(_ms(percentile(lat.latencies, pct)) for pct in (50, 90, 99)),
-                _ms(lat.latencies[-1] if lat.latencies else math.nan),
+                *(ms(percentile(lat.latencies, pct), 2) for pct in (50, 90, 99)),
+                ms(lat.latencies[-1] if lat.latencies else math.nan, 2),
             ]
         )
     width = max(len(name) for name in capacity)
@@ -802,15 +555,15 @@ def report(
     print("bare and gateway: WeCom app callbacks (signed, AES-encrypted XML); gateway-dingtalk: DingTalk HTTP-mode")
     print("robot callbacks (signed headers, JSON) into the same gateway process; one row after the other")
     print()
-    print(_table(header, rows))
+    print(table(header, rows))
     print()
     for name in capacity:
         cap, lat = capacity[name], latency[name]
         print(f"CPU, capacity phase, {name:{width}}: {_cpu(cap.cpu)}  (100% = one core)")
         print(f"CPU, latency phase,  {name:{width}}: {_cpu(lat.cpu)}")
         print(
-            f"generator send lag, {name:{width}}: p50 {_ms(percentile(lat.lags, 50))} ms, "
-            f"p99 {_ms(percentile(lat.lags, 99))} ms (included in the latencies above)"
+            f"generator send lag, {name:{width}}: p50 {ms(percentile(lat.lags, 50), 2)} ms, "
+            f"p99 {ms(percentile(lat.lags, 99), 2)} ms (included in the latencies above)"
         )
     statuses = {name: dict(capacity[name].tally.statuses + latency[name].tally.statuses) for name in capacity}
     print(f"statuses (timed runs): {statuses}")
@@ -850,7 +603,7 @@ def report(
         label = "" if name == "gateway" else f" ({platform}, same goals)"
         print(f"goal capacity{label}: {name}/bare = {ratio:.2f} (>= 0.50) -> {'PASS' if ratio >= 0.5 else 'FAIL'}")
         print(
-            f"goal latency{label}:  {name} p99 at half load = {_ms(p99)} ms (< 20 ms) -> "
+            f"goal latency{label}:  {name} p99 at half load = {ms(p99, 2)} ms (< 20 ms) -> "
             f"{'PASS' if p99 < 0.020 else 'FAIL'}"
         )
     print(f"run time: {wall_s:.1f} s")
@@ -887,16 +640,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.bare_server:
-        return serve_bare(args.bare_server)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_exit)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="botgw-bench-")))
-    code = 1
+def run(args: argparse.Namespace, stack: Stack) -> int:
+    """The benchmark, its failures turned into one line on stderr and the exit code."""
     try:
-        code = benchmark(args, stack)
+        return benchmark(args, stack)
     except StartupError as exc:
         print(f"bench: a server failed to start: {exc}", file=sys.stderr)
     except TimeoutError:
@@ -905,17 +652,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: connection failure: {exc!r}", file=sys.stderr)
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
-        code = 130
+        return 130
     except SystemExit as exc:
         print(f"bench: stopped by a signal (exit {exc.code})", file=sys.stderr)
         raise
-    finally:
-        stack.stop()
-        if code == 0 and not args.keep_logs:
-            shutil.rmtree(stack.log_dir, ignore_errors=True)
-        else:
-            print(f"logs: {stack.log_dir}", file=sys.stderr)
-    return code
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.bare_server:
+        return serve_bare(args.bare_server)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_exit)
+    return run_in_stack("botgw-bench-", args.keep_logs, lambda stack: run(args, stack))
 
 
 if __name__ == "__main__":

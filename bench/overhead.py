@@ -21,38 +21,51 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import ctypes
 import json
 import math
 import os
-import re
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from redis.asyncio import Redis
 
+# `python bench/overhead.py` puts bench/, not the project, on the path; `bench.common` needs the project.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    BOTGW,
+    Broken,
+    CpuMeter,
+    Stack,
+    botgw_config,
+    clean_env,
+    closed_loop,
+    free_port,
+    http_ok,
+    main_async,
+    ms,
+    percentile,
+    start_redis,
+    table,
+    vllm_histograms,
+    wait_ready,
+    wecom_app,
+    write_config,
+)
 from bots.base import InboundMessage
 from bots.simulator.wecom_callback import WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
 from gateway.keys import Keys
 
-ROOT = Path(__file__).resolve().parent.parent
-BOTGW = [sys.executable, "-m", "gateway.cli"]
 BOT_ID = "app"
 NAMESPACE = "overhead"
 MODEL = "ernie-tiny"
@@ -81,193 +94,33 @@ REQUEST_TIMEOUT_S = 120.0
 FALLBACK_POLL_S = 0.5
 SETTLE_S = 1.5
 MAX_ERRORS = 20
-PR_SET_PDEATHSIG = 1
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROCESSES = ("engine", "gateway", "worker", "simulator", "redis", "bench")
 BOTGW_SIDE = ("gateway", "worker", "simulator", "redis")
-
-
-class Broken(RuntimeError):
-    """Something failed that makes the numbers meaningless (a process died, too many errors)."""
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Children get SIGKILL if the benchmark is killed hard, so no engine is left running."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def usage_by_session() -> dict[int, tuple[float, float]]:
-    """(CPU seconds, run-queue wait seconds) of every live process, summed by session (vLLM's children count).
-
-    The wait (schedstat: runnable but no core free) is what a process loses on a saturated 2-core machine; every
-    sequential hop between processes pays it.
-    """
-    totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total = totals[int(fields[3])]
-            total[0] += (int(fields[11]) + int(fields[12])) / CLK_TCK
-            for task in os.scandir(Path(entry.path, "task")):
-                total[1] += int(Path(task.path, "schedstat").read_text().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue
-    return {session: (cpu, wait) for session, (cpu, wait) in totals.items()}
-
-
-class Child:
-    """A server in its own session (so that its whole tree is signalled and measured), output to a log file."""
-
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("ab")  # closed in wait()
-        self.popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-    def wait(self, timeout: float) -> None:
-        """Wait for the exit after `signal(SIGTERM)`; SIGKILL the group if it takes longer."""
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(5)
-        self.signal(signal.SIGKILL)  # stragglers of the session, e.g. vLLM's engine core
-        self._log.close()
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-@dataclass
-class Stack:
-    """The processes of one run, stopped together (TERM to all, then wait) however the run ends."""
-
-    log_dir: Path
-    children: dict[str, Child] = field(default_factory=dict)
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, args, self.log_dir, env if env is not None else dict(os.environ))
-        self.children[name] = child
-        return child
-
-    def stop(self) -> None:
-        for child in self.children.values():
-            if child.alive():
-                child.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for child in self.children.values():
-            child.wait(max(0.5, deadline - time.monotonic()))
-
-    def check_alive(self) -> None:
-        for child in self.children.values():
-            if not child.alive():
-                raise Broken(f"{child.name} exited with {child.popen.returncode}:\n{child.tail()}")
-
-
-async def wait_ready(stack: Stack, child: Child, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        with contextlib.suppress(httpx.HTTPError, OSError):
-            if await probe():
-                return
-        await asyncio.sleep(0.25)
-    raise Broken(f"{child.name} not ready after {timeout:.0f} s:\n{child.tail()}")
-
-
-class CpuMeter:
-    """CPU and run-queue wait seconds each process (tree) used between two samples."""
-
-    def __init__(self, stack: Stack) -> None:
-        self._stack = stack
-
-    def sample(self) -> dict[str, float]:
-        """`name` -> CPU seconds, `name wait` -> run-queue wait seconds, so far."""
-        sessions = usage_by_session()
-        used: dict[str, float] = {}
-        for name, child in self._stack.children.items():
-            used[name], used[f"{name} wait"] = sessions.get(child.pid, (math.nan, math.nan))
-        # This process's session also holds the shell that started it, so count this process alone.
-        used["bench"] = time.process_time()
-        used["bench wait"] = math.nan
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            tasks = os.scandir("/proc/self/task")
-            used["bench wait"] = sum(int(Path(t.path, "schedstat").read_text().split()[1]) for t in tasks) / 1e9
-        return used
 
 
 # --------------------------------------------------------------------------- configuration
 
 
-def random_aes_key() -> str:
-    return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
-
-
 def stack_config(redis_url: str, engine_url: str, sim_url: str, max_tokens: int, concurrency: int) -> dict[str, Any]:
     """As in production except: temperature 0, limits that never bite, enough worker and engine slots."""
+    return botgw_config(
+        redis_url,
+        NAMESPACE,
+        [wecom_app(BOT_ID, sim_url)],
+        engine_config(engine_url, max_tokens, concurrency),
+        system_prompt=SYSTEM_PROMPT,
+        worker={"concurrency": concurrency},
+    )
+
+
+def engine_config(engine_url: str, max_tokens: int, slots: int) -> dict[str, Any]:
+    """The tiny model at temperature 0 (replies comparable across modes and runs), `slots` requests in flight."""
     return {
-        "redis_url": redis_url,
-        "namespace": NAMESPACE,
-        "system_prompt": SYSTEM_PROMPT,
-        "log_level": "WARNING",
-        "engine": {
-            "base_url": engine_url,
-            "model": MODEL,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "max_in_flight": concurrency,
-        },
-        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
-        "worker": {"concurrency": concurrency},
-        "bots": [
-            {
-                "id": BOT_ID,
-                "platform": "wecom",
-                "corp_id": "wwbench" + secrets.token_hex(5),
-                "agent_id": 1000002,
-                "secret": secrets.token_urlsafe(24),
-                "token": secrets.token_hex(8),
-                "encoding_aes_key": random_aes_key(),
-                "api_base": sim_url,
-            }
-        ],
+        "base_url": engine_url,
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "max_in_flight": slots,
     }
 
 
@@ -295,22 +148,6 @@ class Run:
         self.errors.append(text)
         if len(self.errors) > MAX_ERRORS:
             raise Broken(f"{self.mode} at concurrency {self.concurrency}: too many errors: {self.errors[:3]}")
-
-
-async def closed_loop(concurrency: int, total: int, one: Callable[[int], Awaitable[None]]) -> float:
-    """`concurrency` clients, each sending request i+1 as soon as its request i is done; returns wall seconds."""
-    cursor = 0
-
-    async def client() -> None:
-        nonlocal cursor
-        while cursor < total:
-            index = cursor
-            cursor += 1
-            await one(index)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return time.perf_counter() - start
 
 
 class Direct:
@@ -530,11 +367,8 @@ class Botgw:
 
 async def vllm_e2e(http: httpx.AsyncClient, engine_url: str) -> tuple[float, float]:
     """vLLM's own e2e request latency (sum, count), to split a request's time into inside and outside vLLM."""
-    text = (await http.get(f"{engine_url}/metrics", timeout=10)).text
-    values = {"sum": 0.0, "count": 0.0}
-    for match in re.finditer(r"^vllm:e2e_request_latency_seconds_(sum|count)\{[^}]*\} (\S+)$", text, re.MULTILINE):
-        values[match.group(1)] += float(match.group(2))
-    return values["sum"], values["count"]
+    values = await vllm_histograms(http, engine_url, "e2e_request_latency_seconds")
+    return values.get("e2e_request_latency_seconds_sum", 0.0), values.get("e2e_request_latency_seconds_count", 0.0)
 
 
 async def measured(
@@ -549,20 +383,11 @@ async def measured(
     e2e_before = await vllm_e2e(http, engine_url)
     cpu_before = meter.sample()
     await body
-    cpu_after = meter.sample()
+    run.cpu = meter.since(cpu_before)
     e2e_after = await vllm_e2e(http, engine_url)
-    run.cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
     run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
     stack.check_alive()
     return run
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (nan if empty)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
 
 
 @dataclass
@@ -606,10 +431,6 @@ class Totals:
 # --------------------------------------------------------------------------- report
 
 
-def _ms(value: float, digits: int = 1) -> str:
-    return "n/a" if math.isnan(value) else f"{value * 1000:.{digits}f}"
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -617,12 +438,6 @@ def _mean(values: list[float]) -> float:
 def _ratio(modes: dict[str, Totals]) -> float:
     direct = modes["direct"].rate
     return modes["botgw"].rate / direct if direct > 0 else math.nan
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(row[col]) for row in [header, *rows]) for col in range(len(header))]
-    lines = [" | ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]]
-    return "\n".join([lines[0], "-+-".join("-" * width for width in widths), *lines[1:]])
 
 
 def report(
@@ -646,14 +461,14 @@ def report(
                 f"{direct.rate:.2f}",
                 f"{via.rate:.2f}",
                 f"{_ratio(modes):.3f}",
-                f"{_ms(percentile(direct.latencies, 50))}/{_ms(percentile(direct.latencies, 99))}",
-                f"{_ms(percentile(via.latencies, 50))}/{_ms(percentile(via.latencies, 99))}",
-                _ms(percentile(via.latencies, 50) - percentile(direct.latencies, 50)),
+                f"{ms(percentile(direct.latencies, 50))}/{ms(percentile(direct.latencies, 99))}",
+                f"{ms(percentile(via.latencies, 50))}/{ms(percentile(via.latencies, 99))}",
+                ms(percentile(via.latencies, 50) - percentile(direct.latencies, 50)),
             ]
         )
     header = ["concurrency", "done d/b", "direct req/s", "botgw req/s", "throughput ratio"]
     header += ["direct p50/p99 ms", "botgw p50/p99 ms", "added p50 ms"]
-    print(_table(header, rows))
+    print(table(header, rows))
 
     print()
     print("where the time goes (means, ms):")
@@ -668,20 +483,20 @@ def report(
         rows.append(
             [
                 str(level),
-                _ms(direct.mean),
-                _ms(direct.vllm_mean),
-                _ms(via.mean),
-                _ms(_mean(via.stage("ack")), 2),
-                _ms(_mean(via.stage("ack to answer stored"))),
-                _ms(_mean(via.stage("answer stored to delivered")), 2),
-                _ms(via.vllm_mean),
-                _ms(added),
-                _ms(percentile(via.stage("detection lag"), 50), 2),
+                ms(direct.mean),
+                ms(direct.vllm_mean),
+                ms(via.mean),
+                ms(_mean(via.stage("ack")), 2),
+                ms(_mean(via.stage("ack to answer stored"))),
+                ms(_mean(via.stage("answer stored to delivered")), 2),
+                ms(via.vllm_mean),
+                ms(added),
+                ms(percentile(via.stage("detection lag"), 50), 2),
             ]
         )
     header = ["concurrency", "direct", "in vLLM", "botgw", "ack", "ack->stored", "stored->sent", "in vLLM"]
     header += ["added outside vLLM", "detect lag p50"]
-    print(_table(header, rows))
+    print(table(header, rows))
 
     print()
     captions = (
@@ -708,7 +523,7 @@ def report(
                     ]
                 )
         header = ["concurrency", "mode", "wall s", *PROCESSES, "engine ms/req", "botgw procs ms/msg", "per wall s"]
-        print(_table(header, rows))
+        print(table(header, rows))
         print()
     print(
         "note: on 2 cores the gateway, worker, simulator and redis (and this client) take CPU from vLLM (its API "
@@ -727,7 +542,7 @@ def report(
     for level, modes in results.items():
         added = percentile(modes["botgw"].latencies, 50) - percentile(modes["direct"].latencies, 50)
         verdict = "PASS" if added < 0.005 else "FAIL"
-        print(f"goal added median latency < 5 ms at concurrency {level}: {_ms(added)} ms -> {verdict}")
+        print(f"goal added median latency < 5 ms at concurrency {level}: {ms(added)} ms -> {verdict}")
     print("(for reference: LiteLLM documents 3.25 ms of added latency for itself, Bifrost 0.44 ms)")
 
     print()
@@ -784,20 +599,15 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     engine_url, sim_url = f"http://127.0.0.1:{ports['engine']}", f"http://127.0.0.1:{ports['simulator']}"
     gateway_url, redis_url = f"http://127.0.0.1:{ports['gateway']}", f"redis://127.0.0.1:{ports['redis']}/0"
 
-    redis_binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    redis_args = ["--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    stack.start("redis", [redis_binary, *redis_args, "--notify-keyspace-events", "Kh"])
+    start_redis(stack, ports["redis"], "--notify-keyspace-events", "Kh")
     engine_args = ["engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])]
     stack.start("engine", [*BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
     config = stack_config(redis_url, engine_url, sim_url, args.max_tokens, slots)
-    config_path = stack.log_dir / "botgw.yaml"
-    config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    # BOTGW_* variables of the caller's shell would override the file; these processes must see only the file.
-    clean_env = {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
-    cfg = ["--config", str(config_path)]
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], clean_env)
-    stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], clean_env)
-    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], clean_env)
+    cfg = ["--config", str(write_config(stack, config))]
+    env = clean_env()
+    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
+    stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], env)
+    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
 
     limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
@@ -807,8 +617,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
         httpx.AsyncClient(timeout=timeout, limits=limits) as botgw_http,
     ):
 
-        async def ok(url: str) -> bool:
-            return (await botgw_http.get(url, timeout=2)).status_code == 200
+        def ok(url: str) -> Awaitable[bool]:
+            return http_ok(botgw_http, url)
 
         children = stack.children
         await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
@@ -844,7 +654,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
                         print(
                             f"  concurrency {level:>2}, round {round_no}, {mode:6}: {len(run.latencies)}/{total} in "
                             f"{run.elapsed:.1f} s = {len(run.latencies) / run.elapsed:.2f} req/s, "
-                            f"p50 {_ms(percentile(run.latencies, 50))} ms",
+                            f"p50 {ms(percentile(run.latencies, 50))} ms",
                             flush=True,
                         )
             await asyncio.sleep(SETTLE_S)  # a late duplicate would show up in the count check
@@ -853,35 +663,6 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
             await botgw.aclose()
             await redis.aclose()
     return report(args, results, botgw, {"counts": counts}, time.perf_counter() - began)
-
-
-async def _main_task(args: argparse.Namespace, stack: Stack) -> int:
-    """The benchmark under a time limit; SIGINT/SIGTERM/SIGHUP cancel it so that the children are stopped."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    caught: list[int] = []
-
-    def stop(sig: int) -> None:
-        caught.append(sig)
-        if task is not None:
-            task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        async with asyncio.timeout(args.time_limit):
-            return 1 if await benchmark(args, stack) else 0
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        print(f"bench: stopped by signal {caught[0]}", file=sys.stderr)
-        return 128 + caught[0]
-    except TimeoutError:
-        print(f"bench: not finished within --time-limit {args.time_limit:.0f} s", file=sys.stderr)
-        return 1
-    except Broken as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -905,18 +686,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="botgw-overhead-")))
-    code = 1
-    try:
-        code = asyncio.run(_main_task(args, stack))
-    finally:
-        stack.stop()
-        if code == 0 and not args.keep_logs:
-            shutil.rmtree(stack.log_dir, ignore_errors=True)
-        else:
-            print(f"logs: {stack.log_dir}", file=sys.stderr)
-    return code
+    return main_async(parse_args(argv), "botgw-overhead-", benchmark)
 
 
 if __name__ == "__main__":

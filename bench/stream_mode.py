@@ -25,28 +25,43 @@ import json
 import math
 import os
 import secrets
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from redis.asyncio import Redis
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/stream_mode.py` puts bench/, not the project, on the path
-    sys.path.insert(0, str(ROOT))
+# `python bench/stream_mode.py` puts bench/, not the project, on the path; `bench.common` needs the project.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ingest import HttpConnection, Tally, connect  # noqa: E402
-from bench.overhead import BOTGW, Broken, CpuMeter, Stack, _table, free_port, percentile, wait_ready  # noqa: E402
-from bots.dingtalk.config import DingTalkBotConfig  # noqa: E402
-from bots.simulator.dingtalk_user import robot_payload  # noqa: E402
+from bench.common import (
+    BOTGW,
+    Broken,
+    CpuMeter,
+    HttpConnection,
+    Stack,
+    Tally,
+    botgw_config,
+    clean_env,
+    connect,
+    dingtalk_robot,
+    free_port,
+    http_ok,
+    main_async,
+    percentile,
+    start_redis,
+    table,
+    wait_ready,
+    write_config,
+)
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.simulator.dingtalk_user import robot_payload
 
 NAMESPACE = "streambench"
 BOT_ID = "ding-stream"
@@ -62,24 +77,7 @@ PROCESSES = ("simulator", "dingtalk-stream", "redis", "bench")
 
 def stream_config(redis_url: str, sim_url: str) -> dict[str, Any]:
     """One Stream-mode DingTalk robot pointed at the simulator; WARNING logs, as in production; no engine needed."""
-    return {
-        "redis_url": redis_url,
-        "namespace": NAMESPACE,
-        "log_level": "WARNING",
-        "engine": {"base_url": f"http://127.0.0.1:{free_port()}", "model": "unused"},
-        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
-        "bots": [
-            {
-                "id": BOT_ID,
-                "platform": "dingtalk",
-                "mode": "stream",
-                "app_key": "dingbench" + secrets.token_hex(5),
-                "app_secret": secrets.token_urlsafe(24),
-                "api_base": sim_url,
-                "oapi_base": sim_url,
-            }
-        ],
-    }
+    return botgw_config(redis_url, NAMESPACE, [dingtalk_robot(BOT_ID, "stream", sim_url)])
 
 
 def build_pushes(
@@ -198,8 +196,7 @@ async def run_batch(
     finally:
         if not pushing.done():
             pushing.cancel()
-    cpu_after = meter.sample()
-    batch.cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
+    batch.cpu = meter.since(cpu_before)
     return batch
 
 
@@ -258,7 +255,7 @@ def report(
         )
     header = ["round", "msgs", "push s", "push/s", "acked s", "in Redis s", "msgs/s", "queued/s", "push->queued p50 ms"]
     header += ["p99 ms", *(f"CPU {name}" for name in PROCESSES)]
-    print(_table(header, rows))
+    print(table(header, rows))
     print("(queued/s: botgw's pace, first to last enqueued_at of the round. CPU: share of one core over the round,")
     print(" 100% = one core. push->queued: push answered by the simulator -> the entry's enqueued_at; it includes the")
     print(" simulator's 50 ms delivery tick and waiting in botgw's socket buffer)")
@@ -307,23 +304,18 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     began = time.perf_counter()
     redis_port, sim_port = free_port(), free_port()
     redis_url, sim_url = f"redis://127.0.0.1:{redis_port}/0", f"http://127.0.0.1:{sim_port}"
-    redis_binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    redis_args = ["--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    stack.start("redis", [redis_binary, *redis_args])
+    start_redis(stack, redis_port)
     config = stream_config(redis_url, sim_url)
-    config_path = stack.log_dir / "botgw.yaml"
-    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    # BOTGW_* variables of the caller's shell would override the file; these processes must see only the file.
-    clean_env = {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
-    cfg = ["--config", str(config_path)]
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(sim_port)], clean_env)
+    cfg = ["--config", str(write_config(stack, config))]
+    env = clean_env()
+    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(sim_port)], env)
     bot = DingTalkBotConfig(**config["bots"][0])
     redis = Redis.from_url(redis_url)
     try:
         async with httpx.AsyncClient(timeout=10) as http:
 
-            async def ok(url: str) -> bool:
-                return (await http.get(url, timeout=2)).status_code == 200
+            def ok(url: str) -> Awaitable[bool]:
+                return http_ok(http, url)
 
             async def connected() -> bool:
                 stats = (await http.get(f"{sim_url}/__sim__/dingtalk/stream/stats", timeout=2)).json()
@@ -332,7 +324,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
             children = stack.children
             await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
             await wait_ready(stack, children["simulator"], lambda: ok(f"{sim_url}/__sim__/healthz"), SERVER_START_S)
-            stack.start("dingtalk-stream", [*BOTGW, "dingtalk-stream", *cfg], clean_env)
+            stack.start("dingtalk-stream", [*BOTGW, "dingtalk-stream", *cfg], env)
             await wait_ready(stack, children["dingtalk-stream"], connected, CONNECT_S)
             print(f"stream connected after {time.perf_counter() - began:.1f} s (logs in {stack.log_dir})", flush=True)
 
@@ -363,35 +355,6 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     return report(args, warmup, batches, queued, time.perf_counter() - began)
 
 
-async def _main_task(args: argparse.Namespace, stack: Stack) -> int:
-    """The benchmark under a time limit; SIGINT/SIGTERM/SIGHUP cancel it so that the children are stopped."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    caught: list[int] = []
-
-    def stop(sig: int) -> None:
-        caught.append(sig)
-        if task is not None:
-            task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        async with asyncio.timeout(args.time_limit):
-            return 1 if await benchmark(args, stack) else 0
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        print(f"bench: stopped by signal {caught[0]}", file=sys.stderr)
-        return 128 + caught[0]
-    except TimeoutError:
-        print(f"bench: not finished within --time-limit {args.time_limit:.0f} s", file=sys.stderr)
-        return 1
-    except (Broken, httpx.HTTPError, OSError) as exc:
-        print(f"bench: {exc!r}" if not isinstance(exc, Broken) else f"bench: {exc}", file=sys.stderr)
-        return 1
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=2000, help="messages per round (default 2000)")
@@ -410,18 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="botgw-stream-")))
-    code = 1
-    try:
-        code = asyncio.run(_main_task(args, stack))
-    finally:
-        stack.stop()
-        if code == 0 and not args.keep_logs:
-            shutil.rmtree(stack.log_dir, ignore_errors=True)
-        else:
-            print(f"logs: {stack.log_dir}", file=sys.stderr)
-    return code
+    return main_async(parse_args(argv), "botgw-stream-", benchmark, failures=(httpx.HTTPError, OSError))
 
 
 if __name__ == "__main__":

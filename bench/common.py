@@ -1,0 +1,544 @@
+"""What every benchmark in bench/ needs: its child processes, readiness, CPU meters, a lean HTTP client, run control.
+
+One copy, so that a fix to how a benchmark starts, measures or stops its processes reaches all of them.
+Only the standard library is imported at module level: `bench/ingest.py --bare-server` imports this module in the
+bare server it measures, which should carry nothing it does not need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import ctypes
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BOTGW = [sys.executable, "-m", "gateway.cli"]
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+STOP_TIMEOUT_S = 20.0
+READY_POLL_S = 0.1
+T = TypeVar("T")
+
+
+class Broken(RuntimeError):
+    """Something failed that makes the numbers meaningless (a process died, too many errors)."""
+
+
+class StartupError(Broken):
+    """A server did not come up; the message carries the tail of its log."""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now, for a server of this run (each run gets its own, so runs never clash)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def random_aes_key() -> str:
+    """A fresh WeCom EncodingAESKey (43 characters of base64): no run depends on a key in the repository."""
+    return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without BOTGW_* variables: those of the caller's shell would override the config file."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
+
+
+def _die_with_parent() -> None:
+    """Children get SIGKILL if the benchmark itself is killed hard, so nothing (no engine) is left running."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat line after the command name (which may hold spaces and parentheses).
+
+    Index 3 is the session, 11 and 12 are utime and stime in clock ticks.
+    """
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+class Child:
+    """A server in its own session (so that its whole tree is signalled and measured), output to a log file."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")  # closed in wait()
+        self.popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Signal the whole session's process group (vLLM, for one, runs several processes)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def wait(self, timeout: float) -> None:
+        """Wait for the exit after `signal(SIGTERM)`; SIGKILL the group if it takes longer."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+        self.signal(signal.SIGKILL)  # stragglers of the session, e.g. vLLM's engine core
+        self._log.close()
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of the log, for error messages: why did it not start, why did it die."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of this process alone so far, from /proc (Linux); nan once it is gone."""
+        try:
+            fields = _stat_fields(Path(f"/proc/{self.pid}/stat").read_text())
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@dataclass
+class Stack:
+    """The processes of one run, stopped together (TERM to all, then wait) however the run ends."""
+
+    log_dir: Path
+    children: dict[str, Child] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start a child (environment: this one, unless `env`); its log is `<log_dir>/<name>.log`."""
+        child = Child(name, args, self.log_dir, env)
+        self.children[name] = child
+        return child
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """TERM to every child at once (the last started first), then SIGKILL what is still up after `timeout`."""
+        children = list(reversed(self.children.values()))
+        for child in children:
+            if child.alive():
+                child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in children:
+            child.wait(max(0.5, deadline - time.monotonic()))
+
+    def check_alive(self) -> None:
+        """Raise Broken if any child has exited: numbers taken without it would mean nothing."""
+        for child in self.children.values():
+            if not child.alive():
+                raise Broken(f"{child.name} exited with {child.popen.returncode}:\n{child.tail()}")
+
+
+def start_redis(stack: Stack, port: int, *extra: str) -> Child:
+    """redis-server on 127.0.0.1 without persistence (the benchmarks measure botgw, not the disk), named `redis`."""
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *extra]
+    return stack.start("redis", args)
+
+
+def write_config(stack: Stack, config: dict[str, Any], name: str = "botgw.yaml") -> Path:
+    """The run's botgw config as YAML in the log directory, so that it is kept with the logs of a failed run."""
+    import yaml  # not at module level: see the module docstring
+
+    path = stack.log_dir / name
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def botgw_config(
+    redis_url: str, namespace: str, bots: list[dict[str, Any]], engine: dict[str, Any] | None = None, **settings: Any
+) -> dict[str, Any]:
+    """A botgw config as in production (WARNING logs) but for limits that never bite: the load is the point.
+
+    Without `engine`, one at a port nobody listens on, for the benchmarks of intake alone (no worker runs).
+    """
+    return {
+        "redis_url": redis_url,
+        "namespace": namespace,
+        "log_level": "WARNING",
+        "engine": engine or {"base_url": f"http://127.0.0.1:{free_port()}", "model": "unused"},
+        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
+        "bots": bots,
+        **settings,
+    }
+
+
+def wecom_app(bot_id: str, api_base: str) -> dict[str, Any]:
+    """A WeCom self-built app with fresh random credentials; its API at `api_base` (the simulator, or nothing)."""
+    return {
+        "id": bot_id,
+        "platform": "wecom",
+        "corp_id": "wwbench" + secrets.token_hex(5),
+        "agent_id": 1000002,
+        "secret": secrets.token_urlsafe(24),
+        "token": secrets.token_hex(8),
+        "encoding_aes_key": random_aes_key(),
+        "api_base": api_base,
+    }
+
+
+def dingtalk_robot(bot_id: str, mode: str, api_base: str) -> dict[str, Any]:
+    """A DingTalk robot (`mode` http or stream) with fresh random credentials; both its APIs at `api_base`."""
+    return {
+        "id": bot_id,
+        "platform": "dingtalk",
+        "mode": mode,
+        "app_key": "dingbench" + secrets.token_hex(5),
+        "app_secret": secrets.token_urlsafe(24),
+        "api_base": api_base,
+        "oapi_base": api_base,
+    }
+
+
+async def wait_ready(stack: Stack, child: Child, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
+    """Poll `probe` until it answers True; raise StartupError after `timeout` or as soon as any child has died.
+
+    Any exception from the probe means "not up yet" (connection refused, a half-started server).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stack.check_alive()
+        except Broken as exc:
+            raise StartupError(str(exc)) from None
+        with contextlib.suppress(Exception):
+            if await probe():
+                return
+        await asyncio.sleep(READY_POLL_S)
+    raise StartupError(f"{child.name} not ready after {timeout:.0f} s:\n{child.tail()}")
+
+
+async def http_ok(http: httpx.AsyncClient, url: str) -> bool:
+    """Readiness probe: does `url` answer 200?"""
+    return (await http.get(url, timeout=2)).status_code == 200
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def usage_by_session() -> dict[int, tuple[float, float]]:
+    """(CPU seconds, run-queue wait seconds) of every live process, summed by session (vLLM's children count).
+
+    The wait (schedstat: runnable but no core free) is what a process loses on a saturated 2-core machine; every
+    sequential hop between processes pays it.
+    """
+    totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields(Path(entry.path, "stat").read_text())
+            total = totals[int(fields[3])]
+            total[0] += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            for task in os.scandir(Path(entry.path, "task")):
+                total[1] += int(Path(task.path, "schedstat").read_text().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return {session: (cpu, wait) for session, (cpu, wait) in totals.items()}
+
+
+class CpuMeter:
+    """CPU and run-queue wait seconds each process (tree) of a stack, and this one, used between two samples."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    def sample(self) -> dict[str, float]:
+        """`name` -> CPU seconds, `name wait` -> run-queue wait seconds, so far."""
+        sessions = usage_by_session()
+        used: dict[str, float] = {}
+        for name, child in self._stack.children.items():
+            used[name], used[f"{name} wait"] = sessions.get(child.pid, (math.nan, math.nan))
+        # This process's session also holds the shell that started it, so count this process alone.
+        used["bench"] = time.process_time()
+        used["bench wait"] = math.nan
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            tasks = os.scandir("/proc/self/task")
+            used["bench wait"] = sum(int(Path(t.path, "schedstat").read_text().split()[1]) for t in tasks) / 1e9
+        return used
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """What each process used since `before` (an earlier `sample()`)."""
+        after = self.sample()
+        return {name: after[name] - value for name, value in before.items()}
+
+
+# --------------------------------------------------------------------------- lean HTTP/1.1 client
+
+
+class HttpConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying one request at a time; reads status and Content-Length only.
+
+    httpx costs far more CPU per request than the bare server does, and on 2 cores that would measure the client.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[int] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self._buffer[:end]).lower()
+        at = head.find(b"\r\ncontent-length:")
+        if at < 0:
+            self._fail(ConnectionError("response without Content-Length"))
+            return
+        line_end = head.find(b"\r\n", at + 2)
+        total = end + 4 + int(head[at + 17 : line_end if line_end >= 0 else len(head)])
+        if len(self._buffer) < total:
+            return
+        del self._buffer[:total]
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(int(head[9:12]))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._fail(ConnectionError(f"connection closed: {exc}"))
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def request(self, payload: bytes) -> asyncio.Future[int]:
+        """Send one request; the future resolves to the response status."""
+        if self.transport is None:
+            raise ConnectionError("not connected")
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        self.transport.write(payload)
+        return waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(port: int) -> HttpConnection:
+    """A fresh lean connection to 127.0.0.1:`port`."""
+    _, protocol = await asyncio.get_running_loop().create_connection(HttpConnection, "127.0.0.1", port)
+    return protocol
+
+
+@dataclass
+class Tally:
+    """Responses by status and transport errors of one run."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    errors: int = 0
+
+    @property
+    def responses(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def ok(self) -> int:
+        return self.statuses[200]
+
+    @property
+    def non_200(self) -> int:
+        return self.responses - self.ok
+
+
+async def closed_loop(concurrency: int, total: int, one: Callable[[int], Awaitable[None]]) -> float:
+    """`concurrency` clients, each starting the next of `total` items as soon as its last is done; wall seconds."""
+    cursor = 0
+
+    async def client() -> None:
+        nonlocal cursor
+        while cursor < total:
+            index = cursor
+            cursor += 1
+            await one(index)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+async def vllm_histograms(http: httpx.AsyncClient, engine_url: str, *names: str) -> dict[str, float]:
+    """`<name>_sum` and `<name>_count` of vLLM's own histograms (its /metrics), summed over label sets.
+
+    vLLM's view of the same requests splits a request's time into inside and outside vLLM. Absent series are absent.
+    """
+    text = (await http.get(f"{engine_url}/metrics", timeout=10)).text
+    values: dict[str, float] = {}
+    pattern = rf"^vllm:({'|'.join(map(re.escape, names))})_(sum|count)\{{[^}}]*\}} (\S+)$"
+    for match in re.finditer(pattern, text, re.MULTILINE):
+        key = f"{match.group(1)}_{match.group(2)}"
+        values[key] = values.get(key, 0.0) + float(match.group(3))
+    return values
+
+
+# --------------------------------------------------------------------------- report
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (nan if empty)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
+
+
+def ms(value: float, digits: int = 1) -> str:
+    """Seconds as milliseconds for a table cell; n/a for nan (nothing measured)."""
+    return "n/a" if math.isnan(value) else f"{value * 1000:.{digits}f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table, every column right-aligned, for a terminal or a log."""
+    widths = [max(len(row[col]) for row in [header, *rows]) for col in range(len(header))]
+    lines = [" | ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]]
+    return "\n".join([lines[0], "-+-".join("-" * width for width in widths), *lines[1:]])
+
+
+# --------------------------------------------------------------------------- run control
+
+
+class Stopped(Exception):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) ended the run; `signum` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+async def interruptible(coro: Awaitable[T], limit_s: float) -> T:
+    """Await `coro` under a time limit (TimeoutError); SIGINT/SIGTERM/SIGHUP cancel it and raise Stopped.
+
+    The handlers run in the event loop: a plain Python signal handler would raise inside whatever protocol callback
+    is running, where the loop reports and swallows it, and the run would go on. Cancelling, rather than dying,
+    lets the caller stop the children. Ignored signals (nohup) stay ignored; the previous handlers come back.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    caught: list[int] = []
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+
+    def stop(sig: int) -> None:
+        caught.append(sig)
+        if task is not None:
+            task.cancel()
+
+    for sig in saved:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        async with asyncio.timeout(limit_s):
+            return await coro
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+        raise Stopped(caught[0]) from None
+    finally:
+        for sig, handler in saved.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+
+
+async def run_benchmark(
+    benchmark: Awaitable[bool], time_limit: float, failures: tuple[type[Exception], ...] = ()
+) -> int:
+    """The exit code of `benchmark` (it returns True if something broke) under `--time-limit` and stop signals.
+
+    A stop signal gives 128 + its number; a Broken, the time limit or one of `failures` (printed with its repr)
+    gives 1, each with one line on stderr.
+    """
+    try:
+        return 1 if await interruptible(benchmark, time_limit) else 0
+    except Stopped as exc:
+        print(f"bench: stopped by signal {exc.signum}", file=sys.stderr)
+        return 128 + exc.signum
+    except TimeoutError:
+        print(f"bench: not finished within --time-limit {time_limit:.0f} s", file=sys.stderr)
+        return 1
+    except Broken as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    except failures as exc:
+        print(f"bench: {exc!r}", file=sys.stderr)
+        return 1
+
+
+def run_in_stack(prefix: str, keep_logs: bool, run: Callable[[Stack], int]) -> int:
+    """`run(stack)` with a fresh stack whose processes are stopped however it ends; logs are removed only on success.
+
+    A failed run keeps its logs and config (their directory is printed), which is where its reason is.
+    """
+    stack = Stack(Path(tempfile.mkdtemp(prefix=prefix)))
+    code = 1
+    try:
+        code = run(stack)
+    finally:
+        stack.stop()
+        if code == 0 and not keep_logs:
+            shutil.rmtree(stack.log_dir, ignore_errors=True)
+        else:
+            print(f"logs: {stack.log_dir}", file=sys.stderr)
+    return code
+
+
+def main_async(
+    args: argparse.Namespace,
+    prefix: str,
+    benchmark: Callable[[argparse.Namespace, Stack], Coroutine[Any, Any, bool]],
+    failures: tuple[type[Exception], ...] = (),
+) -> int:
+    """`main` of a benchmark with an async `benchmark(args, stack)` and the options --time-limit and --keep-logs."""
+
+    def run(stack: Stack) -> int:
+        return asyncio.run(run_benchmark(benchmark(args, stack), args.time_limit, failures))
+
+    return run_in_stack(prefix, args.keep_logs, run)
