@@ -16,6 +16,7 @@ import json
 import random
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,21 +185,21 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         state.cards.setdefault(track, []).append(event)
         return JSONResponse({"success": True, "result": {"outTrackId": track}})
 
-    @router.post("/v1.0/card/instances")
-    async def card_create(request: Request) -> JSONResponse:
-        return await card_event(request, "create")
+    card_routes = [
+        ("POST", "/v1.0/card/instances", "create"),
+        ("POST", "/v1.0/card/instances/deliver", "deliver"),
+        ("PUT", "/v1.0/card/instances", "status"),
+        ("PUT", "/v1.0/card/streaming", "stream"),
+    ]
 
-    @router.post("/v1.0/card/instances/deliver")
-    async def card_deliver(request: Request) -> JSONResponse:
-        return await card_event(request, "deliver")
+    def card_route(op: str) -> Callable[[Request], Awaitable[JSONResponse]]:
+        async def route(request: Request) -> JSONResponse:
+            return await card_event(request, op)
 
-    @router.put("/v1.0/card/instances")
-    async def card_update(request: Request) -> JSONResponse:
-        return await card_event(request, "status")
+        return route
 
-    @router.put("/v1.0/card/streaming")
-    async def card_stream(request: Request) -> JSONResponse:
-        return await card_event(request, "stream")
+    for method, path, op in card_routes:
+        router.add_api_route(path, card_route(op), methods=[method])
 
     # -- Stream mode -------------------------------------------------------------------------
 
