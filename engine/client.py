@@ -44,14 +44,10 @@ class Completion:
 class EngineClient:
     """One engine endpoint (vLLM) as the worker uses it."""
 
-    def __init__(
-        self, settings: EngineSettings, http: httpx.AsyncClient | None = None, base_url: str | None = None
-    ) -> None:
+    def __init__(self, settings: EngineSettings, http: httpx.AsyncClient, base_url: str | None = None) -> None:
         self._settings = settings
         self._base = (base_url or settings.base_url).rstrip("/")
-        self._own_http = http is None
-        timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
-        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._http = http  # shared per process, owned by the runtime
         self._headers = {}
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
@@ -59,10 +55,6 @@ class EngineClient:
     @property
     def model(self) -> str:
         return self._settings.model
-
-    async def aclose(self) -> None:
-        if self._own_http:
-            await self._http.aclose()
 
     async def chat(
         self,

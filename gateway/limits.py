@@ -27,8 +27,8 @@ def _limits_uri(redis_url: str) -> str:
 class MovingWindowLimiter:
     """Counts hits per key in a moving window shared by all replicas (users' messages, a robot's sends)."""
 
-    def __init__(self, redis_url: str, per_user: str, key_prefix: str) -> None:
-        self._limit = parse(per_user)
+    def __init__(self, redis_url: str, limit: str, key_prefix: str) -> None:
+        self._limit = parse(limit)
         self._storage = RedisStorage(_limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix)
         self._limiter = MovingWindowRateLimiter(self._storage)
 

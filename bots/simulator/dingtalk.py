@@ -118,6 +118,15 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         expires = state.tokens.get(request.headers.get("x-acs-dingtalk-access-token", ""))
         return bool(expires and expires > time.time())
 
+    def refuse_send(request: Request, *, needs_token: bool) -> JSONResponse | None:
+        """The answer DingTalk gives instead of sending: no valid token, or an injected fault (130101…)."""
+        if needs_token and not token_ok(request):
+            return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
+        fault = state.fault("send")
+        if fault:
+            return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
+        return None
+
     def record(**fields: Any) -> None:
         state.messages.append({**fields, "at": time.time()})
 
@@ -135,9 +144,8 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         info = state.sessions.get(session)
         if info is None or info["expires_at"] < time.time():
             return _error(300001, "session expired")
-        fault = state.fault("send")
-        if fault:
-            return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
+        if refusal := refuse_send(request, needs_token=False):
+            return refusal
         body = await request.json()
         record(
             via="session", conversation=info["conversation"], user=info["user"], group=info["group"],
@@ -148,11 +156,8 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/v1.0/robot/groupMessages/send")
     async def group_send(request: Request) -> JSONResponse:
-        if not token_ok(request):
-            return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
-        fault = state.fault("send")
-        if fault:
-            return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
+        if refusal := refuse_send(request, needs_token=True):
+            return refusal
         body = await request.json()
         content = json.loads(body["msgParam"]).get("content", "")
         record(via="openapi", conversation=body["openConversationId"], user="", group=True, content=content,
@@ -161,11 +166,8 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/v1.0/robot/oToMessages/batchSend")
     async def single_send(request: Request) -> JSONResponse:
-        if not token_ok(request):
-            return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
-        fault = state.fault("send")
-        if fault:
-            return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
+        if refusal := refuse_send(request, needs_token=True):
+            return refusal
         body = await request.json()
         content = json.loads(body["msgParam"]).get("content", "")
         for user in body["userIds"]:
