@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -117,10 +117,27 @@ class RefreshLock(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
 
+ReplyStyle = Literal["pieces", "stream", "card", "page"]
+"""How a platform shows an answer: messages sent piece by piece (WeCom app, group robot, DingTalk text),
+a stream the platform polls (WeCom AI bot), a card updated in place (DingTalk AI card), or a page that
+reads it from the gateway (web). The worker picks how to deliver by this, never by adapter class."""
+
+CallbackKind = Literal["wecom-app", "wecom-aibot", "dingtalk-http"]
+"""Which callback handler answers this bot's HTTP callbacks (None: it receives none over HTTP)."""
+
+Pacing = list[tuple[str, str]]
+"""Send allowances a reply must fit, shared by every worker: (key, window such as "30/minute")."""
+
+
 class ReplyChannel(Protocol):
     """What the worker needs from an adapter to deliver an answer: its byte cap and a send."""
 
     platform: str
+    reply_style: ReplyStyle
+
+    def pacing(self, target: ReplyTarget) -> Pacing:
+        """The platform's send allowances that apply to a message to `target` (empty: none)."""
+        ...
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         """The platform's cap on one message to this target, in UTF-8 bytes."""

@@ -23,9 +23,17 @@ HEALTH_TIMEOUT_S = 5.0
 class EngineError(Exception):
     """The engine could not answer; `retryable` says whether asking again may help."""
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, status: int = 0) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.status = status
+
+    @property
+    def too_long(self) -> bool:
+        """vLLM refused the request as longer than its context window (HTTP 400): the request's fault,
+        not the engine's or the session's."""
+        text = str(self).lower()
+        return self.status == 400 and any(word in text for word in ("context length", "max_model_len", "too long"))
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class EngineClient:
         self._base = (base_url or settings.base_url).rstrip("/")
         self._http = http  # shared per process, owned by the runtime
         self._headers = {}
+        self.max_model_len: int | None = None  # from /v1/models, once the engine is up
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
 
@@ -97,7 +106,11 @@ class EngineClient:
             if response.status_code != 200:
                 detail = (await response.aread())[:300].decode(errors="replace")
                 retryable = response.status_code >= 500 or response.status_code == 429
-                raise EngineError(f"engine answered HTTP {response.status_code}: {detail}", retryable=retryable)
+                raise EngineError(
+                    f"engine answered HTTP {response.status_code}: {detail}",
+                    retryable=retryable,
+                    status=response.status_code,
+                )
             lines = response.aiter_lines()
             while True:
                 timeout = self._settings.first_token_timeout_s if not first_token_at else None
@@ -141,7 +154,11 @@ class EngineClient:
         if response.status_code != 200:
             retryable = response.status_code >= 500 or response.status_code == 429
             detail = response.text[:300]
-            raise EngineError(f"engine answered HTTP {response.status_code}: {detail}", retryable=retryable)
+            raise EngineError(
+                f"engine answered HTTP {response.status_code}: {detail}",
+                retryable=retryable,
+                status=response.status_code,
+            )
         data = response.json()
         choice = data["choices"][0]
         text = choice["message"].get("content") or ""
@@ -191,4 +208,9 @@ class EngineClient:
             return False
         if models.status_code != 200:
             return False
-        return any(item.get("id") == self._settings.model for item in models.json().get("data", []))
+        for item in models.json().get("data", []):
+            if item.get("id") == self._settings.model:
+                length = item.get("max_model_len")
+                self.max_model_len = int(length) if isinstance(length, int) and length > 0 else None
+                return True
+        return False

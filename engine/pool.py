@@ -117,6 +117,12 @@ class EnginePool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @property
+    def max_model_len(self) -> int | None:
+        """The smallest context window of the ready engines (a request must fit whichever one it goes to)."""
+        lengths = [e.client.max_model_len for e in self.endpoints if e.status == "ready" and e.client.max_model_len]
+        return min(lengths) if lengths else None
+
+    @property
     def ready(self) -> bool:
         return any(endpoint.status == "ready" for endpoint in self.endpoints)
 

@@ -27,12 +27,11 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_runtime(settings) as runtime:
-            await runtime.queue.ensure_group()
-            await runtime.queue.load_scripts()
+            await runtime.scheduler.load_scripts()
             batcher = RedisBatcher(runtime.redis)
             batcher.start()
             app.state.runtime = runtime
-            ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
+            ingest = Ingest(batcher, runtime.keys, runtime.scheduler, settings)
             app.state.ingest = ingest
             app.state.streams = StreamStore(runtime.redis, runtime.keys)
             app.state.callbacks = callback_handlers(runtime.adapters, ingest, app.state.streams)

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bots.base import InboundMessage
+from bots.base import CallbackKind, InboundMessage
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import StreamPoll, UnsupportedMessage, WeComAIBotAdapter, WelcomeEvent
@@ -45,7 +45,7 @@ class CallbackReply:
 class AppCallbacks:
     """WeCom app: enqueue the message, answer 200 with an empty body."""
 
-    def __init__(self, adapter: WeComAppAdapter, ingest: Ingest) -> None:
+    def __init__(self, adapter: WeComAppAdapter, ingest: Ingest, streams: StreamStore) -> None:
         self.adapter = adapter
         self._ingest = ingest
 
@@ -59,7 +59,7 @@ class AppCallbacks:
 class DingTalkCallbacks:
     """DingTalk robot in HTTP mode: verify the signed headers, enqueue, answer 200 at once."""
 
-    def __init__(self, adapter: DingTalkRobotAdapter, ingest: Ingest) -> None:
+    def __init__(self, adapter: DingTalkRobotAdapter, ingest: Ingest, streams: StreamStore) -> None:
         self.adapter = adapter
         self._ingest = ingest
 
@@ -127,16 +127,18 @@ class AIBotCallbacks:
 
 
 CallbackHandler = AppCallbacks | AIBotCallbacks | DingTalkCallbacks
+HANDLERS: dict[CallbackKind, type[CallbackHandler]] = {
+    "wecom-app": AppCallbacks,
+    "wecom-aibot": AIBotCallbacks,
+    "dingtalk-http": DingTalkCallbacks,
+}
 
 
 def callback_handlers(adapters: dict[str, object], ingest: Ingest, streams: StreamStore) -> dict[str, CallbackHandler]:
-    """One handler per bot that receives callbacks (send-only robots have none)."""
+    """One handler per bot that receives HTTP callbacks, chosen by its adapter's `callback_kind`."""
     handlers: dict[str, CallbackHandler] = {}
     for bot_id, adapter in adapters.items():
-        if isinstance(adapter, WeComAppAdapter):
-            handlers[bot_id] = AppCallbacks(adapter, ingest)
-        elif isinstance(adapter, WeComAIBotAdapter):
-            handlers[bot_id] = AIBotCallbacks(adapter, ingest, streams)
-        elif isinstance(adapter, DingTalkRobotAdapter) and adapter.config.mode == "http":
-            handlers[bot_id] = DingTalkCallbacks(adapter, ingest)
+        kind = getattr(adapter, "callback_kind", None)
+        if kind is not None:
+            handlers[bot_id] = HANDLERS[kind](adapter, ingest, streams)  # type: ignore[arg-type]
     return handlers

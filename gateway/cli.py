@@ -34,9 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on"
-    )
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on")
     return 0
 
 
@@ -100,8 +98,9 @@ def _web(args: argparse.Namespace) -> int:
         "BOTGW_WEB_BOT": bot.id,
         "CHAINLIT_APP_ROOT": str(app_root),
         "CHAINLIT_AUTH_SECRET": secret,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                    os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])
+        ),
     }
     app = Path(__file__).resolve().parent.parent / "bots" / "web" / "app.py"
     argv = [sys.executable, "-m", "chainlit", "run", str(app), "--headless"]
@@ -294,7 +293,7 @@ def _push(args: argparse.Namespace) -> int:
 
     from gateway.keys import Keys
     from gateway.push import enqueue_push
-    from gateway.queue import WorkQueue
+    from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
     if settings.bot(args.bot).platform != "wecom-webhook":
@@ -303,13 +302,39 @@ def _push(args: argparse.Namespace) -> int:
     async def main() -> int:
         redis = Redis.from_url(settings.redis_url)
         try:
-            queue = WorkQueue(redis, Keys(settings.namespace))
-            return await enqueue_push(queue, args.bot, args.text, markdown=args.markdown)
+            return await enqueue_push(
+                Scheduler(redis, Keys(settings.namespace)), args.bot, args.text, markdown=args.markdown
+            )
         finally:
             await redis.aclose()
 
     turn = asyncio.run(main())
     print(f"queued as push #{turn} for {args.bot}; a worker delivers it within the robot's rate", file=sys.stderr)
+    return 0
+
+
+def _limits(args: argparse.Namespace) -> int:
+    """`botgw limits show|reset ID`: a user's or group's usage against its limits, or a fresh start."""
+    import json
+
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.limits import Budgets
+
+    settings = load_settings(args.config)
+
+    async def main() -> dict:
+        redis = Redis.from_url(settings.redis_url)
+        try:
+            budgets = Budgets(redis, settings.redis_url, Keys(settings.namespace), settings.limits)
+            if args.limits_command == "reset":
+                return {"reset": args.who, "cleared": await budgets.reset(args.who)}
+            return await budgets.show(args.who)
+        finally:
+            await redis.aclose()
+
+    print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
     return 0
 
 
@@ -346,6 +371,14 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--markdown", action="store_true")
     push.add_argument("text")
     push.set_defaults(run=_push)
+
+    limits = sub.add_parser("limits", help="a user's or group's usage against its limits")
+    limits_sub = limits.add_subparsers(dest="limits_command", required=True)
+    for name, help_text in (("show", "usage, limits and reset times"), ("reset", "clear the windows and budgets")):
+        cmd = limits_sub.add_parser(name, help=help_text)
+        cmd.add_argument("--config", required=True)
+        cmd.add_argument("who", help="a user id or a group (conversation) id, as the platform names it")
+        cmd.set_defaults(run=_limits)
 
     engine = sub.add_parser("engine", help="the co-located vLLM engine")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True)

@@ -10,16 +10,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
 import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from bots.dingtalk.config import DingTalkBotConfig
-from bots.web.config import WebBotConfig
-from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
+from bots.registry import PLATFORMS
 from engine.settings import EngineSettings
+from gateway.limits import LimitSettings
+from gateway.memory import GroupMemory
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -34,14 +34,9 @@ class MemorySettings(BaseModel):
     ttl_s: int = Field(default=7 * 86400, ge=60)
     token_budget: int = Field(default=2048, ge=0)
     max_turns: int = Field(default=40, ge=0)
-
-
-class LimitSettings(BaseModel):
-    """Per-user fairness (limits on Redis) and the HTTP flood guard (slowapi)."""
-
-    per_user: str = "20/minute"
-    http_per_source: str = "2000/second"
-    http_storage: str = "memory://"
+    group: GroupMemory = Field(
+        default="per_user", description="per_user: each member of a group has their own conversation; shared: one"
+    )
 
 
 class WorkerSettings(BaseModel):
@@ -53,14 +48,17 @@ class WorkerSettings(BaseModel):
     max_send_attempts: int = Field(default=6, ge=1)
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
-    turn_wait_s: float = 600.0
+    drain_s: float = Field(default=30.0, ge=0, description="on SIGTERM: finish what is held, then hand it back")
+    bot_weights: dict[str, float] = Field(
+        default_factory=dict, description="turns a bot's users get per round relative to others (default 1)"
+    )
     metrics_port: int | None = None
 
+    def weight(self, bot_id: str) -> float:
+        return self.bot_weights.get(bot_id, 1.0)
 
-BotConfig = Annotated[
-    WeComAppConfig | WeComAIBotConfig | WeComWebhookConfig | DingTalkBotConfig | WebBotConfig,
-    Field(discriminator="platform"),
-]
+
+BotConfig = Annotated[Union[tuple(p.config for p in PLATFORMS.values())], Field(discriminator="platform")]  # noqa: UP007
 
 
 class Settings(BaseSettings):

@@ -15,15 +15,39 @@ class Keys:
 
     namespace: str = "botgw"
 
-    @property
-    def inbound_stream(self) -> str:
-        """The durable work queue (a Redis Stream)."""
-        return f"{self.namespace}:inbound"
+    # The scheduler's keys. Its Lua scripts build the same names from the namespace (`<ns>:sched:…`).
 
     @property
-    def worker_group(self) -> str:
-        """The consumer group every worker joins."""
-        return "workers"
+    def scheduler_stats(self) -> str:
+        """Counters: entries enqueued, handled, leases taken over."""
+        return f"{self.namespace}:sched:stats"
+
+    @property
+    def scheduler_wake(self) -> str:
+        """A list workers block on (BLPOP); one item is pushed whenever a lane becomes ready."""
+        return f"{self.namespace}:sched:wake"
+
+    @property
+    def scheduler_lanes(self) -> str:
+        """Every lane holding work, scored by its oldest entry's enqueue time (ms): the queue's age."""
+        return f"{self.namespace}:sched:lanes"
+
+    @property
+    def scheduler_ready(self) -> str:
+        """Lanes that can run now, scored by virtual time (round-robin across users, weighted per bot)."""
+        return f"{self.namespace}:sched:ready"
+
+    def lane(self, lane: str) -> str:
+        """One conversation's (or session's) queued entries, oldest first (a list of JSON objects)."""
+        return f"{self.namespace}:sched:lane:{lane}"
+
+    def lease(self, lane: str) -> str:
+        """Who works on a lane's head entry now, and at which epoch (a hash: owner, epoch, u)."""
+        return f"{self.namespace}:sched:lease:{lane}"
+
+    def active_lanes(self, user: str) -> str:
+        """The lanes of one user being worked on now (a set), for max_concurrent_per_user."""
+        return f"{self.namespace}:sched:active:{user}"
 
     @property
     def dead_letters(self) -> str:
@@ -33,14 +57,6 @@ class Keys:
     def dedup(self, dedup_key: str) -> str:
         """Marks a platform delivery as seen (SET NX with TTL)."""
         return f"{self.namespace}:dedup:{dedup_key}"
-
-    def conversation_seq(self, conversation_key: str) -> str:
-        """Counter giving each enqueued message of a conversation its turn number."""
-        return f"{self.namespace}:conv:{conversation_key}:seq"
-
-    def conversation_done(self, conversation_key: str) -> str:
-        """The last turn number of a conversation that has been fully handled."""
-        return f"{self.namespace}:conv:{conversation_key}:done"
 
     def reply(self, dedup_key: str) -> str:
         """The answer of one message and how much of it has been delivered (a hash)."""
@@ -53,6 +69,10 @@ class Keys:
     def stream(self, stream_id: str) -> str:
         """A streamed answer: the text shown so far and whether it is finished (a hash)."""
         return f"{self.namespace}:stream:{stream_id}"
+
+    def stream_events(self, stream_id: str) -> str:
+        """Pub/sub channel told of every update of one stream (the web page's SSE waits on it)."""
+        return f"{self.namespace}:streamev:{stream_id}"
 
     def active_streams(self, bot_id: str, user: str) -> str:
         """A user's unfinished streams with one bot (a sorted set by start time)."""
@@ -78,6 +98,10 @@ class Keys:
     def token_lock(self, name: str) -> str:
         """Held by the one process fetching a new token."""
         return f"{self.namespace}:token:{name}:lock"
+
+    def token_budget(self, who: str, bucket: str) -> str:
+        """Tokens used by a user or group in one minute or day bucket (a counter)."""
+        return f"{self.namespace}:tok:{who}:{bucket}"
 
     @property
     def limits_prefix(self) -> str:

@@ -1,22 +1,169 @@
-"""Per-user message limits with the `limits` library on Redis (moving window, shared by all replicas)."""
+"""Per-user and per-group limits: message windows (the `limits` library on Redis) and token budgets.
+
+Message windows are moving windows shared by every replica. Token budgets are counted per
+minute and per calendar day (in `limits.timezone`) from vLLM's `usage`: before the engine
+call the largest possible cost (prompt + max_tokens) is reserved, atomically for every
+window that applies, and only if it fits; afterwards the reservation is settled to what
+was really used. So parallel requests can never together spend more than the budget.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
+from zoneinfo import ZoneInfo
 
-from limits import parse
+from limits import RateLimitItem, parse, parse_many
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from redis.asyncio import Redis
+
+from gateway.keys import Keys
+
+LimitKind = Literal["messages", "tokens_per_minute", "tokens_per_day", "prompt"]
+
+# KEYS: counters; ARGV: amount, then (limit, ttl) per key. Returns 0 when reserved, else the 1-based
+# index of the first counter that has no room (nothing is reserved then).
+_RESERVE = """
+local amount = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local used = tonumber(redis.call('GET', key) or '0')
+  if used + amount > tonumber(ARGV[2 * i]) then return i end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('INCRBY', key, amount)
+  redis.call('EXPIRE', key, ARGV[2 * i + 1])
+end
+return 0
+"""
+
+# KEYS: counters; ARGV: delta. Settles a reservation to what was used (never below zero).
+_SETTLE = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    if redis.call('INCRBY', key, ARGV[1]) < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+  end
+end
+return 1
+"""
+
+
+def _check_windows(value: str | None) -> str | None:
+    if value:
+        try:
+            parse_many(value)
+        except ValueError as exc:
+            raise ValueError(f"not a limit like '20/minute' or '20/minute;300/day': {value!r}") from exc
+    return value
+
+
+class Budget(BaseModel):
+    """Limits for one user or group. Unset fields fall back to the defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: str | None = Field(default=None, description="moving windows, e.g. '20/minute;300/day'")
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_day: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=16)
+
+    @field_validator("messages")
+    @classmethod
+    def _windows_parse(cls, value: str | None) -> str | None:
+        return _check_windows(value)
+
+    def over(self, base: Budget) -> Budget:
+        """This budget's values where set, `base`'s elsewhere."""
+        return Budget(**{**base.model_dump(), **self.model_dump(exclude_none=True)})
+
+
+class Notices(BaseModel):
+    """What an over-limit user is told, once per window. {limit} and {reset} are filled in."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: str = (
+        "消息太频繁了（上限 {limit}），请在 {reset}后再试。"
+        "You are over your message limit ({limit}); try again in {reset}."
+    )
+    tokens_per_minute: str = (
+        "这一分钟的用量已达上限（{limit} tokens），请在 {reset}后再试。"
+        "Token limit reached ({limit} a minute); try again in {reset}."
+    )
+    tokens_per_day: str = (
+        "今天的用量已达上限（{limit} tokens），将在 {reset}后恢复。"
+        "Daily token limit reached ({limit}); it resets in {reset}."
+    )
+    prompt: str = (
+        "这条消息太长了（约 {size} tokens，上限 {limit}），请缩短后再发。"
+        "Your message is too long ({size} tokens, limit {limit}); please shorten it."
+    )
+
+
+class LimitSettings(BaseModel):
+    """Per-user and per-group limits and the HTTP flood guard (slowapi)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_user: str = Field(default="20/minute", description="a user's message windows, e.g. '20/minute;300/day'")
+    user: Budget = Field(default_factory=Budget, description="default token budgets of every user")
+    group: Budget = Field(default_factory=Budget, description="default budgets of every group conversation")
+    users: dict[str, Budget] = Field(default_factory=dict, description="overrides by user id")
+    groups: dict[str, Budget] = Field(default_factory=dict, description="overrides by group (conversation) id")
+    max_concurrent_per_user: int = Field(default=1, ge=0, description="engine requests per user at a time; 0 = any")
+    timezone: str = Field(default="Asia/Shanghai", description="where a day's token budget starts at midnight")
+    notices: Notices = Field(default_factory=Notices)
+    http_per_source: str = "2000/second"
+    http_storage: str = "memory://"
+
+    @field_validator("per_user")
+    @classmethod
+    def _per_user_parses(cls, value: str) -> str:
+        _check_windows(value)
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone_exists(cls, value: str) -> str:
+        ZoneInfo(value)
+        return value
+
+    def budget_of_user(self, user_id: str) -> Budget:
+        base = self.user.over(Budget(messages=self.per_user))
+        override = self.users.get(user_id)
+        return override.over(base) if override else base
+
+    def budget_of_group(self, group_id: str) -> Budget:
+        override = self.groups.get(group_id)
+        return override.over(self.group) if override else self.group
 
 
 @dataclass(frozen=True)
-class LimitDecision:
-    """Whether a message may go to the engine, and if not, in how many seconds it could."""
+class Refusal:
+    """Why a message may not go to the engine now, and when it could."""
 
-    allowed: bool
-    retry_after_s: int = 0
+    kind: LimitKind
+    who: str  # "user:ID" or "group:ID"
+    limit: str
+    retry_after_s: int
+    size: int = 0
+
+    def notice(self, notices: Notices) -> str:
+        template = getattr(notices, self.kind)
+        return template.format(limit=self.limit, reset=describe_wait(self.retry_after_s), size=self.size)
+
+
+def describe_wait(seconds: int) -> str:
+    """A short "in how long" in Chinese: 45 秒, 3 分钟, 5 小时."""
+    if seconds < 120:
+        return f"{max(1, seconds)} 秒"
+    if seconds < 2 * 3600:
+        return f"{math.ceil(seconds / 60)} 分钟"
+    return f"{math.ceil(seconds / 3600)} 小时"
 
 
 def _limits_uri(redis_url: str) -> str:
@@ -24,30 +171,166 @@ def _limits_uri(redis_url: str) -> str:
     return redis_url if redis_url.startswith("async+") else f"async+{redis_url}"
 
 
-class MovingWindowLimiter:
-    """Counts hits per key in a moving window shared by all replicas (users' messages, a robot's sends)."""
+@dataclass(frozen=True)
+class LimitDecision:
+    """Whether a hit was allowed, and if not, in how many seconds it could be."""
 
-    def __init__(self, redis_url: str, limit: str, key_prefix: str) -> None:
-        self._limit = parse(limit)
+    allowed: bool
+    retry_after_s: int = 0
+
+
+class MovingWindowLimiter:
+    """Hits per key in moving windows shared by all replicas (a user's messages, a robot's sends)."""
+
+    def __init__(self, redis_url: str, key_prefix: str) -> None:
         self._storage = RedisStorage(_limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix)
         self._limiter = MovingWindowRateLimiter(self._storage)
 
-    async def hit(self, user_key: str) -> LimitDecision:
-        if await self._limiter.hit(self._limit, user_key):
-            return LimitDecision(True)
-        stats = await self._limiter.get_window_stats(self._limit, user_key)
-        return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
+    async def hit(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
+        """Count one hit in every window; refused by the first that is full (the rest are not counted)."""
+        for limit in limits:
+            if not await self._limiter.hit(limit, key):
+                stats = await self._limiter.get_window_stats(limit, key)
+                return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
+        return LimitDecision(True)
 
-    async def reset(self) -> None:
-        await self._storage.reset()
+    async def fits(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
+        """Whether one more hit fits every window (nothing is counted)."""
+        for limit in limits:
+            if not await self._limiter.test(limit, key):
+                stats = await self._limiter.get_window_stats(limit, key)
+                return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
+        return LimitDecision(True)
+
+    async def usage(self, key: str, limit: RateLimitItem) -> tuple[int, int]:
+        """(hits in the window now, seconds until one frees up)."""
+        stats = await self._limiter.get_window_stats(limit, key)
+        return limit.amount - stats.remaining, max(0, math.ceil(stats.reset_time - time.time()))
+
+    async def clear(self, key: str, limit: RateLimitItem) -> None:
+        await self._limiter.clear(limit, key)
 
 
-def over_limit_notice(retry_after_s: int) -> str:
-    """The polite answer an over-limit user gets instead of silence, in English and Chinese."""
-    minutes = math.ceil(retry_after_s / 60)
-    wait_en = f"about {minutes} minutes" if retry_after_s >= 120 else f"{retry_after_s} seconds"
-    wait_zh = f"约 {minutes} 分钟" if retry_after_s >= 120 else f"{retry_after_s} 秒"
-    return (
-        f"You are sending messages faster than I can answer. Please try again in {wait_en}.\n"
-        f"消息太频繁了，请 {wait_zh} 后再试。"
-    )
+def windows(spec: str | None) -> list[RateLimitItem]:
+    return parse_many(spec) if spec else []
+
+
+def window(spec: str) -> RateLimitItem:
+    return parse(spec)
+
+
+@dataclass(frozen=True)
+class TokenCounter:
+    """One token budget window: its Redis counter, limit and when it resets."""
+
+    key: str
+    limit: int
+    reset_s: int
+    kind: LimitKind
+    who: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Tokens reserved for one engine call, on these counters."""
+
+    keys: tuple[str, ...]
+    amount: int
+
+
+class Budgets:
+    """Applies LimitSettings to one message's sender and group."""
+
+    def __init__(self, redis: Redis, redis_url: str, keys: Keys, settings: LimitSettings) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._settings = settings
+        self._zone = ZoneInfo(settings.timezone)
+        self._windows = MovingWindowLimiter(redis_url, keys.limits_prefix)
+        self._reserve = redis.register_script(_RESERVE)
+        self._settle = redis.register_script(_SETTLE)
+
+    def _parties(self, user_id: str, group_id: str | None) -> list[tuple[str, Budget]]:
+        parties = [(f"user:{user_id}", self._settings.budget_of_user(user_id))]
+        if group_id:
+            parties.append((f"group:{group_id}", self._settings.budget_of_group(group_id)))
+        return parties
+
+    async def admit_message(self, user_id: str, group_id: str | None) -> Refusal | None:
+        """Count the message in its sender's (and group's) windows; a Refusal when one is full."""
+        for who, budget in self._parties(user_id, group_id):
+            limits = windows(budget.messages)
+            decision = await self._windows.hit(who, limits) if limits else LimitDecision(True)
+            if not decision.allowed:
+                return Refusal("messages", who, str(budget.messages), decision.retry_after_s)
+        return None
+
+    def max_prompt_tokens(self, user_id: str, group_id: str | None) -> int | None:
+        sizes = [b.max_prompt_tokens for _, b in self._parties(user_id, group_id) if b.max_prompt_tokens]
+        return min(sizes) if sizes else None
+
+    def _token_counters(self, user_id: str, group_id: str | None, now: float) -> list[TokenCounter]:
+        """Every token budget that applies to this sender and group now."""
+        local = dt.datetime.fromtimestamp(now, self._zone)
+        minute_left = 60 - local.second
+        midnight = (local + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+        day_left = max(1, int((midnight - local).total_seconds()))
+        counters = []
+        for who, budget in self._parties(user_id, group_id):
+            if budget.tokens_per_minute:
+                key = self._keys.token_budget(who, local.strftime("m%Y%m%d%H%M"))
+                counters.append(TokenCounter(key, budget.tokens_per_minute, minute_left, "tokens_per_minute", who))
+            if budget.tokens_per_day:
+                key = self._keys.token_budget(who, local.strftime("d%Y%m%d"))
+                counters.append(TokenCounter(key, budget.tokens_per_day, day_left, "tokens_per_day", who))
+        return counters
+
+    async def reserve(self, user_id: str, group_id: str | None, amount: int) -> Reservation | Refusal:
+        """Reserve `amount` tokens on every budget that applies, or none if one has no room."""
+        counters = self._token_counters(user_id, group_id, time.time())
+        if not counters:
+            return Reservation((), 0)
+        argv: list[int] = [amount]
+        for counter in counters:
+            argv += [counter.limit, counter.reset_s + 5]
+        failed = int(await self._reserve(keys=[c.key for c in counters], args=argv))
+        if failed:
+            full = counters[failed - 1]
+            return Refusal(full.kind, full.who, str(full.limit), full.reset_s, size=amount)
+        return Reservation(tuple(c.key for c in counters), amount)
+
+    async def settle(self, reservation: Reservation, used: int) -> None:
+        """Turn a reservation into what the engine really used (vLLM's usage)."""
+        if reservation.keys and used != reservation.amount:
+            await self._settle(keys=list(reservation.keys), args=[used - reservation.amount])
+
+    # -- operators ---------------------------------------------------------------------------
+
+    async def show(self, who_id: str) -> dict:
+        """Usage and limits of a user and of a group with this id (whichever exist)."""
+        report: dict = {}
+        now = time.time()
+        for who, budget in self._parties(who_id, who_id):
+            entry: dict = {"budget": budget.model_dump(exclude_none=True), "messages": []}
+            for limit in windows(budget.messages):
+                used, reset = await self._windows.usage(who, limit)
+                entry["messages"].append({"window": str(limit), "used": used, "limit": limit.amount, "reset_s": reset})
+            for counter in self._token_counters(who_id, who_id, now):
+                if counter.who == who:
+                    used = int(await self._redis.get(counter.key) or 0)
+                    entry[counter.kind] = {"used": used, "limit": counter.limit, "reset_s": counter.reset_s}
+            entry["notice_pending"] = bool(await self._redis.exists(self._keys.limit_notice(who)))
+            report[who] = entry
+        return report
+
+    async def reset(self, who_id: str) -> int:
+        """Clear the windows, token counters and notice marks of a user and a group with this id."""
+        cleared = 0
+        for who, budget in self._parties(who_id, who_id):
+            for limit in windows(budget.messages):
+                await self._windows.clear(who, limit)
+                cleared += 1
+            async for key in self._redis.scan_iter(match=self._keys.token_budget(who, "*")):
+                cleared += int(await self._redis.delete(key))
+            cleared += int(await self._redis.delete(self._keys.limit_notice(who)))
+        return cleared

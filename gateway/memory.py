@@ -8,12 +8,15 @@ trimming to the budget needs no tokenizer at read time and never counts characte
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Literal
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
+from bots.base import InboundMessage
 from gateway.keys import Keys
+
+GroupMemory = Literal["per_user", "shared"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,27 @@ def fit_to_budget(turns: list[Turn], budget_tokens: int) -> list[Turn]:
     return kept
 
 
+@dataclass(frozen=True)
+class Scope:
+    """The unit of memory, which is also the unit of ordering (the scheduler's lane), and whose turn it is.
+
+    With `per_user` every member of a group has a conversation of their own, so members are answered in
+    parallel; with `shared` the group is one conversation, answered in order. `owner` is who is given
+    fair turns and the per-user concurrency cap: the sender, or the group when it is shared.
+    """
+
+    lane: str
+    owner: str
+
+    @classmethod
+    def of(cls, message: InboundMessage, group: GroupMemory) -> Scope:
+        if group == "shared":
+            return cls(message.conversation_key, message.conversation_key)
+        return cls(message.session_key, f"{message.platform}:{message.bot_id}:{message.sender_id}")
+
+
 class ConversationMemory:
-    """Reads a session's turns; appends an exchange inside the caller's transaction."""
+    """Reads and clears a session's turns; the reply record appends an exchange atomically with the answer."""
 
     def __init__(self, redis: Redis, keys: Keys, ttl_s: int, max_turns: int) -> None:
         self._redis = redis
@@ -56,10 +78,11 @@ class ConversationMemory:
     async def clear(self, session_key: str) -> None:
         await self._redis.delete(self._keys.memory(session_key))
 
-    def append_exchange(self, pipe: Pipeline, session_key: str, user: Turn, assistant: Turn) -> None:
-        """Queue the append on `pipe`, so it commits atomically with the reply record."""
-        key = self._keys.memory(session_key)
-        pipe.rpush(key, json.dumps(asdict(user), ensure_ascii=False), json.dumps(asdict(assistant), ensure_ascii=False))
-        if self._max_items:
-            pipe.ltrim(key, -self._max_items, -1)
-        pipe.expire(key, self._ttl_s)
+    @property
+    def max_items(self) -> int:
+        """How many turns a session keeps (two per exchange); 0 keeps all."""
+        return self._max_items
+
+    @property
+    def ttl_s(self) -> int:
+        return self._ttl_s

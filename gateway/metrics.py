@@ -13,7 +13,11 @@ ACK_LATENCY = Histogram(
 CALLBACKS = Counter("botgw_callbacks_total", "Callbacks by outcome", ["platform", "outcome"])
 REJECTED = Counter("botgw_callbacks_rejected_total", "Callbacks refused, by reason", ["platform", "reason"])
 DEDUP_HITS = Counter("botgw_dedup_hits_total", "Platform retries recognised and dropped", ["platform"])
-LIMIT_HITS = Counter("botgw_limit_hits_total", "Messages over a user's limit", ["platform"])
+LIMIT_HITS = Counter(
+    "botgw_limit_hits_total",
+    "Messages refused by a limit, by kind (messages, tokens_per_minute, …)",
+    ["platform", "kind"],
+)
 QUEUE_DEPTH = Gauge("botgw_queue_depth", "Entries waiting or in progress in the work queue")
 QUEUE_AGE = Gauge("botgw_queue_oldest_age_seconds", "Age of the oldest entry in the work queue")
 
@@ -27,4 +31,14 @@ ENGINE_TOKENS = Counter("botgw_engine_tokens_total", "Tokens used, by kind and p
 ENGINE_ERRORS = Counter("botgw_engine_errors_total", "Engine calls that failed", ["retryable"])
 REPLIES = Counter("botgw_replies_total", "Answers handled by the workers, by outcome", ["platform", "outcome"])
 SEND_FAILURES = Counter("botgw_send_failures_total", "Failed platform sends by error code", ["platform", "code"])
-REDELIVERIES = Counter("botgw_redeliveries_total", "Queue entries taken over from a worker that stopped")
+LEASE_TAKEOVERS = Counter(
+    "botgw_lease_takeovers_total", "Messages whose worker stopped renewing its lease, handed on to another worker"
+)
+LEASES_LOST = Counter("botgw_leases_lost_total", "Answers this worker stopped because its lease had passed on")
+# Per user would be an unbounded label set; per bot shows which bot's users wait (`botgw limits show` per user).
+QUEUE_WAIT = Histogram(
+    "botgw_queue_wait_seconds",
+    "Time from enqueue until a worker took the message",
+    ["platform", "bot"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)

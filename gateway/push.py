@@ -10,13 +10,13 @@ import secrets
 import time
 
 from bots.base import InboundMessage, ReplyTarget
-from gateway.queue import WorkQueue
+from gateway.scheduler import Scheduler, new_entry
 
 PUSH_PLATFORM = "wecom-webhook"
 
 
-async def enqueue_push(queue: WorkQueue, bot_id: str, text: str, *, markdown: bool = False) -> int:
-    """Queue `text` for the group robot `bot_id`; returns its turn number in the robot's send order."""
+async def enqueue_push(scheduler: Scheduler, bot_id: str, text: str, *, markdown: bool = False) -> int:
+    """Queue `text` for the group robot `bot_id`; returns its place in the robot's send order."""
     message = InboundMessage(
         platform=PUSH_PLATFORM,
         bot_id=bot_id,
@@ -26,5 +26,11 @@ async def enqueue_push(queue: WorkQueue, bot_id: str, text: str, *, markdown: bo
         text="",
         reply_to=ReplyTarget(chat_id="markdown" if markdown else "text"),
     )
-    fields = {"msg": message.model_dump_json(), "kind": "notice", "notice": text, "rid": ""}
-    return await queue.enqueue(message.conversation_key, fields)
+    return await enqueue_notice(scheduler, message, text)
+
+
+async def enqueue_notice(scheduler: Scheduler, message: InboundMessage, text: str, rid: str = "") -> int:
+    """Queue a ready-made answer `text` for `message` (no engine): delivered like any answer, in the
+    order of the message's conversation. Returns its place in that conversation's lane."""
+    entry = new_entry(message.conversation_key, "notice", message.model_dump_json(), notice=text, rid=rid)
+    return await scheduler.enqueue(message.session_key, entry)

@@ -107,7 +107,7 @@ async def readyz(request: Request) -> JSONResponse:
 async def prometheus_metrics(request: Request) -> Response:
     runtime = _runtime(request)
     try:
-        depth, age = await runtime.queue.stats()
+        depth, age = await runtime.scheduler.stats()
         metrics.QUEUE_DEPTH.set(depth)
         metrics.QUEUE_AGE.set(age)
     except Exception:

@@ -9,42 +9,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from redis.asyncio import Redis
 
-from bots.dingtalk.adapter import DingTalkRobotAdapter
-from bots.dingtalk.config import DingTalkBotConfig
-from bots.web.adapter import WebAdapter
-from bots.web.config import WebBotConfig
-from bots.wecom.adapter import WeComAppAdapter
-from bots.wecom.aibot import WeComAIBotAdapter
-from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
-from bots.wecom.webhook import WeComWebhookAdapter
+from bots.registry import build_adapter
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
-from gateway.config import BotConfig, Settings
+from gateway.config import Settings
 from gateway.keys import Keys
-from gateway.queue import WorkQueue
+from gateway.scheduler import Scheduler
 from gateway.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
-Adapter = WeComAppAdapter | WeComAIBotAdapter | WeComWebhookAdapter | DingTalkRobotAdapter | WebAdapter
-
-
-def build_adapter(bot: BotConfig, http: httpx.AsyncClient, tokens: RedisTokenStore) -> Adapter:
-    """The adapter for one configured bot."""
-    if isinstance(bot, WeComAppConfig):
-        return WeComAppAdapter(bot, http, tokens)
-    if isinstance(bot, WeComAIBotConfig):
-        return WeComAIBotAdapter(bot, http)
-    if isinstance(bot, WeComWebhookConfig):
-        return WeComWebhookAdapter(bot, http)
-    if isinstance(bot, DingTalkBotConfig):
-        return DingTalkRobotAdapter(bot, http, tokens)
-    if isinstance(bot, WebBotConfig):
-        return WebAdapter(bot)
-    raise TypeError(f"no adapter for platform {bot.platform!r}")
+Adapter = Any  # an adapter from bots/ (see bots.base.ReplyChannel and bots.registry)
 
 
 @dataclass
@@ -55,7 +34,7 @@ class Runtime:
     redis: Redis
     http: httpx.AsyncClient
     keys: Keys
-    queue: WorkQueue
+    scheduler: Scheduler
     engine: EnginePool
     adapters: dict[str, Adapter]
 
@@ -77,7 +56,7 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
         redis=redis,
         http=http,
         keys=keys,
-        queue=WorkQueue(redis, keys, conversation_ttl_s=settings.memory.ttl_s),
+        scheduler=Scheduler(redis, keys),
         engine=engine,
         adapters={bot.id: build_adapter(bot, http, tokens) for bot in settings.bots},
     )

@@ -27,11 +27,10 @@ async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
     if not bots:
         raise ConfigError("no DingTalk bot with mode: stream in the configuration")
     async with open_runtime(settings) as runtime:
-        await runtime.queue.ensure_group()
-        await runtime.queue.load_scripts()
+        await runtime.scheduler.load_scripts()
         batcher = RedisBatcher(runtime.redis)
         batcher.start()
-        ingest = Ingest(batcher, runtime.keys, runtime.queue, settings.effective_dedup_ttl_s())
+        ingest = Ingest(batcher, runtime.keys, runtime.scheduler, settings)
 
         async def sink(message: InboundMessage) -> None:
             outcome = await ingest.accept(message)

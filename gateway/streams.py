@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.keys import Keys
+from gateway.reply_record import Fence
 
 # KEYS: stream hash, user's active set; ARGV: stream id, now, max age, limit, ttl
 _OPEN = """
@@ -30,8 +31,11 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
 
-# KEYS: stream hash; ARGV: new content, finish ('1' or '0'). Returns 1 if applied.
+# KEYS: stream hash, the writer's lease ('' = unfenced), the stream's notification channel.
+# ARGV: new content, finish ('1' or '0'), now, stream id, lease epoch.
+# Returns 1 if applied, 0 if refused (finished, or not extending what was shown), -1 if the lease is lost.
 _UPDATE = """
+if KEYS[2] ~= '' and redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[5] then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'finish') == '1' then return 0 end
 local old = redis.call('HGET', KEYS[1], 'content') or ''
 local new = ARGV[1]
@@ -42,6 +46,7 @@ if ARGV[2] == '1' then
   local active = redis.call('HGET', KEYS[1], 'active')
   if active then redis.call('ZREM', active, ARGV[4]) end
 end
+redis.call('PUBLISH', KEYS[3], ARGV[2])
 return 1
 """
 
@@ -71,6 +76,10 @@ class StreamStore:
         args = [stream_id, f"{time.time():.3f}", max_age_s, limit, self._ttl_s]
         return bool(await self._open(keys=keys, args=args))
 
+    def events_channel(self, stream_id: str) -> str:
+        """The pub/sub channel on which every applied update of this stream is announced."""
+        return self._keys.stream_events(stream_id)
+
     async def get(self, stream_id: str) -> StreamState | None:
         raw = await self._redis.hgetall(self._keys.stream(stream_id))
         if not raw:
@@ -78,7 +87,15 @@ class StreamStore:
         fields = {k.decode(): v.decode() for k, v in raw.items()}
         return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)))
 
-    async def update(self, stream_id: str, content: str, *, finish: bool = False) -> bool:
-        """Show `content` (which must extend what is shown); True if it was applied."""
-        args = [content, "1" if finish else "0", f"{time.time():.3f}", stream_id]
-        return bool(await self._update(keys=[self._keys.stream(stream_id)], args=args))
+    async def update(
+        self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
+    ) -> bool | None:
+        """Show `content` (which must extend what is shown); True if applied, None if `fence` is no longer held."""
+        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else ("", "")
+        keys = [self._keys.stream(stream_id), lease_key, self._keys.stream_events(stream_id)]
+        result = int(
+            await self._update(
+                keys=keys, args=[content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch]
+            )
+        )
+        return None if result < 0 else bool(result)

@@ -2,18 +2,19 @@
 
 The message takes the same path as every platform's (limits, memory, queue, worker); the
 answer is read from the stream store as the worker writes it, so any gateway replica can
-serve the page.
+serve the page. The store publishes every update, and the page's request waits on that
+notification (its own pub/sub subscription) instead of polling Redis.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from redis.asyncio import Redis
 
 from bots.base import CallbackRejected
 from bots.web.adapter import WebAdapter
@@ -22,7 +23,7 @@ from gateway.routes import BodyTooLarge, read_body
 from gateway.streams import StreamStore
 
 router = APIRouter()
-POLL_S = 0.05
+SAFETY_REREAD_S = 5.0  # re-read even without a notification (one lost in a Redis restart)
 MAX_OPEN_PER_USER = 3
 
 
@@ -36,24 +37,27 @@ def _event(payload: dict) -> str:
 
 
 async def answer_events(
-    streams: StreamStore, stream_id: str, timeout_s: float, experts: Callable[[], Awaitable[str]]
+    redis: Redis, streams: StreamStore, stream_id: str, timeout_s: float, experts: Callable[[], Awaitable[str]]
 ) -> AsyncIterator[str]:
     """Deltas of the answer as it grows, then one `done` event (or an `error` event on timeout)."""
     sent = ""
     deadline = time.monotonic() + timeout_s
     yield _event({"status": "queued"})
-    while True:
-        state = await streams.get(stream_id)
-        if state and len(state.content) > len(sent):
-            yield _event({"delta": state.content[len(sent) :]})
-            sent = state.content
-        if state and state.finished:
-            yield _event({"done": True, "text": sent, "experts": await experts()})
-            return
-        if time.monotonic() > deadline:
-            yield _event({"error": "timeout", "message": "The answer did not arrive in time; please try again."})
-            return
-        await asyncio.sleep(POLL_S)
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(streams.events_channel(stream_id))  # before the first read: no update is missed
+        while True:
+            state = await streams.get(stream_id)
+            if state and len(state.content) > len(sent):
+                yield _event({"delta": state.content[len(sent) :]})
+                sent = state.content
+            if state and state.finished:
+                yield _event({"done": True, "text": sent, "experts": await experts()})
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                yield _event({"error": "timeout", "message": "The answer did not arrive in time; please try again."})
+                return
+            await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, SAFETY_REREAD_S))
 
 
 @router.post("/web/{bot_id}/chat")
@@ -83,7 +87,7 @@ async def web_chat(bot_id: str, request: Request) -> Response:
         value = await runtime.redis.hget(record_key, "experts")
         return value.decode() if value else ""
 
-    events = answer_events(streams, stream_id, adapter.config.answer_timeout_s, experts)
+    events = answer_events(runtime.redis, streams, stream_id, adapter.config.answer_timeout_s, experts)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 

@@ -1,11 +1,15 @@
-"""The worker: claim → command? → memory → engine → reply → memory → ack.
+"""The worker: take a ready turn → limits → command? → memory → engine → reply record → deliver → release.
 
-Exactly-once delivery is built from at-least-once pieces: each message has a reply
-record in Redis (its answer and how many pieces were sent). The answer and the
-conversation memory are committed together before anything is sent, so a worker that
-takes over a dead worker's message resends the same answer without asking the engine
-again, and a piece whose outcome is unknown is resent with the platform's duplicate
-check on.
+A worker only holds work that can run now (gateway/scheduler.py): the next turn of some
+conversation, fair across users. Everything it does to a message is fenced by its lease,
+so a worker that stalled and lost the message can change nothing; heartbeats renew only
+leases still held and keep running through the SIGTERM drain. Waits that are not work
+(a send allowance, a backoff after a failure) hand the message back with a delay instead
+of holding a slot.
+
+Exactly-once delivery is built from at-least-once pieces: the answer and the conversation
+memory are committed together in the reply record before anything is sent, so a worker
+that takes over resends the same answer without asking the engine again.
 """
 
 from __future__ import annotations
@@ -16,315 +20,442 @@ import dataclasses
 import logging
 import time
 
-from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import RedisError
 
 from bots.base import InboundMessage, SendError
-from bots.dingtalk.adapter import DingTalkRobotAdapter
-from bots.web.adapter import WebAdapter
-from bots.wecom.aibot import WeComAIBotAdapter
+from bots.text import utf8_len
 from engine.client import Completion, EngineError
 from engine.observability import expert_usage, export_expert_usage, format_expert_trace
 from engine.pool import EngineUnavailable
 from gateway import commands, metrics
-from gateway.delivery import Delivery
-from gateway.limits import MovingWindowLimiter, over_limit_notice
+from gateway.limits import Budgets, MovingWindowLimiter, Refusal, Reservation
 from gateway.logs import request_id
-from gateway.memory import ConversationMemory, Turn, fit_to_budget
+from gateway.memory import ConversationMemory, Scope, Turn, fit_to_budget
+from gateway.presenters import Delivery, Paced, Presenter, presenter_for
 from gateway.push import PUSH_PLATFORM, enqueue_push
-from gateway.queue import Entry
+from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyState
 from gateway.runtime import Adapter, Runtime
-from gateway.stream_sinks import DingTalkCardSink, StreamSink, WebStreamSink, WeComStreamSink
+from gateway.scheduler import Lease
 from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
 
 STREAM_ATTEMPTS = 3
-STREAM_UPDATE_INTERVAL_S = 0.15
+TEMPLATE_TOKENS = 16  # the chat template's own tokens around the messages (role markers, generation prompt)
+TOKENS_PER_TURN = 6  # the template's tokens around each history turn
+MIN_ANSWER_TOKENS = 32  # a message that leaves less room than this for the answer is refused as too long
 ENGINE_UNAVAILABLE_TEXT = (
     "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
 )
 
 
-def _text(raw: dict) -> dict[str, str]:
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-        for k, v in raw.items()
-    }
+@dataclasses.dataclass
+class Job:
+    """One leased message and everything the worker built for it."""
+
+    lease: Lease
+    message: InboundMessage
+    scope: Scope
+    adapter: Adapter
+    record: ReplyRecord
+    presenter: Presenter
+
+    @property
+    def group_id(self) -> str | None:
+        message = self.message
+        return message.conversation_id if message.conversation_id != message.sender_id else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptPlan:
+    """A request that fits the engine's context window and the sender's prompt limit."""
+
+    history: list[Turn]
+    max_tokens: int
+    prompt_bound: int  # tokens the prompt can at most take (for the budget reservation)
+    message_tokens: int | None  # the new message's exact size, when it had to be counted
 
 
 class Worker:
-    """One worker process's loop; any number of them share the queue."""
+    """One worker process's loops; any number of them share the scheduler."""
 
     def __init__(self, runtime: Runtime, consumer: str) -> None:
         self._rt = runtime
         self._settings = runtime.settings
         self._cfg = runtime.settings.worker
         self._consumer = consumer
-        self._memory = ConversationMemory(
-            runtime.redis, runtime.keys, runtime.settings.memory.ttl_s, runtime.settings.memory.max_turns
-        )
-        self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._streams = StreamStore(runtime.redis, runtime.keys)
+        self._scheduler = runtime.scheduler
+        mem = runtime.settings.memory
+        self._memory = ConversationMemory(runtime.redis, runtime.keys, mem.ttl_s, mem.max_turns)
+        self._budgets = Budgets(runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits)
         self._delivery = Delivery(
-            runtime.redis, runtime.keys, self._streams, runtime.settings.worker, runtime.settings.redis_url
+            runtime.redis,
+            runtime.keys,
+            StreamStore(runtime.redis, runtime.keys),
+            MovingWindowLimiter(runtime.settings.redis_url, runtime.keys.send_pace_prefix),
+            runtime.settings.worker,
         )
-        self._limiter = MovingWindowLimiter(
-            runtime.settings.redis_url, runtime.settings.limits.per_user, runtime.keys.limits_prefix
-        )
-
-    async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
-        """Work until `stop` is set, then let answers in progress finish (up to drain_s)."""
-        await self._rt.queue.ensure_group()
-        log.info("worker started", extra={"consumer": self._consumer})
-        loops = [
-            asyncio.create_task(self._read_loop(stop)),
-            asyncio.create_task(self._claim_loop(stop)),
-            asyncio.create_task(self._heartbeat_loop(stop)),
-        ]
-        await stop.wait()
-        for task in loops:
-            task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
-        if self._inflight:
-            await asyncio.wait(list(self._inflight.values()), timeout=drain_s)
-        log.info("worker stopped", extra={"consumer": self._consumer, "left_pending": len(self._inflight)})
+        self._held: dict[str, tuple[Lease, asyncio.Task[None]]] = {}  # by lane
+        self._slot_freed = asyncio.Event()
+        self._system_tokens: int | None = None
 
     # -- the loops ---------------------------------------------------------------------------
 
-    async def _read_loop(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set; then take nothing new, finish what is held within drain_s, hand back the rest."""
+        await self._scheduler.load_scripts()
+        log.info("worker started", extra={"consumer": self._consumer})
+        taking = asyncio.create_task(self._take_loop(stop))
+        keeping = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._sweep_loop())]
+        await stop.wait()
+        taking.cancel()
+        await asyncio.gather(taking, return_exceptions=True)
+        tasks = [task for _, task in self._held.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._cfg.drain_s)
+        handed_back = await self._hand_back()
+        for task in keeping:
+            task.cancel()
+        await asyncio.gather(*keeping, return_exceptions=True)
+        log.info("worker stopped", extra={"consumer": self._consumer, "handed_back": handed_back})
+
+    async def _hand_back(self) -> int:
+        """Stop what is still running after the drain and give it back to the queue at once."""
+        left = list(self._held.values())
+        for _, task in left:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in left), return_exceptions=True)
+        for lease, _ in left:
+            with contextlib.suppress(RedisError):
+                await self._scheduler.release(lease, "retry", weight=self._weight(lease))
+        return len(left)
+
+    async def _take_loop(self, stop: asyncio.Event) -> None:
+        lease_ms = self._cfg.claim_idle_ms
+        cap = self._settings.limits.max_concurrent_per_user
         while not stop.is_set():
-            free = self._cfg.concurrency - len(self._inflight)
-            if free <= 0:
-                await asyncio.wait(list(self._inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+            if len(self._held) >= self._cfg.concurrency:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
                 continue
             try:
-                entries = await self._rt.queue.read(self._consumer, free, self._cfg.block_ms)
+                lease = await self._scheduler.take(self._consumer, lease_ms, cap)
+                if lease is None:
+                    await self._scheduler.wait_for_work(self._cfg.block_ms / 1000)
+                    continue
             except RedisError as exc:
-                log.error("queue read failed", extra={"error": str(exc)})
+                log.error("taking work failed", extra={"error": str(exc)})
                 await asyncio.sleep(1.0)
                 continue
-            for entry in entries:
-                self._start(entry)
+            self._start(lease)
 
-    async def _claim_loop(self, stop: asyncio.Event) -> None:
-        interval = max(0.05, self._cfg.claim_idle_ms / 2000)
-        while not stop.is_set():
-            await asyncio.sleep(interval)
-            try:
-                entries = await self._rt.queue.claim_stale(self._consumer, self._cfg.claim_idle_ms)
-            except RedisError as exc:
-                log.error("claiming stale entries failed", extra={"error": str(exc)})
-                continue
-            for entry in entries:
-                if entry.entry_id not in self._inflight:
-                    metrics.REDELIVERIES.inc()
-                    log.warning("took over a stalled message", extra={"entry": entry.entry_id})
-                    self._start(entry)
-
-    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+    async def _heartbeat_loop(self) -> None:
+        """Renew the leases still held; a lease found lost stops its answer at once."""
         interval = max(0.03, self._cfg.claim_idle_ms / 3000)
-        while not stop.is_set():
+        while True:
             await asyncio.sleep(interval)
-            with contextlib.suppress(RedisError):
-                await self._rt.queue.touch(self._consumer, list(self._inflight))
+            leases = [lease for lease, _ in self._held.values()]
+            try:
+                lost = await self._scheduler.renew(leases, self._cfg.claim_idle_ms)
+            except RedisError as exc:
+                log.warning("lease renewal failed", extra={"error": str(exc)})
+                continue
+            for lane in lost:
+                held = self._held.get(lane)
+                if held:
+                    metrics.LEASES_LOST.inc()
+                    log.warning("lost the lease of a message; another worker has it", extra={"lane": lane})
+                    held[1].cancel()
 
-    def _start(self, entry: Entry) -> None:
-        task = asyncio.create_task(self._handle(entry))
-        self._inflight[entry.entry_id] = task
-        task.add_done_callback(lambda _: self._inflight.pop(entry.entry_id, None))
+    async def _sweep_loop(self) -> None:
+        """Hand on the leases of workers that died or stalled, and wake delayed lanes that are due."""
+        while True:
+            try:
+                expired, next_due_s = await self._scheduler.sweep()
+            except RedisError as exc:
+                log.warning("scheduler sweep failed", extra={"error": str(exc)})
+                expired, next_due_s = [], 1.0
+            for lane in expired:
+                metrics.LEASE_TAKEOVERS.inc()
+                log.warning("took over a stalled message", extra={"lane": lane})
+            await asyncio.sleep(min(1.0, max(0.02, next_due_s)) if next_due_s >= 0 else 1.0)
 
-    # -- one entry ---------------------------------------------------------------------------
+    def _start(self, lease: Lease) -> None:
+        task = asyncio.create_task(self._handle(lease))
+        self._held[lease.lane] = (lease, task)
 
-    async def _handle(self, entry: Entry) -> None:
-        request_id.set(entry.fields.get("rid", ""))
-        queue = self._rt.queue
-        try:
-            if not await queue.wait_turn(entry.conversation_key, entry.seq, self._cfg.turn_wait_s):
-                log.warning("an earlier message of this conversation is still unanswered; going ahead")
-            outcome = await self._answer(entry)
-        except Exception as exc:
-            await self._failed(entry, exc)
-            return
-        await queue.finish_turn(entry.conversation_key, entry.seq)
-        await queue.ack(entry.entry_id)
-        log.info("message handled", extra={"entry": entry.entry_id, "outcome": outcome})
+        def done(_: asyncio.Task[None]) -> None:
+            if self._held.get(lease.lane, (None,))[0] is lease:
+                del self._held[lease.lane]
+            self._slot_freed.set()
 
-    async def _failed(self, entry: Entry, exc: Exception) -> None:
-        """A failure that may pass (engine restarting, Redis blip): leave the entry pending, so that it is
-        claimed again after `claim_idle_ms`; after `max_send_attempts` failures, dead-letter it."""
-        log.warning("handling a message failed; it stays queued", extra={"entry": entry.entry_id, "error": str(exc)})
-        if not isinstance(exc, EngineError):
-            log.exception("unexpected failure", extra={"entry": entry.entry_id})
-        with contextlib.suppress(RedisError):
-            key = self._rt.keys.entry_failures(entry.entry_id)
-            failures = await self._rt.redis.incr(key)
-            await self._rt.redis.expire(key, 86400)
-            if failures >= self._cfg.max_send_attempts:
-                await self._give_up(entry, f"failed {failures} times: {exc}")
+        task.add_done_callback(done)
 
-    async def _failures_so_far(self, entry: Entry) -> int:
-        return int(await self._rt.redis.get(self._rt.keys.entry_failures(entry.entry_id)) or 0)
+    def _weight(self, lease: Lease) -> float:
+        return self._cfg.weight(str(lease.entry.get("msg", {}).get("bot_id", "")))
 
-    async def _give_up(self, entry: Entry, reason: str) -> None:
-        queue = self._rt.queue
-        await queue.dead_letter(entry, reason)
-        await queue.finish_turn(entry.conversation_key, entry.seq)
-        await queue.ack(entry.entry_id)
-        await self._alert_operators(entry, reason)
+    # -- one message -------------------------------------------------------------------------
 
-    async def _alert_operators(self, entry: Entry, reason: str) -> None:
-        """Tell the operators' group robot (alert_bot) that a message could not be answered."""
-        alert_bot = self._settings.alert_bot
-        if not alert_bot or entry.conversation_key.startswith(f"{PUSH_PLATFORM}:"):
-            return  # no alert robot, or the failure is the alert robot's own: do not loop
-        with contextlib.suppress(RedisError):
-            await enqueue_push(self._rt.queue, alert_bot, f"botgw: a message could not be answered: {reason[:300]}")
-
-    async def _answer(self, entry: Entry) -> str:
-        message = InboundMessage.model_validate_json(entry.fields["msg"])
+    async def _handle(self, lease: Lease) -> None:
+        entry = lease.entry
+        request_id.set(str(entry.get("rid", "")))
+        message = InboundMessage.model_validate(entry["msg"])
+        waited = max(0.0, time.time() - float(entry.get("t", 0)) / 1000)
+        metrics.QUEUE_WAIT.labels(message.platform, message.bot_id).observe(waited)
         adapter = self._rt.adapters.get(message.bot_id)
         if adapter is None:
-            await self._give_up(entry, f"bot {message.bot_id!r} is no longer configured")
-            return "unknown_bot"
-        record_key = self._rt.keys.reply(message.dedup_key)
-        record = _text(await self._rt.redis.hgetall(record_key))
-        if record.get("done"):
-            return "already_sent"
-        text = record.get("text")
-        if text is None:
-            text = await self._compose(entry, message, record_key, adapter)
-        if not text:
-            return "nothing_to_send"
+            await self._scheduler.release(lease, "done", dead_letter={"reason": f"bot {message.bot_id!r} is gone"})
+            return
+        fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
+        record = ReplyRecord.open(
+            self._rt.redis, self._rt.keys, message.dedup_key, self._settings.effective_dedup_ttl_s(), fence
+        )
+        presenter = presenter_for(self._delivery, adapter, message, record, fence)
+        scope = Scope.of(message, self._settings.memory.group)
+        job = Job(lease, message, scope, adapter, record, presenter)
+        weight = self._cfg.weight(message.bot_id)
         try:
-            await self._delivery.deliver(adapter, message, record_key, text, record)
-        except SendError as exc:
-            metrics.SEND_FAILURES.labels(message.platform, str(exc.code)).inc()
-            metrics.REPLIES.labels(message.platform, "send_failed").inc()
-            log.error("reply could not be delivered", extra={"code": str(exc.code), "error": str(exc)})
-            await self._give_up(entry, str(exc))
-            return "send_failed"
-        metrics.REPLIES.labels(message.platform, "sent").inc()
+            outcome = await self._answer(job)
+            await self._scheduler.release(lease, "done", weight=weight)
+            log.info("message handled", extra={"lane": lease.lane, "outcome": outcome})
+        except LeaseLost:
+            metrics.LEASES_LOST.inc()
+            log.warning("lost the lease mid-answer; leaving the message to its new owner", extra={"lane": lease.lane})
+        except Paced as paced:
+            await self._scheduler.release(lease, "retry", delay_s=paced.retry_after_s, weight=weight)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._failed(job, exc)
+
+    async def _failed(self, job: Job, exc: Exception) -> None:
+        """A failure that may pass (engine restarting, Redis blip): hand the message back with a backoff;
+        after `max_send_attempts` failures, or a permanent send error, end it and keep it as a dead letter."""
+        permanent = isinstance(exc, SendError) and not exc.retryable
+        if isinstance(exc, SendError):
+            metrics.SEND_FAILURES.labels(job.message.platform, str(exc.code)).inc()
+        elif not isinstance(exc, EngineError):
+            log.exception("unexpected failure", extra={"lane": job.lease.lane})
+        try:
+            key = self._rt.keys.entry_failures(job.lease.entry_id)
+            failures = int(await self._rt.redis.incr(key))
+            await self._rt.redis.expire(key, 86400)
+            if permanent or failures >= self._cfg.max_send_attempts:
+                await self._give_up(job, f"failed {failures} times: {exc}")
+                return
+            delay = min(self._cfg.backoff_max_s, self._cfg.backoff_base_s * 2 ** (failures - 1))
+            log.warning("handling a message failed; it will be tried again", extra={"error": str(exc), "in_s": delay})
+            await self._scheduler.release(
+                job.lease, "retry", delay_s=delay, weight=self._cfg.weight(job.message.bot_id)
+            )
+        except (RedisError, LeaseLost) as again:
+            log.warning("could not record the failure; the lease will expire", extra={"error": str(again)})
+
+    async def _give_up(self, job: Job, reason: str) -> None:
+        """End the message: its stream or card gets a final failed state, the entry becomes a dead letter."""
+        metrics.REPLIES.labels(job.message.platform, "failed").inc()
+        log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
+        with contextlib.suppress(Exception):
+            state = await job.record.load()
+            if job.presenter.always_answers:
+                await job.presenter.fail(ENGINE_UNAVAILABLE_TEXT, state)
+            await job.record.mark(state="failed", reason=reason[:300])
+        await self._scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]})
+        await self._alert_operators(job.message, reason)
+
+    async def _alert_operators(self, message: InboundMessage, reason: str) -> None:
+        """Tell the operators' group robot (alert_bot) that a message could not be answered."""
+        alert_bot = self._settings.alert_bot
+        if not alert_bot or message.platform == PUSH_PLATFORM:
+            return  # no alert robot, or the failure is the alert robot's own: do not loop
+        with contextlib.suppress(RedisError):
+            await enqueue_push(self._scheduler, alert_bot, f"botgw: a message could not be answered: {reason[:300]}")
+
+    async def _answer(self, job: Job) -> str:
+        state = await job.record.load()
+        if state.done:
+            return "already_sent"
+        text = state.text
+        if text is None:
+            text = await self._compose(job, state)
+            state.text, state.state = text, "committed"
+        if not text:
+            await job.record.mark(state="done")
+            return "nothing_to_send"
+        await job.presenter.deliver(text, state)
+        await job.record.mark(state="done")
+        metrics.REPLIES.labels(job.message.platform, "sent").inc()
         return "sent"
 
-    async def _compose(self, entry: Entry, message: InboundMessage, record_key: str, adapter: Adapter) -> str:
+    async def _commit(self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None) -> str:
+        memory = self._memory
+        return await job.record.commit(
+            text, f"{time.time():.3f}", job.scope.lane, exchange, memory.ttl_s, memory.max_items
+        )
+
+    async def _compose(self, job: Job, state: ReplyState) -> str:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
-        if entry.fields.get("kind") == "notice":
-            return await self._commit(record_key, entry.fields.get("notice", ""))
-        notice = await self._over_limit_notice(message)
-        if notice is not None:
-            return await self._commit(record_key, notice)
+        message, entry = job.message, job.lease.entry
+        if entry.get("kind") == "notice":
+            return await self._commit(job, str(entry.get("notice", "")))
+        refusal = await self._budgets.admit_message(message.sender_id, job.group_id)
+        if refusal is not None:
+            return await self._commit(job, await self._refusal_notice(job, refusal))
         if message.msg_type != "text" or not message.text.strip():
-            return await self._commit(record_key, commands.TEXT_ONLY_TEXT)
+            return await self._commit(job, commands.TEXT_ONLY_TEXT)
         command = commands.parse_command(message.text)
         if command == "help":
-            return await self._commit(record_key, commands.HELP_TEXT)
+            return await self._commit(job, commands.HELP_TEXT)
         if command == "reset":
-            await self._memory.clear(message.session_key)
-            return await self._commit(record_key, commands.RESET_TEXT)
+            await self._memory.clear(job.scope.lane)
+            return await self._commit(job, commands.RESET_TEXT)
         try:
-            return await self._ask_engine(adapter, message, record_key)
+            return await self._ask_engine(job, state)
         except EngineError as exc:
             metrics.ENGINE_ERRORS.labels(str(exc.retryable)).inc()
-            last_chance = await self._failures_so_far(entry) + 1 >= self._cfg.max_send_attempts
-            if exc.retryable and not last_chance:
-                raise  # the message stays queued and is tried again later
+            if exc.too_long:
+                log.info("the engine found the request too long; the user is told", extra={"error": str(exc)})
+                limit = self._rt.engine.max_model_len or 0
+                refusal = Refusal("prompt", f"user:{message.sender_id}", str(limit), 0, size=utf8_len(message.text))
+                return await self._commit(job, refusal.notice(self._settings.limits.notices))
+            failures = int(await self._rt.redis.get(self._rt.keys.entry_failures(job.lease.entry_id)) or 0)
+            if exc.retryable and failures + 1 < self._cfg.max_send_attempts:
+                raise  # the message is handed back and tried again later
             log.error("engine failed; the user is told to try later", extra={"error": str(exc)})
-            return await self._commit(record_key, ENGINE_UNAVAILABLE_TEXT)
+            return await self._commit(job, ENGINE_UNAVAILABLE_TEXT)
 
-    async def _over_limit_notice(self, message: InboundMessage) -> str | None:
-        """None if the user is within their limit; else the notice ("" after the first one of the window)."""
-        user = f"{message.platform}:{message.bot_id}:{message.sender_id}"
-        decision = await self._limiter.hit(user)
-        if decision.allowed:
-            return None
-        metrics.LIMIT_HITS.labels(message.platform).inc()
-        # One notice per window, so that a flooding user does not make us flood the platform.
-        notice_key = self._rt.keys.limit_notice(user)
-        if await self._rt.redis.set(notice_key, "1", nx=True, ex=decision.retry_after_s):
-            return over_limit_notice(decision.retry_after_s)
-        return ""
+    async def _refusal_notice(self, job: Job, refusal: Refusal) -> str:
+        """The notice for an over-limit message: once per window; a stream, card or page always gets one."""
+        metrics.LIMIT_HITS.labels(job.message.platform, refusal.kind).inc()
+        text = refusal.notice(self._settings.limits.notices)
+        if refusal.kind == "prompt" or job.presenter.always_answers:
+            return text
+        notice_key = self._rt.keys.limit_notice(refusal.who)
+        if await self._rt.redis.set(notice_key, "1", nx=True, ex=max(1, refusal.retry_after_s)):
+            return text
+        return ""  # told already in this window: do not make a flooding user flood the platform
 
-    async def _await_engine(self, adapter: Adapter, message: InboundMessage, record_key: str) -> None:
+    async def _await_engine(self, job: Job) -> None:
         """Wait for a ready engine; a user kept waiting past wait_notice_after_s is told once that it is starting."""
         engine = self._rt.engine
         if engine.ready:
             return
         settings = self._settings.engine
-        waited = time.time() - message.received_at
+        waited = time.time() - job.message.received_at
         if await engine.wait_ready(max(0.0, settings.wait_notice_after_s - waited)):
             return
-        if await self._rt.redis.hsetnx(record_key, "wait_notice", "1"):
-            await self._rt.redis.expire(record_key, self._settings.effective_dedup_ttl_s())
+        if await job.record.claim("wait_notice"):
             log.info("engine not ready; telling the user their answer is coming")
-            await self._delivery.notify(adapter, message, commands.ENGINE_STARTING_TEXT)
+            await job.presenter.notice(commands.ENGINE_STARTING_TEXT)
         if not await engine.wait_ready(settings.max_wait_s):
             raise EngineUnavailable("no engine became ready")
 
-    async def _ask_engine(self, adapter: Adapter, message: InboundMessage, record_key: str) -> str:
-        engine = self._rt.engine
-        await self._await_engine(adapter, message, record_key)
-        turns = await self._memory.load(message.session_key)
-        # Tokens are counted only to trim history; with none, the engine's own prompt count is used below.
-        user_tokens = await engine.count_tokens(message.text) if turns else 0
-        history = fit_to_budget(turns, max(0, self._settings.memory.token_budget - user_tokens))
+    async def _count_system_tokens(self) -> int:
+        if self._system_tokens is None:
+            self._system_tokens = await self._rt.engine.count_tokens(self._settings.system_prompt)
+        return self._system_tokens
+
+    async def _plan(self, job: Job, turns: list[Turn]) -> PromptPlan | Refusal:
+        """Fit system prompt + history + message + max_tokens into the engine's context window and the
+        sender's prompt limit. The message is counted by the engine's tokenizer only when its byte length
+        (an upper bound of its tokens) does not settle the question."""
+        text = job.message.text
+        max_tokens = self._settings.engine.max_tokens
+        context = self._rt.engine.max_model_len
+        max_prompt = self._budgets.max_prompt_tokens(job.message.sender_id, job.group_id)
+        system = await self._count_system_tokens()
+        room = [limit for limit in (context and context - max_tokens, max_prompt) if limit]
+        prompt_room = min(room) if room else None
+        message_tokens: int | None = None
+        size = utf8_len(text)
+        if prompt_room is not None and system + size + TEMPLATE_TOKENS > prompt_room:
+            message_tokens = size = await self._rt.engine.count_tokens(text)
+        fixed = system + size + TEMPLATE_TOKENS
+        if max_prompt and fixed > max_prompt:
+            return Refusal("prompt", f"user:{job.message.sender_id}", str(max_prompt), 0, size=size)
+        if context and fixed + MIN_ANSWER_TOKENS > context:
+            return Refusal("prompt", f"user:{job.message.sender_id}", str(context - MIN_ANSWER_TOKENS), 0, size=size)
+        if context and fixed + max_tokens > context:
+            max_tokens = context - fixed  # a long message leaves less room for the answer, but still some
+        history_room = self._settings.memory.token_budget
+        for limit in (context and context - max_tokens, max_prompt):
+            if limit:
+                history_room = min(history_room, limit - fixed)
+        sized = [dataclasses.replace(turn, tokens=turn.tokens + TOKENS_PER_TURN) for turn in turns]
+        history = fit_to_budget(sized, max(0, history_room))
+        bound = fixed + sum(turn.tokens for turn in history)
+        original = turns[len(turns) - len(history) :]
+        return PromptPlan(original, max_tokens, bound, message_tokens)
+
+    async def _ask_engine(self, job: Job, state: ReplyState) -> str:
+        message = job.message
+        await self._await_engine(job)
+        turns = await self._memory.load(job.scope.lane)
+        plan = await self._plan(job, turns)
+        if isinstance(plan, Refusal):
+            return await self._commit(job, await self._refusal_notice(job, plan))
+        reservation = await self._budgets.reserve(message.sender_id, job.group_id, plan.prompt_bound + plan.max_tokens)
+        if isinstance(reservation, Refusal):
+            return await self._commit(job, await self._refusal_notice(job, reservation))
         prompt = [
             {"role": "system", "content": self._settings.system_prompt},
-            *({"role": turn.role, "content": turn.content} for turn in history),
+            *({"role": turn.role, "content": turn.content} for turn in plan.history),
             {"role": "user", "content": message.text},
         ]
-        sink = await self._stream_sink(adapter, message, record_key)
-        temperature = message.temperature
-        if sink:
-            completion = await self._stream_to_user(sink, prompt, temperature)
-        else:
-            completion = await engine.chat(prompt, temperature=temperature)
+        completion = await self._generate(job, state, prompt, plan.max_tokens, reservation)
         metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
         metrics.ENGINE_TOKENS.labels(message.platform, "completion").inc(completion.completion_tokens)
         answer = completion.text if completion.text.strip() else commands.EMPTY_ANSWER_TEXT
         if completion.routed_experts:
-            answer = await self._record_experts(record_key, completion.routed_experts, answer)
+            answer = await self._record_experts(job, completion.routed_experts, answer)
+        history_tokens = sum(turn.tokens for turn in plan.history)
+        system = self._system_tokens or 0
+        user_tokens = plan.message_tokens or max(1, completion.prompt_tokens - history_tokens - system)
         exchange = (
-            Turn("user", message.text, user_tokens or completion.prompt_tokens),
+            Turn("user", message.text, user_tokens),
             Turn("assistant", completion.text, completion.completion_tokens),
         )
-        return await self._commit(record_key, answer, message.session_key, exchange)
+        return await self._commit(job, answer, exchange)
 
-    async def _stream_sink(self, adapter: Adapter, message: InboundMessage, record_key: str) -> StreamSink | None:
-        """Where the answer is shown as it is written, if this platform shows it so."""
-        if isinstance(adapter, WeComAIBotAdapter):
-            return WeComStreamSink(self._streams, adapter, message)
-        if isinstance(adapter, WebAdapter):
-            return WebStreamSink(self._streams, message.reply_to.stream_id)
-        if isinstance(adapter, DingTalkRobotAdapter) and adapter.config.ai_card.enabled:
-            track_id = adapter.api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
-            created = await self._rt.redis.hsetnx(record_key, "card_track", track_id)
-            await self._rt.redis.expire(record_key, self._settings.effective_dedup_ttl_s())
-            if not created:
-                track_id = (await self._rt.redis.hget(record_key, "card_track")).decode()
-            sink = DingTalkCardSink(self._streams, adapter, track_id)
-            await sink.open(adapter, message, create=bool(created))
-            return sink
-        return None
+    async def _generate(
+        self, job: Job, state: ReplyState, prompt: list[dict[str, str]], max_tokens: int, reservation: Reservation
+    ) -> Completion:
+        """Ask the engine, streaming into the user's stream or card where the platform shows one; the token
+        reservation is settled to vLLM's usage whatever happens."""
+        used = 0
+        try:
+            presenter = job.presenter
+            if presenter.streams:
+                await presenter.open(state)
+                completion = await self._stream_to_user(presenter, prompt, max_tokens, job.message.temperature)
+            else:
+                completion = await self._rt.engine.chat(
+                    prompt, max_tokens=max_tokens, temperature=job.message.temperature
+                )
+            used = completion.prompt_tokens + completion.completion_tokens
+            return completion
+        finally:
+            with contextlib.suppress(RedisError):
+                await self._budgets.settle(reservation, used)
 
     async def _stream_to_user(
-        self, sink: StreamSink, prompt: list[dict[str, str]], temperature: float | None
+        self, presenter: Presenter, prompt: list[dict[str, str]], max_tokens: int, temperature: float | None
     ) -> Completion:
         """Generate into the user's stream or card as the engine writes. If a worker or engine died mid-answer,
         what the user already sees is continued (vLLM's continue_final_message), never replaced."""
         for attempt in range(STREAM_ATTEMPTS):
-            shown = await sink.shown()
+            shown = await presenter.shown()
             text = shown
             pushed_at = 0.0
 
             async def on_delta(delta: str) -> None:
                 nonlocal text, pushed_at
                 text += delta
-                if time.monotonic() - pushed_at >= sink.interval_s:
+                if time.monotonic() - pushed_at >= presenter.interval_s:
                     pushed_at = time.monotonic()
-                    await sink.show(text)
+                    await presenter.show(text)
 
             messages, extra = prompt, None
             if shown:
@@ -332,7 +463,12 @@ class Worker:
                 extra = {"continue_final_message": True, "add_generation_prompt": False}
             try:
                 completion = await self._rt.engine.chat(
-                    messages, temperature=temperature, on_delta=on_delta, extra=extra, failover=False
+                    messages,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    on_delta=on_delta,
+                    extra=extra,
+                    failover=False,
                 )
             except EngineError as exc:
                 if not exc.retryable or attempt + 1 == STREAM_ATTEMPTS:
@@ -342,7 +478,7 @@ class Worker:
             return dataclasses.replace(completion, text=shown + completion.text)
         raise AssertionError("unreachable")
 
-    async def _record_experts(self, record_key: str, routed_experts: str, answer: str) -> str:
+    async def _record_experts(self, job: Job, routed_experts: str, answer: str) -> str:
         """Export which experts answered (MoE on GPU) and, if the operator wants it, show them in the reply."""
         try:
             usage = expert_usage(routed_experts)
@@ -351,30 +487,5 @@ class Worker:
             return answer
         export_expert_usage(usage)
         trace = format_expert_trace(usage)
-        await self._rt.redis.hset(record_key, "experts", trace)
+        await job.record.mark(experts=trace)
         return f"{answer}\n\n{trace}" if self._settings.engine.attach_expert_trace else answer
-
-    async def _commit(
-        self, record_key: str, text: str, session_key: str = "", exchange: tuple[Turn, Turn] | None = None
-    ) -> str:
-        """Store the answer (and the exchange in memory) once; if another worker got there first, use its answer."""
-        redis = self._rt.redis
-        async with redis.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(record_key)
-                existing = await pipe.hget(record_key, "text")
-                if existing is not None:
-                    return existing.decode() if isinstance(existing, bytes) else existing
-                pipe.multi()
-                self._queue_record(pipe, record_key, text)
-                if exchange:
-                    self._memory.append_exchange(pipe, session_key, *exchange)
-                await pipe.execute()
-            except WatchError:
-                existing = await redis.hget(record_key, "text")
-                return existing.decode() if isinstance(existing, bytes) else str(existing)
-        return text
-
-    def _queue_record(self, pipe: Pipeline, record_key: str, text: str) -> None:
-        pipe.hset(record_key, mapping={"text": text, "created": f"{time.time():.3f}"})
-        pipe.expire(record_key, self._settings.effective_dedup_ttl_s())

@@ -117,11 +117,17 @@ class Stack:
         httpx.post(f"{self.sim_url}/__sim__/wecom/faults", json=fault, timeout=5).raise_for_status()
 
     def entries_added(self) -> int:
-        """Entries ever added to the work queue (XINFO STREAM entries-added): rises only on enqueue."""
-        try:
-            return int(self.redis.xinfo_stream(f"{self.namespace}:inbound")["entries-added"])
-        except redis.ResponseError:
-            return 0
+        """Entries ever added to the work queue (the scheduler's counter): rises only on enqueue."""
+        return int(self.redis.hget(f"{self.namespace}:sched:stats", "enqueued") or 0)
+
+    def queue_depth(self) -> int:
+        """Entries enqueued and not yet handled."""
+        stats = self.redis.hgetall(f"{self.namespace}:sched:stats")
+        return int(stats.get(b"enqueued", 0)) - int(stats.get(b"handled", 0))
+
+    def leased(self) -> int:
+        """Messages a worker holds a lease on right now."""
+        return int(self.redis.zcard(f"{self.namespace}:sched:leases"))
 
 
 def dingtalk_bot(bot_id: str, mode: str, sim_url: str) -> dict:

@@ -55,7 +55,7 @@ def test_worker_killed_while_sending_reply_delivered_once(isolated: Stack, user:
     httpx.post(f"{stack.sim_url}/__sim__/wecom/release", timeout=5)
     stack.procs["worker-b"] = start_worker(stack.config_path, stack.log_dir, f"{stack.namespace}-b")
 
-    wait_for(lambda: stack.redis.xlen(f"{stack.namespace}:inbound") == 0, 30, "worker B to finish the entry")
+    wait_for(lambda: stack.queue_depth() == 0, 30, "worker B to finish the entry")
     delivered = stack.wait_delivered(user, 1, settle=2.0)
     assert len(delivered) == 1
     assert "took over a stalled message" in stack.procs["worker-b"].tail(100)
@@ -69,8 +69,7 @@ def test_worker_killed_while_generating_reply_delivered_once(isolated: Stack, us
     stack.procs["worker-a"] = start_worker(path, stack.log_dir, f"{stack.namespace}-a")
     wait_for(lambda: b"worker started" in stack.procs["worker-a"].log_path.read_bytes(), 30, "worker A up")
     assert stack.post_callback(stack.signer().text(user, "Write a long essay")).status_code == 200
-    group = f"{stack.namespace}:inbound"
-    wait_for(lambda: stack.redis.xpending(group, "workers")["pending"] == 1, 30, "worker A to claim the message")
+    wait_for(lambda: stack.leased() == 1, 30, "worker A to take the message")
     time.sleep(0.3)
     stack.procs["worker-a"].kill()
     stack.procs["worker-a"].popen.wait(5)
@@ -89,7 +88,7 @@ def test_messages_acked_while_no_worker_runs_are_all_answered_once(isolated: Sta
     users = [f"r{secrets.token_hex(4)}" for _ in range(10)]
     for user in users:
         assert stack.post_callback(stack.signer().text(user, f"hello from {user}")).status_code == 200
-    assert stack.redis.xlen(f"{stack.namespace}:inbound") == 10
+    assert stack.queue_depth() == 10
     stack.procs["worker"] = start_worker(stack.config_path, stack.log_dir, f"{stack.namespace}-late")
     for user in users:
         assert len(stack.wait_delivered(user, 1, timeout=90, settle=0.2)) == 1

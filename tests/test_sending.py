@@ -16,7 +16,8 @@ def enqueue_notice(stack: Stack, user: str, text: str) -> None:
     from redis.asyncio import Redis
 
     from gateway.keys import Keys
-    from gateway.queue import WorkQueue
+    from gateway.push import enqueue_notice
+    from gateway.scheduler import Scheduler
 
     message = InboundMessage(
         platform="wecom", bot_id="app", msg_id=f"n-{user}-{time.time()}", conversation_id=user,
@@ -25,8 +26,7 @@ def enqueue_notice(stack: Stack, user: str, text: str) -> None:
 
     async def put() -> None:
         redis = Redis.from_url(stack.config["redis_url"])
-        fields = {"msg": message.model_dump_json(), "kind": "notice", "notice": text, "rid": "test"}
-        await WorkQueue(redis, Keys(stack.namespace)).enqueue(message.conversation_key, fields)
+        await enqueue_notice(Scheduler(redis, Keys(stack.namespace)), message, text, rid="test")
         await redis.aclose()
 
     asyncio.run(put())

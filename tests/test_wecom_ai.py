@@ -124,7 +124,8 @@ async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: 
     from redis.asyncio import Redis
 
     from gateway.keys import Keys
-    from gateway.queue import WorkQueue
+    from gateway.push import enqueue_notice
+    from gateway.scheduler import Scheduler
     from gateway.streams import StreamStore
 
     message = InboundMessage(
@@ -137,8 +138,7 @@ async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: 
     redis = Redis.from_url(stack.config["redis_url"])
     keys = Keys(stack.namespace)
     await StreamStore(redis, keys).open("ai", user, stream_id, limit=3, max_age_s=360)
-    fields = {"msg": message.model_dump_json(), "kind": "notice", "notice": answer, "rid": "test"}
-    await WorkQueue(redis, keys).enqueue(message.conversation_key, fields)
+    await enqueue_notice(Scheduler(redis, keys), message, answer, rid="test")
     await redis.aclose()
     return stream_id
 
@@ -239,15 +239,15 @@ def test_group_robot_burst_paced_to_twenty_a_minute(stack: Stack) -> None:
 
     from gateway.keys import Keys
     from gateway.push import enqueue_push
-    from gateway.queue import WorkQueue
+    from gateway.scheduler import Scheduler
 
     key = next(b for b in stack.config["bots"] if b["id"] == "robot")["key"]
 
     async def burst() -> None:
         redis = Redis.from_url(stack.config["redis_url"])
-        queue = WorkQueue(redis, Keys(stack.namespace))
+        scheduler = Scheduler(redis, Keys(stack.namespace))
         for i in range(25):
-            await enqueue_push(queue, "robot", f"**alert {i}**", markdown=i % 2 == 0)
+            await enqueue_push(scheduler, "robot", f"**alert {i}**", markdown=i % 2 == 0)
         await redis.aclose()
 
     run(burst())

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from bots.base import CallbackRejected, InboundMessage, ReplyTarget, TokenStore
+from bots.base import CallbackKind, CallbackRejected, InboundMessage, Pacing, ReplyStyle, ReplyTarget, TokenStore
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import verify_headers
@@ -29,12 +29,18 @@ class DingTalkRobotAdapter:
     """One enterprise robot, whichever mode its messages arrive in."""
 
     platform = "dingtalk"
+    callback_kind: CallbackKind | None
 
     def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
         self.bot_id = config.id
         self._http = http
         self.api = DingTalkApiClient(config, http, tokens)
+        self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
+
+    @property
+    def reply_style(self) -> ReplyStyle:
+        return "card" if self.config.ai_card.enabled else "pieces"
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         raise CallbackRejected("no_handshake", 405, "DingTalk robots have no URL verification")
@@ -53,9 +59,9 @@ class DingTalkRobotAdapter:
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return TEXT_MAX_BYTES
 
-    def pacing(self, target: ReplyTarget) -> tuple[str, int]:
+    def pacing(self, target: ReplyTarget) -> Pacing:
         """At most `per_minute` sends per conversation, shared by every worker."""
-        return f"{self.bot_id}:{target.chat_id or target.user_id}", self.config.per_minute
+        return [(f"{self.bot_id}:{target.chat_id or target.user_id}", f"{self.config.per_minute}/minute")]
 
     async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
         if target.webhook_url and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S:

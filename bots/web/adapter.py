@@ -8,7 +8,7 @@ import json
 import secrets
 from collections.abc import Mapping
 
-from bots.base import CallbackRejected, InboundMessage, ReplyTarget
+from bots.base import CallbackKind, CallbackRejected, InboundMessage, ReplyStyle, ReplyTarget
 from bots.web.config import WebBotConfig
 from bots.wecom.aibot import stream_id_for
 
@@ -18,6 +18,8 @@ MAX_TEXT_CHARS = 8000
 
 class WebAdapter:
     platform = PLATFORM
+    reply_style: ReplyStyle = "page"
+    callback_kind: CallbackKind | None = None  # the page posts to /web/{bot}/chat, not /callback
 
     def __init__(self, config: WebBotConfig) -> None:
         self.config = config

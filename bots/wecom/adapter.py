@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from bots.base import CallbackRejected, InboundMessage, ReplyTarget, TokenStore
+from bots.base import CallbackKind, CallbackRejected, InboundMessage, Pacing, ReplyStyle, ReplyTarget, TokenStore
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.crypto import WeComCrypto
@@ -19,6 +19,8 @@ from bots.wecom.models import parse_app_message
 from bots.xml import parse_flat_xml
 
 TEXT_MAX_BYTES = 2048
+# WeCom: an app may send one member at most 30 messages a minute and 1000 an hour; the excess is dropped.
+MEMBER_PACING = ("30/minute", "1000/hour")
 
 
 def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
@@ -42,6 +44,8 @@ class WeComAppAdapter:
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
     platform = "wecom"
+    reply_style: ReplyStyle = "pieces"
+    callback_kind: CallbackKind = "wecom-app"
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -73,6 +77,9 @@ class WeComAppAdapter:
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return TEXT_MAX_BYTES
+
+    def pacing(self, target: ReplyTarget) -> Pacing:
+        return [(f"{self.bot_id}:{target.user_id}", window) for window in MEMBER_PACING]
 
     async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
         """Deliver one piece (already within max_bytes_for) to the user."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bots.base import CallbackRejected, InboundMessage, PermanentSendError, ReplyTarget
+from bots.base import CallbackKind, CallbackRejected, InboundMessage, PermanentSendError, ReplyStyle, ReplyTarget
 from bots.http import request_json
 from bots.text import utf8_prefix
 from bots.wecom.adapter import check_timestamp, required_params
@@ -85,6 +85,8 @@ class WeComAIBotAdapter:
 
     platform = PLATFORM
     max_stream_bytes = STREAM_MAX_BYTES
+    reply_style: ReplyStyle = "stream"
+    callback_kind: CallbackKind = "wecom-aibot"
 
     def __init__(self, config: WeComAIBotConfig, http: httpx.AsyncClient) -> None:
         self.config = config

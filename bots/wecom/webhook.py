@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from bots.base import ReplyTarget
+from bots.base import CallbackKind, Pacing, ReplyStyle, ReplyTarget
 from bots.http import request_json
 from bots.wecom.config import WeComWebhookConfig
 from bots.wecom.exceptions import error_for
@@ -21,15 +21,17 @@ class WeComWebhookAdapter:
     """One group robot. `target.chat_id` carries the format: "markdown" or "text"."""
 
     platform = "wecom-webhook"
+    reply_style: ReplyStyle = "pieces"
+    callback_kind: CallbackKind | None = None
 
     def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
         self.config = config
         self.bot_id = config.id
         self._http = http
 
-    def pacing(self, target: ReplyTarget) -> tuple[str, int]:
+    def pacing(self, target: ReplyTarget) -> Pacing:
         """WeCom drops what a robot sends beyond 20 a minute: pace every worker's sends together."""
-        return self.bot_id, self.config.per_minute
+        return [(self.bot_id, f"{self.config.per_minute}/minute")]
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES

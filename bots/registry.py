@@ -1,0 +1,45 @@
+"""Every platform botgw speaks, in one table: its configuration model and how to build its adapter.
+
+Adding a platform means adding its package under bots/ and one row here; the gateway and
+the worker find everything else on the adapter (reply_style, callback_kind, pacing, …).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bots.base import TokenStore
+from bots.dingtalk.adapter import DingTalkRobotAdapter
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.web.adapter import WebAdapter
+from bots.web.config import WebBotConfig
+from bots.wecom.adapter import WeComAppAdapter
+from bots.wecom.aibot import WeComAIBotAdapter
+from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
+from bots.wecom.webhook import WeComWebhookAdapter
+
+AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Any]
+
+
+@dataclass(frozen=True)
+class Platform:
+    config: type
+    build: AdapterFactory
+
+
+PLATFORMS: dict[str, Platform] = {
+    "wecom": Platform(WeComAppConfig, WeComAppAdapter),
+    "wecom-ai": Platform(WeComAIBotConfig, lambda config, http, tokens: WeComAIBotAdapter(config, http)),
+    "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http)),
+    "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter),
+    "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config)),
+}
+
+
+def build_adapter(config: Any, http: httpx.AsyncClient, tokens: TokenStore) -> Any:
+    """The adapter for one configured bot."""
+    return PLATFORMS[config.platform].build(config, http, tokens)

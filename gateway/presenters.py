@@ -1,0 +1,268 @@
+"""How an answer is shown, one class per reply style (bots.base.ReplyStyle), never per adapter class.
+
+- pieces (WeCom app, group robot, DingTalk text): split to the byte cap, paced to the platform's
+  allowances (shared in Redis), sent piece by piece with progress in the reply record, so that
+  a takeover resumes instead of repeating; a piece whose outcome is unknown is resent with the
+  platform's duplicate check on. A send that must wait for its allowance raises `Paced`, and the
+  worker hands the message back with that delay instead of holding a slot.
+- stream (WeCom AI bot): the text grows in the stream store, which WeCom's refresh callbacks
+  read; finished with the first 20480 bytes, the rest posted once through response_url.
+- page (web): the text grows in the stream store, which the gateway's SSE endpoint reads.
+- card (DingTalk AI card): created once (recorded), updated with the full text so far, finished
+  or marked failed.
+
+Every write is fenced by the worker's lease: a stream update or record write from a worker that
+lost the message raises LeaseLost, and a send is preceded by a lease check.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from bots.base import InboundMessage, SendError
+from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED, FLOW_INPUTTING
+from bots.text import split_utf8, utf8_prefix
+from gateway.config import WorkerSettings
+from gateway.keys import Keys
+from gateway.limits import MovingWindowLimiter, window
+from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyState
+from gateway.retry import retry
+from gateway.streams import StreamStore
+
+log = logging.getLogger(__name__)
+CARD_STREAM_LIMIT = 1000  # cards are not limited per user; the store's limit is for WeCom's rule
+
+
+class Paced(Exception):
+    """The platform's send allowance is used up for now: try again in `retry_after_s`."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"paced for {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Delivery:
+    """What every presenter shares: Redis, the stream store, pacing windows and retry settings."""
+
+    redis: Redis
+    keys: Keys
+    streams: StreamStore
+    pacer: MovingWindowLimiter
+    settings: WorkerSettings
+
+    async def retry_send(self, call) -> None:  # type: ignore[no-untyped-def]
+        await retry(
+            call,
+            attempts=self.settings.max_send_attempts,
+            base_s=self.settings.backoff_base_s,
+            cap_s=self.settings.backoff_max_s,
+            retryable=lambda exc: isinstance(exc, SendError) and exc.retryable,
+            hint=lambda exc: getattr(exc, "retry_after", 0.0),
+            what="send",
+        )
+
+
+class Presenter:
+    """One answer on its platform. Subclasses say whether it is shown while written (`streams`)."""
+
+    streams = False  # the engine's text is shown as it is written
+    always_answers = False  # the user is looking at an open stream, card or page: it must end with a text
+    interval_s = 0.15  # least time between two updates while writing
+
+    def __init__(
+        self, delivery: Delivery, adapter, message: InboundMessage, record: ReplyRecord, fence: Fence | None
+    ) -> None:  # type: ignore[no-untyped-def]
+        self.delivery = delivery
+        self.adapter = adapter
+        self.message = message
+        self.record = record
+        self.fence = fence
+
+    async def open(self, state: ReplyState) -> None:
+        """Prepare where the answer will appear (a card is created here)."""
+
+    async def shown(self) -> str:
+        """What the user already sees of this answer (continued, never replaced, after a takeover)."""
+        return ""
+
+    async def show(self, text: str) -> None:
+        """Show the text written so far."""
+
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        """Show the final answer; done when this returns."""
+        raise NotImplementedError
+
+    async def fail(self, text: str, state: ReplyState) -> None:
+        """End the answer in a failed state, telling the user `text`."""
+        await self.deliver(text, state)
+
+    async def notice(self, text: str) -> None:
+        """A one-off notice outside the answer (the engine is starting); best effort."""
+
+
+class PiecesPresenter(Presenter):
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        target = self.message.reply_to
+        pieces = split_utf8(text, self.adapter.max_bytes_for(target))
+        for index in range(state.sent, len(pieces)):
+            outcome_unknown = index < state.started
+            await self._pace()
+            await self.record.mark(started=index + 1)  # fenced: a worker that lost the message stops here
+            piece = pieces[index]
+            await self.delivery.retry_send(
+                lambda attempt, piece=piece, unknown=outcome_unknown: self.adapter.send_piece(
+                    target, piece, duplicate_check=unknown or attempt > 0
+                )
+            )
+            await self.record.mark(sent=index + 1)
+
+    async def _pace(self) -> None:
+        """Take one send from every allowance (a robot's, a member's, a conversation's), or raise Paced."""
+        allowances = self.adapter.pacing(self.message.reply_to)
+        if not allowances:
+            return
+        pacer = self.delivery.pacer
+        for key, spec in allowances:
+            decision = await pacer.fits(key, [window(spec)])
+            if not decision.allowed:
+                raise Paced(decision.retry_after_s)
+        for key, spec in allowances:
+            decision = await pacer.hit(key, [window(spec)])
+            if not decision.allowed:  # another worker took the last one meanwhile
+                raise Paced(decision.retry_after_s)
+
+    async def notice(self, text: str) -> None:
+        try:
+            await self.adapter.send_piece(self.message.reply_to, text, duplicate_check=False)
+        except SendError as exc:
+            log.warning("could not send a notice", extra={"error": str(exc)})
+
+
+class _StoredStreamPresenter(Presenter):
+    """A stream kept in the stream store (Redis): the platform or the page reads it from there."""
+
+    streams = True
+    always_answers = True
+
+    @property
+    def stream_id(self) -> str:
+        return self.message.reply_to.stream_id
+
+    async def shown(self) -> str:
+        state = await self.delivery.streams.get(self.stream_id)
+        return state.content if state else ""
+
+    async def _update(self, text: str, *, finish: bool = False) -> bool:
+        applied = await self.delivery.streams.update(self.stream_id, text, finish=finish, fence=self.fence)
+        if applied is None:
+            raise LeaseLost(self.stream_id)
+        return applied
+
+    async def show(self, text: str) -> None:
+        await self._update(text)
+
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        await self._update(text, finish=True)
+
+
+class PagePresenter(_StoredStreamPresenter):
+    """The web page: the gateway's /web endpoint streams it to the browser."""
+
+    interval_s = 0.05
+
+
+class StreamPresenter(_StoredStreamPresenter):
+    """The WeCom AI bot's stream: WeCom's refresh callbacks read it from Redis (any replica)."""
+
+    async def show(self, text: str) -> None:
+        await self._update(utf8_prefix(text, self.adapter.max_stream_bytes))
+
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        visible = utf8_prefix(text, self.adapter.max_stream_bytes)
+        await self._update(visible, finish=True)
+        rest = text[len(visible) :]
+        if not rest or state.overflow_sent:
+            return
+        # response_url takes one message: never post twice, even if this worker dies right after posting.
+        if not await self.record.claim("overflow_started", f"{time.time():.3f}"):
+            log.warning("overflow post of an earlier attempt has an unknown outcome; not posting again")
+            return
+        await self.delivery.retry_send(lambda attempt: self.adapter.send_overflow(self.message.reply_to, rest))
+        await self.record.mark(overflow_sent="1")
+
+
+class CardPresenter(Presenter):
+    """A DingTalk AI card, created once, updated with the full text so far (≤ updates_per_second)."""
+
+    streams = True
+    always_answers = True
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.interval_s = 1.0 / self.adapter.config.ai_card.updates_per_second
+        self._inputting = False
+        self.track_id = ""
+
+    async def open(self, state: ReplyState) -> None:
+        message, api = self.message, self.adapter.api
+        self.track_id = api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
+        if not state.card_track:
+            await self.record.claim("card_track", self.track_id)
+        await self.delivery.streams.open(
+            message.bot_id, message.sender_id, self.track_id, limit=CARD_STREAM_LIMIT, max_age_s=3600
+        )
+        if not state.card_created:  # a first create that failed is done again on the retry
+            target = message.reply_to
+            await api.create_card(self.track_id, group_id=target.chat_id, user_id=target.user_id)
+            await self.record.mark(card_created="1")
+
+    async def shown(self) -> str:
+        state = await self.delivery.streams.get(self.track_id)
+        return state.content if state else ""
+
+    async def show(self, text: str) -> None:
+        applied = await self.delivery.streams.update(self.track_id, text, fence=self.fence)
+        if applied is None:
+            raise LeaseLost(self.track_id)
+        if not applied:
+            return
+        if not self._inputting:
+            await self.adapter.api.set_card_status(self.track_id, FLOW_INPUTTING)
+            self._inputting = True
+        await self.adapter.api.stream_card(self.track_id, text)
+
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        if not self.track_id:
+            await self.open(state)
+        if await self.delivery.streams.update(self.track_id, text, finish=True, fence=self.fence) is None:
+            raise LeaseLost(self.track_id)
+        await self.adapter.api.stream_card(self.track_id, text, final=True)
+        await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, text)
+
+    async def fail(self, text: str, state: ReplyState) -> None:
+        if not self.track_id:
+            await self.open(state)
+        await self.delivery.streams.update(self.track_id, text, finish=True, fence=self.fence)
+        try:
+            await self.adapter.api.set_card_status(self.track_id, FLOW_FAILED, text)
+        except SendError as exc:
+            log.warning("could not mark the card failed", extra={"error": str(exc)})
+
+
+PRESENTERS: dict[str, type[Presenter]] = {
+    "pieces": PiecesPresenter,
+    "stream": StreamPresenter,
+    "page": PagePresenter,
+    "card": CardPresenter,
+}
+
+
+def presenter_for(
+    delivery: Delivery, adapter, message: InboundMessage, record: ReplyRecord, fence: Fence | None
+) -> Presenter:  # type: ignore[no-untyped-def]
+    return PRESENTERS[adapter.reply_style](delivery, adapter, message, record, fence)

@@ -1,0 +1,176 @@
+"""The reply record: one message's answer and how far its delivery got, in one Redis hash.
+
+It is what makes delivery exactly-once out of at-least-once pieces: the answer and the
+conversation memory are committed together before anything is sent, so a worker that
+takes over resends the same answer instead of asking the engine again, and the pieces
+sent are counted, so a takeover resumes instead of repeating.
+
+Every write is fenced by the writer's lease (scheduler): a worker that lost its lane
+cannot change the record, and `LeaseLost` tells it to stop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
+
+from redis.asyncio import Redis
+
+from gateway.keys import Keys
+from gateway.memory import Turn
+
+State = Literal["new", "committed", "done", "failed"]
+
+_FENCE = """
+local function fenced()
+  return KEYS[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1]
+end
+"""
+
+# KEYS: lease (or ''), record. ARGV: epoch, ttl, mode ('set' | 'setnx'), field, value, ...
+# Returns -1 if fenced, else the number of fields written.
+_WRITE = (
+    _FENCE
+    + """
+if fenced() then return -1 end
+local written = 0
+for i = 4, #ARGV, 2 do
+  if ARGV[3] == 'set' then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    written = written + 1
+  else
+    written = written + redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return written
+"""
+)
+
+# KEYS: lease (or ''), record, memory (or ''). ARGV: epoch, ttl, text, created, state, memory ttl,
+# max memory items (0 = unbounded), then memory items. Returns {status, text}: status -1 fenced,
+# 0 another worker committed first (its text is returned), 1 committed.
+_COMMIT = (
+    _FENCE
+    + """
+if fenced() then return {-1, ''} end
+local existing = redis.call('HGET', KEYS[2], 'text')
+if existing then return {0, existing} end
+redis.call('HSET', KEYS[2], 'text', ARGV[3], 'created', ARGV[4], 'state', ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+if KEYS[3] ~= '' and #ARGV > 7 then
+  for i = 8, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  if tonumber(ARGV[7]) > 0 then redis.call('LTRIM', KEYS[3], -tonumber(ARGV[7]), -1) end
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
+end
+return {1, ARGV[3]}
+"""
+)
+
+
+class LeaseLost(Exception):
+    """This worker's lease on the message ended (it stalled, another worker took over): stop, change nothing."""
+
+
+@dataclass
+class ReplyState:
+    """The record's fields, typed. Empty strings and zeros mean "not yet"."""
+
+    text: str | None = None
+    state: State = "new"
+    created: str = ""
+    started: int = 0  # pieces whose send began (a piece in started but not in sent has an unknown outcome)
+    sent: int = 0  # pieces known delivered
+    wait_notice: str = ""  # the "engine is starting" notice was sent
+    card_track: str = ""  # the DingTalk card of this answer
+    card_created: str = ""
+    card_delivered: str = ""
+    overflow_started: str = ""  # the one response_url post began
+    overflow_sent: str = ""
+    experts: str = ""
+    reason: str = ""  # why the answer failed, when state is failed
+
+    @classmethod
+    def from_hash(cls, raw: dict) -> ReplyState:
+        names = {f.name: f.type for f in fields(cls)}
+        values: dict = {}
+        for key, value in raw.items():
+            name = key.decode() if isinstance(key, bytes) else key
+            if name not in names:
+                continue
+            text = value.decode() if isinstance(value, bytes) else value
+            values[name] = int(text) if name in ("started", "sent") else text
+        return cls(**values)
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lease a writer must still hold: its Redis key and epoch."""
+
+    lease_key: str
+    epoch: str
+
+
+@dataclass
+class ReplyRecord:
+    """One message's reply record, written under one worker's lease."""
+
+    redis: Redis
+    key: str
+    ttl_s: int
+    fence: Fence | None = None
+    _scripts: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, redis: Redis, keys: Keys, dedup_key: str, ttl_s: int, fence: Fence | None = None) -> ReplyRecord:
+        record = cls(redis, keys.reply(dedup_key), ttl_s, fence)
+        record._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
+        return record
+
+    def _fence_args(self) -> tuple[str, str]:
+        return (self.fence.lease_key, self.fence.epoch) if self.fence else ("", "")
+
+    async def load(self) -> ReplyState:
+        return ReplyState.from_hash(await self.redis.hgetall(self.key))
+
+    async def _write(self, mode: str, values: dict[str, str | int]) -> int:
+        lease_key, epoch = self._fence_args()
+        argv: list[str | int] = [epoch, self.ttl_s, mode]
+        for name, value in values.items():
+            argv += [name, value]
+        written = int(await self._scripts["write"](keys=[lease_key, self.key], args=argv))
+        if written < 0:
+            raise LeaseLost(self.key)
+        return written
+
+    async def mark(self, **values: str | int) -> None:
+        """Set fields (progress, state); raises LeaseLost when this worker no longer holds the message."""
+        await self._write("set", values)
+
+    async def claim(self, name: str, value: str = "1") -> bool:
+        """Set a field only if unset (a once-only step such as the overflow post); True if this call set it."""
+        return await self._write("setnx", {name: value}) == 1
+
+    async def commit(
+        self,
+        text: str,
+        created: str,
+        memory_key: str = "",
+        exchange: tuple[Turn, Turn] | None = None,
+        memory_ttl_s: int = 0,
+        max_memory_items: int = 0,
+    ) -> str:
+        """Store the answer (and the exchange in memory) once; if another worker got there first, its answer."""
+        lease_key, epoch = self._fence_args()
+        items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
+        argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, *items]
+        keys = [lease_key, self.key, memory_key if exchange else ""]
+        status, stored = await self._scripts["commit"](keys=keys, args=argv)
+        if int(status) < 0:
+            raise LeaseLost(self.key)
+        return stored.decode() if isinstance(stored, bytes) else stored

@@ -1,0 +1,157 @@
+"""The scheduler against a real redis-server: lanes, fair turns, the per-user cap, leases and their fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.keys import Keys
+from gateway.reply_record import Fence, LeaseLost, ReplyRecord
+from gateway.scheduler import Lease, Scheduler, new_entry
+from gateway.streams import StreamStore
+
+
+@pytest.fixture
+async def scheduler(redis_url: str):
+    redis = Redis.from_url(redis_url)
+    sched = Scheduler(redis, Keys("s" + secrets.token_hex(4)))
+    await sched.load_scripts()
+    yield sched
+    await redis.aclose()
+
+
+async def put(sched: Scheduler, lane: str, owner: str, text: str, weight: float = 1.0) -> None:
+    await sched.enqueue(lane, new_entry(owner, "chat", f'{{"text": "{text}"}}'), weight)
+
+
+async def drain_order(sched: Scheduler, cap: int = 0) -> list[str]:
+    """Take and finish one entry at a time, as a single worker slot would; the texts in the order served."""
+    served = []
+    while (lease := await sched.take("w", 5000, cap)) is not None:
+        served.append(lease.entry["msg"]["text"])
+        assert await sched.release(lease, "done")
+    return served
+
+
+async def test_turns_go_round_robin_across_users(scheduler: Scheduler) -> None:
+    for i in range(5):
+        await put(scheduler, "heavy", "u:heavy", f"h{i}")
+    for name in ("a", "b", "c"):
+        await put(scheduler, name, f"u:{name}", name)
+    order = await drain_order(scheduler)
+    # one turn each per round: the heavy user's backlog does not hold the others back
+    assert order[:4] == ["h0", "a", "b", "c"]
+    assert [t for t in order if t.startswith("h")] == [f"h{i}" for i in range(5)]
+
+
+async def test_weights_give_a_bot_more_turns_per_round(scheduler: Scheduler) -> None:
+    for i in range(6):
+        await put(scheduler, "vip", "u:vip", f"v{i}", weight=2.0)
+        await put(scheduler, "std", "u:std", f"s{i}", weight=1.0)
+    order = await drain_order(scheduler)
+    assert sum(t.startswith("v") for t in order[:9]) >= 5, order  # about two turns for one
+
+
+async def test_one_lane_is_never_leased_twice(scheduler: Scheduler) -> None:
+    for i in range(3):
+        await put(scheduler, "conv", "u:x", f"m{i}")
+    first = await scheduler.take("w1", 5000, 0)
+    assert first is not None and first.entry["msg"]["text"] == "m0"
+    assert await scheduler.take("w2", 5000, 0) is None  # m1 waits for m0, without any worker waiting
+    assert await scheduler.release(first, "done")
+    second = await scheduler.take("w2", 5000, 0)
+    assert second is not None and second.entry["msg"]["text"] == "m1"
+
+
+async def test_per_user_cap_defers_a_second_lane_until_the_first_ends(scheduler: Scheduler) -> None:
+    await put(scheduler, "dm", "u:alice", "dm")
+    await put(scheduler, "group", "u:alice", "group")
+    await put(scheduler, "other", "u:bob", "bob")
+    first = await scheduler.take("w", 5000, 1)
+    assert first is not None and first.entry["msg"]["text"] == "dm"
+    second = await scheduler.take("w", 5000, 1)
+    assert second is not None and second.entry["msg"]["text"] == "bob"  # alice's group lane was deferred
+    assert await scheduler.take("w", 5000, 1) is None
+    await scheduler.release(first, "done")
+    third = await scheduler.take("w", 5000, 1)
+    assert third is not None and third.entry["msg"]["text"] == "group"
+
+
+async def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(scheduler: Scheduler) -> None:
+    await put(scheduler, "conv", "u:x", "hello")
+    stalled = await scheduler.take("stalled", 200, 0)
+    assert stalled is not None
+    await asyncio.sleep(0.35)
+    expired, _ = await scheduler.sweep()
+    assert expired == ["conv"]
+    fresh = await scheduler.take("fresh", 5000, 0)
+    assert fresh is not None and fresh.epoch != stalled.epoch
+    # the stalled worker wakes up: it can neither renew, nor write, nor finish the entry
+    assert await scheduler.renew([stalled], 5000) == {"conv"}
+    redis = scheduler._redis
+    keys = scheduler._keys
+    record = ReplyRecord.open(redis, keys, "d1", 60, Fence(keys.lease("conv"), stalled.epoch))
+    with pytest.raises(LeaseLost):
+        await record.commit("stale answer", "0")
+    streams = StreamStore(redis, keys)
+    await streams.open("bot", "x", "sid", limit=3, max_age_s=60)
+    assert await streams.update("sid", "stale", fence=Fence(keys.lease("conv"), stalled.epoch)) is None
+    assert not await scheduler.release(stalled, "done")
+    assert await scheduler.release(fresh, "done")
+    assert (await scheduler.counters())["takeovers"] == 1
+    assert await scheduler.take("x", 5000, 0) is None
+
+
+async def test_renewal_keeps_a_lease_alive(scheduler: Scheduler) -> None:
+    await put(scheduler, "conv", "u:x", "hello")
+    lease = await scheduler.take("w", 300, 0)
+    assert lease is not None
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        assert await scheduler.renew([lease], 300) == set()
+        assert (await scheduler.sweep())[0] == []
+    assert await scheduler.release(lease, "done")
+
+
+async def test_retry_with_delay_keeps_the_entry_first_and_runs_it_later(scheduler: Scheduler) -> None:
+    await put(scheduler, "conv", "u:x", "first")
+    await put(scheduler, "conv", "u:x", "second")
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None
+    assert await scheduler.release(lease, "retry", delay_s=0.3)
+    assert await scheduler.take("w", 5000, 0) is None
+    started = time.monotonic()
+    while (again := await scheduler.take("w", 5000, 0)) is None:
+        await scheduler.sweep()
+        await asyncio.sleep(0.02)
+    assert time.monotonic() - started >= 0.2
+    assert again.entry["msg"]["text"] == "first"
+
+
+async def test_wait_for_work_wakes_on_enqueue(scheduler: Scheduler) -> None:
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await put(scheduler, "conv", "u:x", "wake")
+
+    task = asyncio.create_task(later())
+    started = time.monotonic()
+    await scheduler.wait_for_work(5.0)
+    assert time.monotonic() - started < 2.0
+    await task
+    lease = await scheduler.take("w", 5000, 0)
+    assert isinstance(lease, Lease)
+
+
+async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> None:
+    await put(scheduler, "conv", "u:x", "doomed")
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None
+    await scheduler.release(lease, "done", dead_letter={"reason": "test"})
+    letters = await scheduler.dead_letters()
+    assert letters[0][1]["reason"] == "test" and letters[0][1]["entry"]["msg"]["text"] == "doomed"
+    depth, _ = await scheduler.stats()
+    assert depth == 0
