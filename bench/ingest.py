@@ -406,6 +406,18 @@ def gateway_outcomes(port: int) -> dict[str, dict[str, float]]:
     return outcomes
 
 
+def stats_key() -> str:
+    """The scheduler's counters (`enqueued`, `handled`); imported here, not at module level (the bare server)."""
+    from gateway.keys import Keys
+
+    return Keys(NAMESPACE).scheduler_stats
+
+
+def queue_enqueued(redis_client: Any) -> int:
+    """Entries ever enqueued in the work queue: the scheduler's `enqueued` counter (no worker runs, none handled)."""
+    return int(redis_client.hget(stats_key(), "enqueued") or 0)
+
+
 def _cpu(cpu: dict[str, float]) -> str:
     return ", ".join(f"{name} {share * 100:.0f}%" for name, share in cpu.items() if not math.isnan(share))
 
@@ -511,16 +523,16 @@ def benchmark(args: argparse.Namespace, stack: Stack) -> int:
             fast=False,
         )
 
-    xlen = int(redis_client.xlen(f"{NAMESPACE}:inbound"))
+    enqueued = queue_enqueued(redis_client)
     outcomes = gateway_outcomes(gateway_port)
-    return report(args, capacity, latency, xlen, outcomes, time.perf_counter() - began)
+    return report(args, capacity, latency, enqueued, outcomes, time.perf_counter() - began)
 
 
 def report(
     args: argparse.Namespace,
     capacity: dict[str, CapacityResult],
     latency: dict[str, LatencyResult],
-    xlen: int,
+    enqueued: int,
     outcomes: dict[str, dict[str, float]],
     wall_s: float,
 ) -> int:
@@ -577,7 +589,7 @@ def report(
 
     print()
     answered: dict[str, int] = {}
-    xlen_ok = True
+    queue_ok = True
     for name, platform in PLATFORM_OF.items():
         cap, lat = capacity[name], latency[name]
         answered[name] = cap.warmup.ok + cap.tally.ok + lat.tally.ok
@@ -585,16 +597,16 @@ def report(
         accepted = int(counts.get("accepted", 0))
         others = {outcome: int(count) for outcome, count in counts.items() if outcome != "accepted" and count}
         platform_ok = accepted == answered[name] and not others
-        xlen_ok &= platform_ok
+        queue_ok &= platform_ok
         print(
             f"outcome check, {platform:8}: gateway answered {answered[name]} x 200, outcomes accepted={accepted} "
             f"other={others or 0} -> {'OK' if platform_ok else 'MISMATCH'}"
         )
     total_ok = sum(answered.values())
-    xlen_ok &= xlen == total_ok
+    queue_ok &= enqueued == total_ok
     print(
-        f"XLEN check: {NAMESPACE}:inbound has {xlen} entries, gateway answered {total_ok} x 200 "
-        f"({' + '.join(str(count) for count in answered.values())}) -> {'OK' if xlen_ok else 'MISMATCH'}"
+        f"queue check: {stats_key()} counts {enqueued} enqueued, gateway answered {total_ok} x 200 "
+        f"({' + '.join(str(count) for count in answered.values())}) -> {'OK' if queue_ok else 'MISMATCH'}"
     )
     bare_cap = capacity["bare"]
     for name, platform in PLATFORM_OF.items():
@@ -609,7 +621,7 @@ def report(
     print(f"run time: {wall_s:.1f} s")
 
     broken = (
-        not xlen_ok
+        not queue_ok
         or any(tally.errors or tally.non_200 for cap in capacity.values() for tally in (cap.warmup, cap.tally))
         or any(lat.tally.errors or lat.tally.non_200 for lat in latency.values())
     )

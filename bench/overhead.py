@@ -14,7 +14,16 @@ is learnt from Redis keyspace notifications on the message's reply record (pushe
 on a poll interval), with a slow poll of the simulator as a fallback; latencies and the one-reply-per-message check
 come from the simulator's own records.
 
-Run: `.venv/bin/python bench/overhead.py [--requests 100 --rounds 2 --max-tokens 32 --levels 1,8,32]`
+CPU per answered message: user+sys seconds of the botgw processes (gateway + worker), each with its children
+(psutil if installed, else /proc/<pid>/stat, utime+stime of live descendants and cutime+cstime of reaped ones),
+sampled around each botgw run and divided by the messages answered; the simulator's is printed separately.
+
+`--pin on` runs the engine pinned to core 0 (`taskset -c 0`) and everything else (gateway, worker, simulator,
+redis, and this load generator via os.sched_setaffinity) on core 1; `--pin both` runs the whole benchmark twice,
+unpinned then pinned (a fresh stack each, so vLLM sizes its threads for the cores it is given), and prints the two
+side by side.
+
+Run: `.venv/bin/python bench/overhead.py [--requests 100 --rounds 2 --max-tokens 32 --levels 1,8,32 --pin off]`
 """
 
 from __future__ import annotations
@@ -26,10 +35,11 @@ import json
 import math
 import os
 import secrets
+import shutil
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +53,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
 
 from bench.common import (
     BOTGW,
+    CLK_TCK,
     Broken,
     CpuMeter,
     Stack,
@@ -64,7 +75,13 @@ from bench.common import (
 from bots.base import InboundMessage
 from bots.simulator.wecom_callback import WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
+from engine.client import sse_lines
 from gateway.keys import Keys
+
+try:
+    import psutil
+except ImportError:  # not a dependency of botgw: /proc serves as well on Linux
+    psutil = None
 
 BOT_ID = "app"
 NAMESPACE = "overhead"
@@ -96,6 +113,8 @@ SETTLE_S = 1.5
 MAX_ERRORS = 20
 PROCESSES = ("engine", "gateway", "worker", "simulator", "redis", "bench")
 BOTGW_SIDE = ("gateway", "worker", "simulator", "redis")
+BOTGW_PROCS = ("gateway", "worker")  # botgw's own processes, for CPU per answered message
+ENGINE_CORE, OTHERS_CORE = 0, 1  # --pin: the engine alone on core 0, everything else on core 1
 
 
 # --------------------------------------------------------------------------- configuration
@@ -142,6 +161,7 @@ class Run:
     replies: dict[int, str] = field(default_factory=dict)  # request index -> reply text
     tokens: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
+    tree_cpu: dict[str, float] = field(default_factory=dict)  # user+sys of each process and its children
     vllm_e2e: tuple[float, float] = (0.0, 0.0)  # sum of seconds, count
 
     def error(self, text: str) -> None:
@@ -178,7 +198,7 @@ class Direct:
                     if response.status_code != 200:
                         run.error(f"engine answered HTTP {response.status_code}")
                         return
-                    async for line in response.aiter_lines():
+                    async for line in sse_lines(response):
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
@@ -371,6 +391,74 @@ async def vllm_e2e(http: httpx.AsyncClient, engine_url: str) -> tuple[float, flo
     return values.get("e2e_request_latency_seconds_sum", 0.0), values.get("e2e_request_latency_seconds_count", 0.0)
 
 
+def _proc_tree_cpu(roots: dict[str, int]) -> dict[str, float]:
+    """/proc: name -> utime+stime+cutime+cstime summed over the root process and its live descendants.
+
+    cutime/cstime hold the CPU of children that have exited and been waited for, so nothing is counted twice.
+    """
+    own: dict[int, float] = {}
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            own[int(entry.name)] = sum(int(value) for value in fields[11:15]) / CLK_TCK
+            children[int(fields[1])].append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    used: dict[str, float] = {}
+    for name, root in roots.items():
+        if root not in own:
+            used[name] = math.nan
+            continue
+        total, todo, seen = 0.0, [root], set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            total += own.get(pid, 0.0)
+            todo.extend(children.get(pid, ()))
+        used[name] = total
+    return used
+
+
+def _psutil_tree_cpu(roots: dict[str, int]) -> dict[str, float]:
+    """psutil: the same sum (user+system, and children_user+children_system of the reaped) as `_proc_tree_cpu`."""
+    used: dict[str, float] = {}
+    for name, root in roots.items():
+        try:
+            process = psutil.Process(root)
+            total = 0.0
+            for member in [process, *process.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    times = member.cpu_times()
+                    total += times.user + times.system + times.children_user + times.children_system
+            used[name] = total
+        except psutil.NoSuchProcess:
+            used[name] = math.nan
+    return used
+
+
+class TreeCpuMeter:
+    """user+sys CPU seconds of each child of a stack with all its descendants, between two samples."""
+
+    source = "psutil" if psutil is not None else "/proc/<pid>/stat"
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    def sample(self) -> dict[str, float]:
+        roots = {name: child.pid for name, child in self._stack.children.items()}
+        return _psutil_tree_cpu(roots) if psutil is not None else _proc_tree_cpu(roots)
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        after = self.sample()
+        return {name: after.get(name, math.nan) - value for name, value in before.items()}
+
+
 async def measured(
     run: Run,
     body: Awaitable[None],
@@ -380,9 +468,12 @@ async def measured(
     engine_url: str,
 ) -> Run:
     """Run one closed loop with CPU and vLLM's e2e counters sampled around it."""
+    tree = TreeCpuMeter(stack)
     e2e_before = await vllm_e2e(http, engine_url)
     cpu_before = meter.sample()
+    tree_before = tree.sample()
     await body
+    run.tree_cpu = tree.since(tree_before)
     run.cpu = meter.since(cpu_before)
     e2e_after = await vllm_e2e(http, engine_url)
     run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
@@ -427,6 +518,13 @@ class Totals:
     def cpu(self, name: str) -> float:
         return sum(run.cpu.get(name, math.nan) for run in self.runs)
 
+    def tree_cpu(self, name: str) -> float:
+        return sum(run.tree_cpu.get(name, math.nan) for run in self.runs)
+
+    def ms_per_answer(self, *names: str) -> float:
+        """CPU milliseconds of the named processes (with their children) per answered message."""
+        return sum(self.tree_cpu(name) for name in names) / self.completed * 1000 if self.completed else math.nan
+
 
 # --------------------------------------------------------------------------- report
 
@@ -441,7 +539,12 @@ def _ratio(modes: dict[str, Totals]) -> float:
 
 
 def report(
-    args: argparse.Namespace, results: dict[int, dict[str, Totals]], botgw: Botgw, check: dict[str, Any], wall: float
+    args: argparse.Namespace,
+    results: dict[int, dict[str, Totals]],
+    botgw: Botgw,
+    check: dict[str, Any],
+    wall: float,
+    pinned: bool = False,
 ) -> bool:
     """Print the tables, the goals and the checks; returns True if something broke."""
     print()
@@ -450,6 +553,7 @@ def report(
         f"{args.max_tokens}, temperature 0; closed loop, {args.rounds} round(s) per level of max({args.requests}, "
         "4 x concurrency) requests per mode, direct then botgw"
     )
+    print(f"placement: {placement(pinned)}")
     print()
     rows = []
     for level, modes in results.items():
@@ -526,6 +630,26 @@ def report(
         print(table(header, rows))
         print()
     print(
+        "CPU per answered message (botgw mode; user+sys of each process with its children, from "
+        f"{TreeCpuMeter.source}): botgw = gateway + worker; the simulator (WeCom's side) is not botgw, shown apart"
+    )
+    rows = []
+    for level, modes in results.items():
+        via = modes["botgw"]
+        rows.append(
+            [
+                str(level),
+                str(via.completed),
+                *(f"{via.ms_per_answer(name):.2f}" for name in BOTGW_PROCS),
+                f"{via.ms_per_answer(*BOTGW_PROCS):.2f}",
+                f"{via.ms_per_answer('simulator'):.2f}",
+            ]
+        )
+    header = ["concurrency", "answered", *(f"{name} ms/answer" for name in BOTGW_PROCS), "botgw ms/answer"]
+    header += ["simulator ms/answer"]
+    print(table(header, rows))
+    print()
+    print(
         "note: on 2 cores the gateway, worker, simulator and redis (and this client) take CPU from vLLM (its API "
         "server, engine core and worker processes, counted together as 'engine'), and every sequential hop between "
         "processes waits for a free core (run-queue wait); direct has one hop per request, botgw more than a dozen. "
@@ -588,10 +712,95 @@ def report(
     return broken
 
 
+def affinities(stack: Stack) -> str:
+    """The cores each child (its session's processes, e.g. vLLM's engine core) and this process may run on."""
+    sessions: dict[int, set[int]] = defaultdict(set)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(entry.path, "stat").read_text()
+            session = int(stat[stat.rindex(")") + 2 :].split()[3])
+            sessions[session] |= os.sched_getaffinity(int(entry.name))
+    parts = [f"{name} {sorted(sessions.get(child.pid, set()))}" for name, child in stack.children.items()]
+    return ", ".join([*parts, f"bench {sorted(os.sched_getaffinity(0))}"])
+
+
+def compare(outcomes: dict[bool, dict[int, dict[str, Totals]]]) -> None:
+    """`--pin both`: the unpinned and the pinned run side by side (unpinned / pinned in each cell)."""
+    off, on = outcomes[False], outcomes[True]
+
+    def pair(values: tuple[float, float], digits: int) -> str:
+        return " / ".join("n/a" if math.isnan(value) else f"{value:.{digits}f}" for value in values)
+
+    rows = []
+    for level in off:
+        if level not in on:
+            continue
+        runs = (off[level], on[level])
+        added = tuple(
+            (percentile(modes["botgw"].latencies, 50) - percentile(modes["direct"].latencies, 50)) * 1000
+            for modes in runs
+        )
+        rows.append(
+            [
+                str(level),
+                pair(tuple(modes["direct"].rate for modes in runs), 2),
+                pair(tuple(modes["botgw"].rate for modes in runs), 2),
+                pair(tuple(_ratio(modes) for modes in runs), 3),
+                pair(added, 1),
+                pair(tuple(modes["botgw"].ms_per_answer(*BOTGW_PROCS) for modes in runs), 2),
+                pair(tuple(modes["botgw"].ms_per_answer("simulator") for modes in runs), 2),
+            ]
+        )
+    print()
+    print(
+        f"unpinned vs pinned (engine on core {ENGINE_CORE}, everything else on core {OTHERS_CORE}): unpinned / pinned"
+    )
+    header = ["concurrency", "direct req/s", "botgw req/s", "throughput ratio", "added p50 ms"]
+    header += ["botgw CPU ms/answer", "simulator CPU ms/answer"]
+    print(table(header, rows))
+
+
 # --------------------------------------------------------------------------- main
 
 
-async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
+def placement(pinned: bool) -> str:
+    if pinned:
+        return (
+            f"pinned: the engine on core {ENGINE_CORE} (taskset -c {ENGINE_CORE}); gateway, worker, simulator, redis "
+            f"and this client on core {OTHERS_CORE}"
+        )
+    return "unpinned: every process may run on any core"
+
+
+def set_affinity(cores: set[int]) -> None:
+    """Every thread of this process on `cores`; children started afterwards inherit it."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task), cores)
+
+
+async def benchmark(
+    args: argparse.Namespace,
+    stack: Stack,
+    pinned: bool = False,
+    outcomes: dict[bool, dict[int, dict[str, Totals]]] | None = None,
+) -> bool:
+    """One whole run on a fresh stack; with `pinned`, this process and what it starts on core 1, the engine on 0."""
+    cores = os.sched_getaffinity(0)
+    if pinned:
+        set_affinity({OTHERS_CORE})
+    try:
+        return await _benchmark(args, stack, pinned, outcomes if outcomes is not None else {})
+    finally:
+        if pinned:
+            set_affinity(cores)
+
+
+async def _benchmark(
+    args: argparse.Namespace, stack: Stack, pinned: bool, outcomes: dict[bool, dict[int, dict[str, Totals]]]
+) -> bool:
     began = time.perf_counter()
     levels: list[int] = args.levels
     slots = max(32, *levels)
@@ -601,7 +810,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
 
     start_redis(stack, ports["redis"], "--notify-keyspace-events", "Kh")
     engine_args = ["engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])]
-    stack.start("engine", [*BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
+    taskset = ["taskset", "-c", str(ENGINE_CORE)] if pinned else []  # the others inherit core 1 from this process
+    stack.start("engine", [*taskset, *BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
     config = stack_config(redis_url, engine_url, sim_url, args.max_tokens, slots)
     cfg = ["--config", str(write_config(stack, config))]
     env = clean_env()
@@ -628,6 +838,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
         await wait_ready(stack, children["engine"], lambda: ok(f"{engine_url}/health"), ENGINE_START_S)
         await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/readyz"), SERVER_START_S)
         print(f"engine ready after {time.perf_counter() - began:.0f} s", flush=True)
+        if pinned:
+            print(f"affinity: {affinities(stack)}", flush=True)
 
         direct = Direct(engine_http, engine_url, args.max_tokens)
         botgw = Botgw(botgw_http, redis, gateway_url, sim_url, config["bots"][0])
@@ -662,7 +874,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
         finally:
             await botgw.aclose()
             await redis.aclose()
-    return report(args, results, botgw, {"counts": counts}, time.perf_counter() - began)
+    outcomes[pinned] = results
+    return report(args, results, botgw, {"counts": counts}, time.perf_counter() - began, pinned)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -674,8 +887,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=32, help="warm-up requests per mode (default 32)")
     parser.add_argument("--time-limit", type=float, default=360.0, help="stop and fail after this many seconds")
     parser.add_argument("--engine-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
+    parser.add_argument(
+        "--pin",
+        choices=("off", "on", "both"),
+        default="off",
+        help=f"on: the engine on core {ENGINE_CORE}, everything else on core {OTHERS_CORE}; both: a run of each",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs and config")
     args = parser.parse_args(argv)
+    if args.pin != "off":
+        if not shutil.which("taskset"):
+            parser.error("--pin needs taskset (util-linux)")
+        if not {ENGINE_CORE, OTHERS_CORE} <= os.sched_getaffinity(0):
+            parser.error(
+                f"--pin needs cores {ENGINE_CORE} and {OTHERS_CORE}; "
+                f"this process may use {sorted(os.sched_getaffinity(0))}"
+            )
     try:
         args.levels = [int(level) for level in args.levels.split(",") if level.strip()]
     except ValueError:
@@ -686,7 +913,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_async(parse_args(argv), "botgw-overhead-", benchmark)
+    args = parse_args(argv)
+    placements = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
+    outcomes: dict[bool, dict[int, dict[str, Totals]]] = {}
+    code = 0
+    for pinned in placements:
+        if len(placements) > 1:
+            print(f"=== {placement(pinned)} ===", flush=True)
+
+        def run(args: argparse.Namespace, stack: Stack, pinned: bool = pinned) -> Coroutine[Any, Any, bool]:
+            return benchmark(args, stack, pinned, outcomes)
+
+        result = main_async(args, "botgw-overhead-", run)
+        code = max(code, result)
+        if result >= 128:  # stopped by a signal: no second run
+            return result
+    if len(outcomes) == 2:
+        compare(outcomes)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ bounds a Stream-mode deployment the way `bench/ingest.py` bounds an HTTP one.
 What: redis-server, the simulator (`botgw sim serve`, whose Stream gateway delivers the frames) and one
 `botgw dingtalk-stream`; no worker, no engine. After a warm-up, `--messages` robot messages, each with its own msgId,
 are POSTed to the simulator's push endpoint as fast as `--concurrency` keep-alive connections allow. The clock runs
-from the first push until the simulator counts every frame acked and `<namespace>:inbound` holds every message.
-Per message, push answered -> enqueued (the entry's `enqueued_at`, same clock) is reported too.
+from the first push until the simulator counts every frame acked and the work queue counts every message enqueued
+(the scheduler's `enqueued` counter in `<namespace>:sched:stats`). Per message, push answered -> enqueued (the
+queue entry's `t`, enqueue time in ms on the same clock) is reported too; with no worker running, every entry stays
+in its lane (`<namespace>:sched:lane:*`), where the duplicate check reads them.
 
 Caveat: the simulator is one Python process doing the push endpoint, the frame delivery loop (a 50 ms tick over
 every pending frame), the WebSocket server and a TCP relay in front of it; it may well be the bottleneck, so the CPU
@@ -62,6 +64,7 @@ from bench.common import (
 )
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk_user import robot_payload
+from gateway.keys import Keys
 
 NAMESPACE = "streambench"
 BOT_ID = "ding-stream"
@@ -69,6 +72,8 @@ SERVER_START_S = 60.0
 CONNECT_S = 30.0
 POLL_S = 0.05
 MAX_ERRORS = 50
+SCAN_COUNT = 1000
+KEYS = Keys(NAMESPACE)
 PROCESSES = ("simulator", "dingtalk-stream", "redis", "bench")
 
 
@@ -164,7 +169,7 @@ async def run_batch(
     """Push one batch and wait until the simulator counts it acked and Redis holds it (bounded by --batch-timeout)."""
     stats_url = f"http://127.0.0.1:{sim_port}/__sim__/dingtalk/stream/stats"
     acked_before = int((await http.get(stats_url)).json()["acked"])
-    xlen_before = int(await redis.xlen(f"{NAMESPACE}:inbound"))
+    enqueued_before = await enqueued_count(redis)
     batch = Batch(len(requests))
     meter = CpuMeter(stack)
     cpu_before = meter.sample()
@@ -177,18 +182,18 @@ async def run_batch(
                 pushing.result()  # re-raise a failure
                 batch.push_s = time.perf_counter() - start
             stats = (await http.get(stats_url)).json()
-            xlen = int(await redis.xlen(f"{NAMESPACE}:inbound")) - xlen_before
+            enqueued = await enqueued_count(redis) - enqueued_before
             now = time.perf_counter() - start
             batch.max_redelivered = max(batch.max_redelivered, int(stats["deliveries"]) - int(stats["pending"]))
             if int(stats["acked"]) - acked_before >= batch.count and math.isnan(batch.acked_s):
                 batch.acked_s = now
-            if not math.isnan(batch.acked_s) and xlen >= batch.count and not math.isnan(batch.push_s):
+            if not math.isnan(batch.acked_s) and enqueued >= batch.count and not math.isnan(batch.push_s):
                 batch.done_s = now
                 break
             if time.perf_counter() > deadline:
                 raise Broken(
                     f"batch of {batch.count} not through after {args.batch_timeout:.0f} s: pushed "
-                    f"{batch.tally.responses}, acked {int(stats['acked']) - acked_before}, in Redis {xlen}, "
+                    f"{batch.tally.responses}, acked {int(stats['acked']) - acked_before}, in Redis {enqueued}, "
                     f"stats {stats}"
                 )
             stack.check_alive()
@@ -200,25 +205,34 @@ async def run_batch(
     return batch
 
 
+async def enqueued_count(redis: Redis) -> int:
+    """Entries ever enqueued in the work queue (the scheduler's `enqueued` counter)."""
+    return int(await redis.hget(KEYS.scheduler_stats, "enqueued") or 0)
+
+
 async def queued_messages(redis: Redis) -> dict[str, list[float]]:
-    """msgId -> `enqueued_at` of every entry of the work queue (a msgId queued twice would be a duplicate)."""
+    """msgId -> enqueue time (s) of every entry in the lanes (a msgId queued twice would be a duplicate).
+
+    No worker runs, so every entry ever enqueued is still in its lane.
+    """
     found: dict[str, list[float]] = {}
-    cursor = "-"
-    while True:
-        entries = await redis.xrange(f"{NAMESPACE}:inbound", min=cursor, count=1000)
-        for _entry_id, fields in entries:
-            message = json.loads(fields[b"msg"])
-            found.setdefault(str(message["msg_id"]), []).append(float(fields[b"enqueued_at"]))
-        if len(entries) < 1000:
-            return found
-        cursor = "(" + entries[-1][0].decode()
+    async for key in redis.scan_iter(match=KEYS.lane("*"), count=SCAN_COUNT):
+        for raw in await redis.lrange(key, 0, -1):
+            entry = json.loads(raw)
+            found.setdefault(str(entry["msg"]["msg_id"]), []).append(float(entry["t"]) / 1000)
+    return found
 
 
 # --------------------------------------------------------------------------- report
 
 
 def report(
-    args: argparse.Namespace, warmup: Batch, batches: list[Batch], queued: dict[str, list[float]], wall_s: float
+    args: argparse.Namespace,
+    warmup: Batch,
+    batches: list[Batch],
+    queued: dict[str, list[float]],
+    counted: int,
+    wall_s: float,
 ) -> bool:
     """Print the table and the checks (warm-up included); returns True if something broke."""
     print()
@@ -231,7 +245,7 @@ def report(
     print()
     rows = []
     latencies_all: list[float] = []
-    intake: dict[int, float] = {}  # botgw's own pace: entries per second between the first and last enqueued_at
+    intake: dict[int, float] = {}  # botgw's own pace: entries per second between the first and last enqueue time
     for number, batch in enumerate(batches, 1):
         latencies = sorted(queued[msg_id][0] - pushed for msg_id, pushed in batch.pushed_at.items() if msg_id in queued)
         latencies_all += latencies
@@ -256,8 +270,8 @@ def report(
     header = ["round", "msgs", "push s", "push/s", "acked s", "in Redis s", "msgs/s", "queued/s", "push->queued p50 ms"]
     header += ["p99 ms", *(f"CPU {name}" for name in PROCESSES)]
     print(table(header, rows))
-    print("(queued/s: botgw's pace, first to last enqueued_at of the round. CPU: share of one core over the round,")
-    print(" 100% = one core. push->queued: push answered by the simulator -> the entry's enqueued_at; it includes the")
+    print("(queued/s: botgw's pace, first to last enqueue time of the round. CPU: share of one core over the round,")
+    print(" 100% = one core. push->queued: push answered by the simulator -> the entry's enqueue time; includes the")
     print(" simulator's 50 ms delivery tick and waiting in botgw's socket buffer)")
 
     print()
@@ -269,11 +283,12 @@ def report(
     expected = args.warmup + args.messages * args.rounds
     twice = {msg_id: len(times) for msg_id, times in queued.items() if len(times) > 1}
     strangers = set(queued) - pushed
-    xlen = sum(len(times) for times in queued.values())
-    ok = xlen == expected and len(pushed) == expected and not twice and not strangers and not errors
+    entries = sum(len(times) for times in queued.values())
+    ok = entries == expected == counted and len(pushed) == expected and not twice and not strangers and not errors
     ok &= set(statuses) <= {200}
     print(
-        f"duplicate check: {NAMESPACE}:inbound has {xlen} entries for {expected} pushed messages (warm-up "
+        f"duplicate check: the lanes {KEYS.lane('*')} hold {entries} entries ({counted} counted enqueued) for "
+        f"{expected} pushed messages (warm-up "
         f"{args.warmup} included), {len(twice)} msgIds queued twice, {len(strangers)} unknown; push statuses "
         f"{dict(statuses)}, connection errors {errors} -> {'OK' if ok else 'MISMATCH'}"
     )
@@ -350,9 +365,10 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
                 await asyncio.sleep(args.pause)
             stack.check_alive()
             queued = await queued_messages(redis)
+            counted = await enqueued_count(redis)
     finally:
         await redis.aclose()
-    return report(args, warmup, batches, queued, time.perf_counter() - began)
+    return report(args, warmup, batches, queued, counted, time.perf_counter() - began)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

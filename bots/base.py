@@ -39,6 +39,7 @@ class InboundMessage(BaseModel):
     text: str
     msg_type: str = "text"
     mentioned_bot: bool = False
+    group_id: str = Field(default="", description="the group conversation it was written in; '' one-to-one")
     received_at: float = Field(default_factory=time.time)
     reply_to: ReplyTarget = Field(default_factory=ReplyTarget)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="the user's preset, if any")

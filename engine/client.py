@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -18,6 +18,22 @@ from engine.settings import EngineSettings
 
 DeltaCallback = Callable[[str], Awaitable[None]]
 HEALTH_TIMEOUT_S = 5.0
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of a server-sent event stream, split at "\n" only.
+
+    httpx's aiter_lines also splits at U+2028, U+0085 and the other Unicode line breaks, which a model
+    may well write inside a JSON string (JSON leaves them unescaped): the chunk would be cut in two.
+    """
+    buffer = ""
+    async for text in response.aiter_text():
+        buffer += text
+        *lines, buffer = buffer.split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if buffer:
+        yield buffer.removesuffix("\r")
 
 
 class EngineError(Exception):
@@ -111,7 +127,7 @@ class EngineClient:
                     retryable=retryable,
                     status=response.status_code,
                 )
-            lines = response.aiter_lines()
+            lines = sse_lines(response)
             while True:
                 timeout = self._settings.first_token_timeout_s if not first_token_at else None
                 try:

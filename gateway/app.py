@@ -11,6 +11,7 @@ from slowapi.errors import RateLimitExceeded
 from slowapi.middleware import SlowAPIASGIMiddleware
 from slowapi.util import get_remote_address
 
+from gateway.admin_routes import router as admin_router
 from gateway.batching import RedisBatcher
 from gateway.callbacks import callback_handlers
 from gateway.config import Settings
@@ -52,4 +53,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(SlowAPIASGIMiddleware)
     app.include_router(router)
     app.include_router(web_router)
+    app.include_router(admin_router)
     return app

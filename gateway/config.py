@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
@@ -39,6 +39,12 @@ class MemorySettings(BaseModel):
     )
 
 
+class AdminSettings(BaseModel):
+    """The operators' HTTP API (/admin/…): off unless a token is set; callers send `Authorization: Bearer TOKEN`."""
+
+    token: SecretStr | None = None
+
+
 class WorkerSettings(BaseModel):
     """The worker pool: parallelism, redelivery of a dead worker's messages, retries."""
 
@@ -49,7 +55,7 @@ class WorkerSettings(BaseModel):
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
     drain_s: float = Field(default=30.0, ge=0, description="on SIGTERM: finish what is held, then hand it back")
-    bot_weights: dict[str, float] = Field(
+    bot_weights: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="turns a bot's users get per round relative to others (default 1)"
     )
     metrics_port: int | None = None
@@ -76,6 +82,7 @@ class Settings(BaseSettings):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
     bots: list[BotConfig] = Field(default_factory=list)
     alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 

@@ -194,14 +194,6 @@ class MovingWindowLimiter:
                 return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
         return LimitDecision(True)
 
-    async def fits(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
-        """Whether one more hit fits every window (nothing is counted)."""
-        for limit in limits:
-            if not await self._limiter.test(limit, key):
-                stats = await self._limiter.get_window_stats(limit, key)
-                return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
-        return LimitDecision(True)
-
     async def usage(self, key: str, limit: RateLimitItem) -> tuple[int, int]:
         """(hits in the window now, seconds until one frees up)."""
         stats = await self._limiter.get_window_stats(limit, key)

@@ -126,14 +126,11 @@ class PiecesPresenter(Presenter):
         allowances = self.adapter.pacing(self.message.reply_to)
         if not allowances:
             return
-        pacer = self.delivery.pacer
         for key, spec in allowances:
-            decision = await pacer.fits(key, [window(spec)])
+            # Shortest window first: when a longer one refuses, a slot of a shorter one is spent unused, which
+            # errs on the side of sending less than the platform allows, never more.
+            decision = await self.delivery.pacer.hit(key, [window(spec)])
             if not decision.allowed:
-                raise Paced(decision.retry_after_s)
-        for key, spec in allowances:
-            decision = await pacer.hit(key, [window(spec)])
-            if not decision.allowed:  # another worker took the last one meanwhile
                 raise Paced(decision.retry_after_s)
 
     async def notice(self, text: str) -> None:
@@ -166,8 +163,17 @@ class _StoredStreamPresenter(Presenter):
     async def show(self, text: str) -> None:
         await self._update(text)
 
+    async def _finish(self, text: str) -> None:
+        """Finish with `text`; when it does not extend what the user already sees (an engine that failed
+        after a partial answer, a notice), it is shown after that text, never dropped."""
+        if await self._update(text, finish=True):
+            return
+        state = await self.delivery.streams.get(self.stream_id)
+        if state is not None and not state.finished:
+            await self._update(f"{state.content}\n\n{text}" if state.content else text, finish=True)
+
     async def deliver(self, text: str, state: ReplyState) -> None:
-        await self._update(text, finish=True)
+        await self._finish(text)
 
 
 class PagePresenter(_StoredStreamPresenter):
@@ -184,7 +190,7 @@ class StreamPresenter(_StoredStreamPresenter):
 
     async def deliver(self, text: str, state: ReplyState) -> None:
         visible = utf8_prefix(text, self.adapter.max_stream_bytes)
-        await self._update(visible, finish=True)
+        await self._finish(visible)
         rest = text[len(visible) :]
         if not rest or state.overflow_sent:
             return

@@ -30,7 +30,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from gateway.keys import Keys
 
@@ -325,9 +325,6 @@ class Scheduler:
         next_ms = int(result[-1])
         return result[:-2], (next_ms / 1000 if next_ms >= 0 else -1.0)
 
-    def lease_key(self, lane: str) -> str:
-        return self._keys.lease(lane)
-
     async def holds(self, lease: Lease) -> bool:
         """Whether `lease` is still current (a cheap check before an outside side effect, e.g. a send)."""
         return _text(await self._redis.hget(self._keys.lease(lease.lane), "epoch") or b"") == lease.epoch
@@ -356,11 +353,3 @@ class Scheduler:
             return []
         return [(_text(entry_id), json.loads(_text(fields[b"entry"]))) for entry_id, fields in items]
 
-
-async def call_with_reload(scheduler: Scheduler, call):  # type: ignore[no-untyped-def]
-    """Run `call()`; after a Redis restart lost the scripts (NoScriptError), load them and run it again."""
-    try:
-        return await call()
-    except NoScriptError:
-        await scheduler.load_scripts()
-        return await call()

@@ -33,7 +33,8 @@ def _web_adapter(request: Request, bot_id: str) -> WebAdapter | None:
 
 
 def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    # ASCII-escaped: U+2028 and the other Unicode line breaks must not reach a client that splits lines at them
+    return f"data: {json.dumps(payload)}\n\n"
 
 
 async def answer_events(

@@ -62,8 +62,7 @@ class Job:
 
     @property
     def group_id(self) -> str | None:
-        message = self.message
-        return message.conversation_id if message.conversation_id != message.sender_id else None
+        return self.message.group_id or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,9 +288,8 @@ class Worker:
 
     async def _commit(self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None) -> str:
         memory = self._memory
-        return await job.record.commit(
-            text, f"{time.time():.3f}", job.scope.lane, exchange, memory.ttl_s, memory.max_items
-        )
+        memory_key = self._rt.keys.memory(job.scope.lane)
+        return await job.record.commit(text, f"{time.time():.3f}", memory_key, exchange, memory.ttl_s, memory.max_items)
 
     async def _compose(self, job: Job, state: ReplyState) -> str:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""

@@ -152,7 +152,7 @@ def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, 
         "log_level": "INFO",
         "engine": {"base_url": engine_url, "model": ENGINE_MODEL, "max_tokens": 24, "temperature": 0.0},
         "memory": {"token_budget": 1024},
-        "limits": {"per_user": "30/minute"},
+        "limits": {"per_user": "20/minute"},  # under WeCom's 30 sends a minute per member
         "worker": {"claim_idle_ms": 1500, "backoff_base_s": 0.2, "backoff_max_s": 2.0, "max_send_attempts": 5},
         "bots": [
             {

@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
+from engine.client import sse_lines
 from tests.procs import free_port
 
 
@@ -63,7 +64,7 @@ class HoldingProxy:
 
         async def lines() -> AsyncIterator[bytes]:
             try:
-                async for line in upstream.aiter_lines():
+                async for line in sse_lines(upstream):
                     if line:
                         await asyncio.sleep(self.chunk_delay_s)
                     yield (line + "\n").encode()

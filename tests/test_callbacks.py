@@ -143,9 +143,9 @@ def test_same_callback_four_times_gives_one_reply(stack: Stack, user: str) -> No
 
 def test_over_the_limit_user_gets_one_polite_notice(stack: Stack, user: str) -> None:
     signer = stack.signer()
-    statuses = [stack.post_callback(signer.text(user, "/help")).status_code for _ in range(33)]
+    statuses = [stack.post_callback(signer.text(user, "/help")).status_code for _ in range(23)]
     assert set(statuses) == {200}
-    delivered = stack.wait_delivered(user, count=31, settle=2.0)
+    delivered = stack.wait_delivered(user, count=21, settle=2.0)
     notices = [item for item in delivered if "try again in" in item["content"]]
-    assert len(delivered) == 31 and len(notices) == 1
-    assert "seconds" in notices[0]["content"]
+    assert len(delivered) == 21 and len(notices) == 1, "20 answers, one notice, then silence"
+    assert "20/minute" in notices[0]["content"] and "秒" in notices[0]["content"], "which limit, and when it resets"

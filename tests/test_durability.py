@@ -79,7 +79,7 @@ def test_worker_killed_while_generating_reply_delivered_once(isolated: Stack, us
     assert len(delivered) >= 1
     assert len({item["content"] for item in delivered}) == len(delivered), "a piece was delivered twice"
     record = stack.redis.hgetall(next(iter(stack.redis.scan_iter(f"{stack.namespace}:reply:wecom:*"))))
-    assert record[b"done"] == b"1"
+    assert record[b"state"] == b"done"
     assert "".join(item["content"] for item in delivered) == record[b"text"].decode()
 
 

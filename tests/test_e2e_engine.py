@@ -72,3 +72,17 @@ def test_readyz_reports_redis_and_engine(stack: Stack, live_engine: str) -> None
     body = httpx.get(f"{stack.gateway_url}/readyz", timeout=10).json()
     assert (body["ready"], body["redis"], body["engine"], body["model"]) == (True, True, True, ENGINE_MODEL)
     assert body["engines"] == {live_engine: "ready"}
+
+
+def test_message_longer_than_the_context_window_gets_a_clear_reply(stack: Stack, live_engine: str, user: str) -> None:
+    signer = stack.signer()
+    long_text = "请详细解释企业微信机器人的每一个配置步骤。" * 300  # about 6,000 tokens, the tiny engine holds 2,048
+    assert stack.post_callback(signer.text(user, long_text)).status_code == 200
+    reply = stack.wait_delivered(user, 1, settle=0.5)[0]["content"]
+    assert "too long" in reply and "太长" in reply, reply
+    assert memory_turns(stack, user) == [], "a refused message is not remembered"
+    assert stack.post_callback(signer.text(user, "What is the capital of France?")).status_code == 200
+    second = stack.wait_delivered(user, 2, settle=0.5)[1]["content"]
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+    q = {"role": "user", "content": "What is the capital of France?"}
+    assert second == engine_answer(live_engine, [system, q], stack.config["engine"]["max_tokens"])

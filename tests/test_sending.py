@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from bots.base import InboundMessage, ReplyTarget
@@ -77,7 +78,7 @@ def test_untrusted_ip_is_not_retried(stack: Stack, user: str) -> None:
     time.sleep(1.0)
     assert stack.sim_stats()["send_calls"] - stats["send_calls"] == 1
     assert stack.delivered(user) == []
-    dead = stack.redis.xrevrange(f"{stack.namespace}:dead", count=1)[0][1]
-    assert "可信IP" in dead[b"reason"].decode()
+    dead = json.loads(stack.redis.xrevrange(f"{stack.namespace}:dead", count=1)[0][1][b"entry"])
+    assert "可信IP" in dead["reason"] and dead["entry"]["msg"]["sender_id"] == user
     log = stack.procs["worker"].tail(200)
     assert "60020" in log and stack.bot.secret.get_secret_value() not in log

@@ -30,6 +30,7 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
         text=text,
         msg_type=msg_type or "unknown",
         mentioned_bot=bool(payload.get("isInAtList")) or not group,
+        group_id=conversation if group else "",
         received_at=now,
         reply_to=ReplyTarget(
             user_id=sender,

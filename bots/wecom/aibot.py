@@ -135,6 +135,7 @@ class WeComAIBotAdapter:
             sender_id=sender,
             text=_text_of(payload, msg_type),
             mentioned_bot=payload.get("chattype") == "group",
+            group_id=chat_id if payload.get("chattype") == "group" else "",
             received_at=now,
             reply_to=ReplyTarget(user_id=sender, chat_id=chat_id, webhook_url=str(payload.get("response_url", ""))),
         )

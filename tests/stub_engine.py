@@ -1,0 +1,106 @@
+"""An OpenAI-compatible engine with a fixed answer time, for tests about scheduling rather than generation.
+
+It answers every chat request `delay` seconds after it arrives, with "answer to: <last user
+message>", streamed in a few chunks, and usage counted as UTF-8 bytes // 3 for the prompt and
+one token per chunk. It serves /health, /v1/models (with max_model_len), /tokenize and
+/metrics like vLLM, and records every request (GET /__stub__/requests) so a test can see what
+reached the engine and when.
+
+    python -m tests.stub_engine --port 8011 --delay 1.0 [--model ernie-tiny] [--max-model-len 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+CHUNKS = 4
+
+
+def create_app(model: str, delay_s: float, max_model_len: int) -> FastAPI:
+    app = FastAPI()
+    requests: list[dict] = []
+    running = {"n": 0}
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": model, "max_model_len": max_model_len}]})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse({"count": max(1, len(str(body.get("prompt", "")).encode()) // 3)})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{model}"}} {running["n"]}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{model}"}} 0\n'
+        )
+        return PlainTextResponse(text)
+
+    @app.get("/__stub__/requests")
+    async def recorded() -> JSONResponse:
+        return JSONResponse(requests)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):  # type: ignore[no-untyped-def]
+        body = await request.json()
+        messages = body.get("messages", [])
+        last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        prompt_tokens = max(1, len(json.dumps(messages, ensure_ascii=False).encode()) // 3)
+        record = {"user": last_user, "max_tokens": body.get("max_tokens"), "start": time.time(), "warmup": False}
+        record["warmup"] = body.get("max_tokens") == 1
+        requests.append(record)
+        answer = f"answer to: {last_user}"
+        pieces = [answer[len(answer) * i // CHUNKS : len(answer) * (i + 1) // CHUNKS] for i in range(CHUNKS)]
+        running["n"] += 1
+        try:
+            await asyncio.sleep(0 if record["warmup"] else delay_s)
+        finally:
+            running["n"] -= 1
+        record["end"] = time.time()
+        record["usage"] = prompt_tokens + CHUNKS
+        if not body.get("stream"):
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": CHUNKS}
+            choice = {"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
+            return JSONResponse({"choices": [choice], "usage": usage})
+
+        async def events():  # type: ignore[no-untyped-def]
+            for piece in pieces:
+                chunk = {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": CHUNKS}
+            yield f"data: {json.dumps({'choices': [{'delta': {}, 'finish_reason': 'stop'}], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=1.0)
+    parser.add_argument("--model", default="ernie-tiny")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args()
+    app = create_app(args.model, args.delay, args.max_model_len)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The worker as several processes see it: fair turns, groups per user or shared, leases under SIGSTOP and
+SIGTERM, budgets across two gateways and two workers. The engine is a stub with a fixed answer time
+(tests/stub_engine.py), so that the times measured are the scheduler's, not generation's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.simulator.dingtalk_user import DingTalkUser
+from bots.simulator.wecom_ai import WeComAIBotUser
+from bots.wecom.config import WeComAIBotConfig
+from tests.conftest import Stack, stack_config
+from tests.procs import Proc, free_port, start_gateway, start_worker, wait_http, write_config
+
+
+def start_stub_engine(log_dir: Path, delay_s: float, name: str) -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc(
+        [sys.executable, "-m", "tests.stub_engine", "--port", str(port), "--delay", str(delay_s)],
+        log_dir / f"{name}.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", 30, proc)
+    return proc, url
+
+
+class Cluster:
+    """Gateways and workers of one namespace, on the shared Redis and simulator, with a stub engine."""
+
+    def __init__(self, stack: Stack, delay_s: float, **overrides: object) -> None:
+        self.namespace = "w" + secrets.token_hex(4)
+        self.log_dir = stack.log_dir
+        self.engine, self.engine_url = start_stub_engine(stack.log_dir, delay_s, f"stub-{self.namespace}")
+        config = stack_config(stack.config["redis_url"], self.engine_url, stack.sim_url, self.namespace, **overrides)
+        for bot in config["bots"]:  # the simulator knows the stack's bots: reuse their credentials
+            bot.update(next(b for b in stack.config["bots"] if b["id"] == bot["id"]))
+        self.config = config
+        self.path = write_config(stack.log_dir / f"{self.namespace}.yaml", config)
+        self.stack = Stack(config, self.path, "", stack.sim_url, stack.redis, self.namespace, stack.log_dir)
+        self.gateways: list[str] = []
+        self.procs: dict[str, Proc] = {}
+
+    def add_gateway(self) -> str:
+        port = free_port()
+        name = f"gw-{self.namespace}-{len(self.gateways)}"
+        self.procs[name] = start_gateway(self.path, port, self.log_dir, name=name)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/readyz", 30)
+        self.gateways.append(url)
+        self.stack.gateway_url = self.gateways[0]
+        return url
+
+    def add_worker(self, name: str, path: Path | None = None) -> Proc:
+        proc = start_worker(path or self.path, self.log_dir, f"{self.namespace}-{name}")
+        self.procs[name] = proc
+        deadline = time.monotonic() + 30
+        while b"worker started" not in proc.log_path.read_bytes():
+            assert time.monotonic() < deadline, proc.tail()
+            time.sleep(0.05)
+        return proc
+
+    def engine_requests(self) -> list[dict]:
+        return [r for r in httpx.get(f"{self.engine_url}/__stub__/requests", timeout=5).json() if not r["warmup"]]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill(signal.SIGCONT)
+            proc.stop()
+        self.engine.stop()
+
+
+@pytest.fixture
+def cluster(stack: Stack) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(delay_s: float = 0.5, **overrides: object) -> Cluster:
+        made.append(Cluster(stack, delay_s, **overrides))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def arrival_times(stack: Stack, user: str, count: int, timeout: float) -> list[tuple[float, str]]:
+    """(time received by the simulator, text) of each message to `user`, once `count` have come."""
+    stack.wait_delivered(user, count, timeout=timeout, settle=0.5)
+    return [(float(item["at"]), item["content"]) for item in stack.delivered(user)]
+
+
+def test_a_flooding_user_does_not_hold_back_the_others(cluster: Callable[..., Cluster]) -> None:
+    c = cluster(0.5, limits={"per_user": "1000/minute"})
+    c.add_gateway()
+    c.add_worker("a")
+    c.add_worker("b")
+    signer = c.stack.signer()
+    heavy = "heavy" + secrets.token_hex(3)
+    lights = [f"light{i}" + secrets.token_hex(3) for i in range(5)]
+    for i in range(30):
+        assert c.stack.post_callback(signer.text(heavy, f"{heavy} question {i}")).status_code == 200
+    time.sleep(0.3)
+    sent_at = {}
+    for user in lights:
+        sent_at[user] = time.time()
+        assert c.stack.post_callback(signer.text(user, f"{user} question")).status_code == 200
+    light_waits = []
+    for user in lights:
+        (at, text), *rest = arrival_times(c.stack, user, 1, timeout=30)
+        assert not rest and text == f"answer to: {user} question"
+        light_waits.append(at - sent_at[user])
+    heavy_answers = arrival_times(c.stack, heavy, 30, timeout=90)
+    assert [text for _, text in heavy_answers] == [f"answer to: {heavy} question {i}" for i in range(30)]
+    last_light = max(sent_at[u] + w for u, w in zip(lights, light_waits, strict=True))
+    assert last_light < heavy_answers[4][0], "a light user waited behind the heavy user's fifth answer"
+    assert max(light_waits) < 0.5 + 1.0, f"light users waited {light_waits} with a 0.5 s engine"
+
+
+def send_dingtalk(stack: Stack, bot_id: str, user: str, text: str, group: str) -> None:
+    bot = DingTalkBotConfig(**next(b for b in stack.config["bots"] if b["id"] == bot_id))
+
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            await DingTalkUser(bot, stack.gateway_url, stack.sim_url, http).send(user, text, group=group)
+
+    asyncio.run(go())
+
+
+def group_replies(stack: Stack, group: str) -> list[dict]:
+    return httpx.get(f"{stack.sim_url}/__sim__/dingtalk/messages", params={"conversation": group}, timeout=5).json()
+
+
+@pytest.mark.parametrize("mode", ["per_user", "shared"])
+def test_group_members_in_parallel_per_user_in_order_shared(cluster: Callable[..., Cluster], mode: str) -> None:
+    delay = 1.0
+    c = cluster(delay, memory={"group": mode})
+    c.add_gateway()
+    c.add_worker("a")
+    group = f"cid-{mode}-{secrets.token_hex(4)}"
+    members = [f"m{i}{secrets.token_hex(2)}" for i in range(5)]
+    started = time.monotonic()
+    for member in members:
+        send_dingtalk(c.stack, "ding-http", member, f"hello from {member}", group)
+    wait_for(lambda: len(group_replies(c.stack, group)) >= 5, 30, "five answers in the group")
+    took = time.monotonic() - started
+    replies = group_replies(c.stack, group)
+    assert sorted(r["content"] for r in replies) == sorted(f"answer to: hello from {m}" for m in members)
+    requests = sorted(c.engine_requests(), key=lambda r: r["start"])
+    if mode == "per_user":
+        assert took < 3 * delay, f"five members took {took:.1f} s with a {delay} s engine: not in parallel"
+        assert max(r["start"] for r in requests) - min(r["start"] for r in requests) < delay
+    else:
+        assert [r["content"] for r in replies] == [f"answer to: hello from {m}" for m in members]
+        assert all(b["start"] >= a["end"] for a, b in itertools.pairwise(requests)), "overlapping turns"
+
+
+def test_stalled_worker_that_lost_its_lease_sends_nothing(cluster: Callable[..., Cluster], user: str) -> None:
+    c = cluster(3.0)
+    c.add_gateway()
+    stalled = c.add_worker("stalled")
+    assert c.stack.post_callback(c.stack.signer().text(user, "answer me once")).status_code == 200
+    wait_for(lambda: len(c.engine_requests()) == 1, 20, "the first worker to ask the engine")
+    stalled.kill(signal.SIGSTOP)  # past claim_idle_ms (1.5 s) its lease expires
+    c.add_worker("fresh")
+    wait_for(lambda: len(c.engine_requests()) == 2, 20, "the fresh worker to take the message over")
+    c.stack.wait_delivered(user, 1, timeout=20, settle=0.2)
+    stalled.kill(signal.SIGCONT)  # its engine answer is waiting for it; its lease is gone
+    time.sleep(3.0)
+    delivered = c.stack.delivered(user)
+    assert [d["content"] for d in delivered] == ["answer to: answer me once"]
+    assert "lost the lease" in stalled.tail(200)
+    assert c.stack.queue_depth() == 0
+
+
+def test_sigterm_mid_answer_hands_the_message_on_and_it_is_answered_once(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    c = cluster(2.0, worker={"drain_s": 0.5})
+    c.add_gateway()
+    first = c.add_worker("first")
+    assert c.stack.post_callback(c.stack.signer().text(user, "survive a restart")).status_code == 200
+    wait_for(lambda: len(c.engine_requests()) == 1, 20, "the first worker to ask the engine")
+    second = c.add_worker("second")
+    first.kill(signal.SIGTERM)
+    first.popen.wait(10)
+    assert "handed_back" in first.tail(20)
+    c.stack.wait_delivered(user, 1, timeout=20, settle=2.0)
+    assert [d["content"] for d in c.stack.delivered(user)] == ["answer to: survive a restart"]
+    assert c.stack.queue_depth() == 0
+    assert second.popen.poll() is None
+
+
+def test_budgets_hold_across_two_gateways_and_two_workers(cluster: Callable[..., Cluster]) -> None:
+    budget = 900
+    c = cluster(
+        0.3,
+        limits={
+            "per_user": "4/minute",
+            "users": {"vip": {"messages": "100/minute"}},
+            "user": {"tokens_per_day": budget},
+            "max_concurrent_per_user": 3,
+        },
+    )
+    c.add_gateway()
+    c.add_gateway()
+    c.add_worker("a")
+    c.add_worker("b")
+    signer = c.stack.signer()
+    vip, limited = "vip", "lim" + secrets.token_hex(3)
+    for i in range(12):
+        gateway = c.gateways[i % 2]
+        for who in (vip, limited):
+            body = signer.text(who, f"{who} asks question number {i} " + "x" * 40)
+            assert httpx.post(f"{gateway}/callback/app", params=body.params, content=body.body).status_code == 200
+    wait_for(lambda: c.stack.queue_depth() == 0, 60, "every message handled")
+    time.sleep(0.5)
+    requests = c.engine_requests()
+    vip_usage = sum(r["usage"] for r in requests if r["user"].startswith(vip + " "))
+    assert 0 < vip_usage <= budget, f"vip used {vip_usage} tokens of a {budget} budget"
+    vip_msgs = c.stack.delivered(vip)
+    answered = [m for m in vip_msgs if m["content"].startswith("answer to:")]
+    notices = [m for m in vip_msgs if "tokens" in m["content"]]
+    assert answered and len(notices) == 1, [m["content"][:40] for m in vip_msgs]
+    limited_msgs = c.stack.delivered(limited)
+    assert len([m for m in limited_msgs if m["content"].startswith("answer to:")]) == 4
+    assert len([m for m in limited_msgs if "4/minute" in m["content"]]) == 1, "one notice per window"
+
+
+def test_over_limit_ai_bot_streams_are_finished_with_the_notice(cluster: Callable[..., Cluster], user: str) -> None:
+    c = cluster(0.2, limits={"per_user": "2/minute"}, admin={"token": "admin-test-token"})
+    gateway = c.add_gateway()
+    c.add_worker("a")
+    bot = WeComAIBotConfig(**next(b for b in c.config["bots"] if b["id"] == "ai"))
+
+    async def ask_four() -> list:
+        async with httpx.AsyncClient(timeout=30) as http:
+            ai_user = WeComAIBotUser(bot, [gateway], c.stack.sim_url, http)
+            return [await ai_user.ask(user, f"question {i}", interval_s=0.1) for i in range(4)]
+
+    views = asyncio.run(ask_four())
+    assert [v.text for v in views[:2]] == ["answer to: question 0", "answer to: question 1"]
+    for view in views[2:]:  # the second over-limit message too: its stream is open, it must be finished
+        assert view.finished and "2/minute" in view.text, view.text
+    headers = {"Authorization": "Bearer admin-test-token"}
+    shown = httpx.get(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()
+    assert shown[f"user:{user}"]["messages"][0]["used"] == 2
+    assert httpx.get(f"{gateway}/admin/limits/{user}", timeout=5).status_code == 401
+    assert httpx.delete(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()["cleared"] >= 1
+
+    async def ask_again():
+        async with httpx.AsyncClient(timeout=30) as http:
+            return await WeComAIBotUser(bot, [gateway], c.stack.sim_url, http).ask(user, "after reset", interval_s=0.1)
+
+    assert asyncio.run(ask_again()).text == "answer to: after reset"
