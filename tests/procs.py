@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -80,6 +81,16 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, expect: int = 
             pass
         time.sleep(0.25)
     raise TimeoutError(f"{url} not up after {timeout}s\n{proc.tail() if proc else ''}")
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait until `predicate()` is true; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_config(path: Path, data: dict) -> Path:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.conftest import Stack
-from tests.procs import free_port, start_gateway, start_worker, write_config
+from tests.procs import free_port, start_gateway, start_worker, wait_for, write_config
 
 
 @pytest.fixture
@@ -30,15 +30,6 @@ def isolated(stack: Stack, live_engine: str) -> Iterator[Stack]:
     httpx.post(f"{stack.sim_url}/__sim__/wecom/release", timeout=5)
     for proc in iso.procs.values():
         proc.stop()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_worker_killed_while_sending_reply_delivered_once(isolated: Stack, user: str) -> None:
