@@ -819,7 +819,8 @@ async def _benchmark(
     stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], env)
     stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
 
-    limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under us (a ReadError).
+    limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8, keepalive_expiry=2.0)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
     redis = Redis.from_url(redis_url)
     async with (

@@ -159,11 +159,13 @@ class Worker:
             except RedisError as exc:
                 log.warning("lease renewal failed", extra={"error": str(exc)})
                 continue
-            for lane in lost:
-                held = self._held.get(lane)
-                if held:
+            for lease in leases:
+                held = self._held.get(lease.lane)
+                # Only the lease renewed is judged: it may have ended normally meanwhile, and its lane may
+                # already be held again under a new lease, which this answer says nothing about.
+                if lease.lane in lost and held is not None and held[0] is lease and not held[1].done():
                     metrics.LEASES_LOST.inc()
-                    log.warning("lost the lease of a message; another worker has it", extra={"lane": lane})
+                    log.warning("lost the lease of a message; another worker has it", extra={"lane": lease.lane})
                     held[1].cancel()
 
     async def _sweep_loop(self) -> None:
@@ -182,13 +184,13 @@ class Worker:
     def _start(self, lease: Lease) -> None:
         task = asyncio.create_task(self._handle(lease))
         self._held[lease.lane] = (lease, task)
+        task.add_done_callback(lambda _: self._forget(lease))
 
-        def done(_: asyncio.Task[None]) -> None:
-            if self._held.get(lease.lane, (None,))[0] is lease:
-                del self._held[lease.lane]
-            self._slot_freed.set()
-
-        task.add_done_callback(done)
+    def _forget(self, lease: Lease) -> None:
+        """The lease is no longer this worker's to renew (released, handed on, or lost); a slot is free."""
+        if self._held.get(lease.lane, (None,))[0] is lease:
+            del self._held[lease.lane]
+        self._slot_freed.set()
 
     def _weight(self, lease: Lease) -> float:
         return self._cfg.weight(str(lease.entry.get("msg", {}).get("bot_id", "")))
@@ -216,6 +218,7 @@ class Worker:
         try:
             outcome = await self._answer(job)
             await self._scheduler.release(lease, "done", weight=weight)
+            self._forget(lease)
             log.info("message handled", extra={"lane": lease.lane, "outcome": outcome})
         except LeaseLost:
             metrics.LEASES_LOST.inc()
