@@ -90,7 +90,7 @@ class EngineClient:
         on_delta: DeltaCallback | None = None,
         extra: dict | None = None,
     ) -> Completion:
-        """Stream one chat completion; `on_delta` sees each piece of text as it arrives.
+        """One chat completion; with `on_delta` it is streamed and `on_delta` sees each piece as it arrives.
 
         `extra` adds vLLM request fields, e.g. continue_final_message to extend a partial answer.
         """
@@ -103,7 +103,8 @@ class EngineClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        run = self._whole if self._settings.expert_trace else self._stream
+        # Streamed only when someone watches the text grow: a whole answer costs far less CPU to receive.
+        run = self._stream if on_delta is not None and not self._settings.expert_trace else self._whole
         try:
             return await asyncio.wait_for(run(body, on_delta), timeout=self._settings.request_timeout_s)
         except TimeoutError as exc:

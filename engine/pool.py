@@ -30,6 +30,7 @@ StateListener = Callable[["Endpoint"], None]
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
 HEALTH_FAILURES_TO_TAKE_OUT = 2
+FULL_CHECK_EVERY = 10
 
 
 class EngineUnavailable(EngineError):
@@ -78,6 +79,7 @@ class Endpoint:
     sent_since_scrape: int = 0
     failures: int = 0
     health_failures: int = 0
+    polls: int = 0
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
 
@@ -230,7 +232,11 @@ class EnginePool:
     async def _probe(self, endpoint: Endpoint) -> None:
         if endpoint.status == "down" and time.monotonic() < endpoint.next_probe_at:
             return
-        if not await endpoint.client.is_ready():
+        # A ready engine is watched through /metrics alone (read for its load anyway); /health and /v1/models
+        # (is our model still the one served?) are asked every FULL_CHECK_EVERY polls, and whenever it is not ready.
+        endpoint.polls += 1
+        full = endpoint.status != "ready" or endpoint.polls % FULL_CHECK_EVERY == 0
+        if not await (endpoint.client.is_ready() if full else self._scrape(endpoint)):
             endpoint.health_failures += 1
             if endpoint.status == "down":
                 await self._take_out(endpoint, "still down")
@@ -251,17 +257,20 @@ class EnginePool:
             endpoint.status = "ready"
             endpoint.failures = 0
             log.info("engine ready", extra={"endpoint": endpoint.url, "warmed_up": self._settings.warmup})
-        await self._scrape(endpoint)
+        if full:
+            await self._scrape(endpoint)
         await self._notify(endpoint)
 
-    async def _scrape(self, endpoint: Endpoint) -> None:
+    async def _scrape(self, endpoint: Endpoint) -> bool:
+        """Read the engine's load from /metrics; False when it did not answer."""
         try:
             text = await endpoint.client.metrics_text()
         except EngineError:
-            return
+            return False
         endpoint.load = parse_vllm_metrics(text)
         endpoint.sent_since_scrape = 0
         self._watch_kv_pressure(endpoint)
+        return True
 
     def _watch_kv_pressure(self, endpoint: Endpoint) -> None:
         """Warn once the KV cache has stayed above the threshold for kv_warn_after_s."""

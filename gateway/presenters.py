@@ -97,6 +97,11 @@ class Presenter:
         """Show the final answer; done when this returns."""
         raise NotImplementedError
 
+    async def finish(self, text: str, state: ReplyState) -> None:
+        """Deliver the answer and record it as done."""
+        await self.deliver(text, state)
+        await self.record.mark(state="done")
+
     async def fail(self, text: str, state: ReplyState) -> None:
         """End the answer in a failed state, telling the user `text`."""
         await self.deliver(text, state)
@@ -106,9 +111,14 @@ class Presenter:
 
 
 class PiecesPresenter(Presenter):
-    async def deliver(self, text: str, state: ReplyState) -> None:
+    async def finish(self, text: str, state: ReplyState) -> None:
+        await self.deliver(text, state, done_with_last=True)
+
+    async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
         pieces = split_utf8(text, self.adapter.max_bytes_for(target))
+        if done_with_last and state.sent >= len(pieces):
+            await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
             await self._pace()
@@ -119,7 +129,8 @@ class PiecesPresenter(Presenter):
                     target, piece, duplicate_check=unknown or attempt > 0
                 )
             )
-            await self.record.mark(sent=index + 1)
+            last = index + 1 == len(pieces)
+            await self.record.mark(sent=index + 1, **({"state": "done"} if last and done_with_last else {}))
 
     async def _pace(self) -> None:
         """Take one send from every allowance (a robot's, a member's, a conversation's), or raise Paced."""

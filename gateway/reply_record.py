@@ -116,6 +116,19 @@ class Fence:
     epoch: str
 
 
+class ReplyRecords:
+    """Opens reply records; the scripts are registered once per process, not per message."""
+
+    def __init__(self, redis: Redis, keys: Keys, ttl_s: int) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
+
+    def open(self, dedup_key: str, fence: Fence | None = None) -> ReplyRecord:
+        return ReplyRecord(self._redis, self._keys.reply(dedup_key), self._ttl_s, fence, self._scripts)
+
+
 @dataclass
 class ReplyRecord:
     """One message's reply record, written under one worker's lease."""
@@ -125,12 +138,6 @@ class ReplyRecord:
     ttl_s: int
     fence: Fence | None = None
     _scripts: dict = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def open(cls, redis: Redis, keys: Keys, dedup_key: str, ttl_s: int, fence: Fence | None = None) -> ReplyRecord:
-        record = cls(redis, keys.reply(dedup_key), ttl_s, fence)
-        record._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
-        return record
 
     def _fence_args(self) -> tuple[str, str]:
         return (self.fence.lease_key, self.fence.epoch) if self.fence else ("", "")

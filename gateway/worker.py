@@ -33,7 +33,7 @@ from gateway.logs import request_id
 from gateway.memory import ConversationMemory, Scope, Turn, fit_to_budget
 from gateway.presenters import Delivery, Paced, Presenter, presenter_for
 from gateway.push import PUSH_PLATFORM, enqueue_push
-from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyState
+from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyRecords, ReplyState
 from gateway.runtime import Adapter, Runtime
 from gateway.scheduler import Lease
 from gateway.streams import StreamStore
@@ -94,6 +94,7 @@ class Worker:
             MovingWindowLimiter(runtime.settings.redis_url, runtime.keys.send_pace_prefix),
             runtime.settings.worker,
         )
+        self._records = ReplyRecords(runtime.redis, runtime.keys, runtime.settings.effective_dedup_ttl_s())
         self._held: dict[str, tuple[Lease, asyncio.Task[None]]] = {}  # by lane
         self._slot_freed = asyncio.Event()
         self._system_tokens: int | None = None
@@ -208,9 +209,7 @@ class Worker:
             await self._scheduler.release(lease, "done", dead_letter={"reason": f"bot {message.bot_id!r} is gone"})
             return
         fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
-        record = ReplyRecord.open(
-            self._rt.redis, self._rt.keys, message.dedup_key, self._settings.effective_dedup_ttl_s(), fence
-        )
+        record = self._records.open(message.dedup_key, fence)
         presenter = presenter_for(self._delivery, adapter, message, record, fence)
         scope = Scope.of(message, self._settings.memory.group)
         job = Job(lease, message, scope, adapter, record, presenter)
@@ -284,8 +283,7 @@ class Worker:
         if not text:
             await job.record.mark(state="done")
             return "nothing_to_send"
-        await job.presenter.deliver(text, state)
-        await job.record.mark(state="done")
+        await job.presenter.finish(text, state)
         metrics.REPLIES.labels(job.message.platform, "sent").inc()
         return "sent"
 
@@ -404,7 +402,8 @@ class Worker:
             {"role": "user", "content": message.text},
         ]
         completion = await self._generate(job, state, prompt, plan.max_tokens, reservation)
-        metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
+        if job.presenter.streams:  # a whole (unstreamed) answer has no first token of its own
+            metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
         metrics.ENGINE_TOKENS.labels(message.platform, "completion").inc(completion.completion_tokens)

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.keys import Keys
-from gateway.reply_record import Fence, LeaseLost, ReplyRecord
+from gateway.reply_record import Fence, LeaseLost, ReplyRecords
 from gateway.scheduler import Lease, Scheduler, new_entry
 from gateway.streams import StreamStore
 
@@ -94,7 +94,7 @@ async def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(scheduler
     assert await scheduler.renew([stalled], 5000) == {"conv"}
     redis = scheduler._redis
     keys = scheduler._keys
-    record = ReplyRecord.open(redis, keys, "d1", 60, Fence(keys.lease("conv"), stalled.epoch))
+    record = ReplyRecords(redis, keys, 60).open("d1", Fence(keys.lease("conv"), stalled.epoch))
     with pytest.raises(LeaseLost):
         await record.commit("stale answer", "0")
     streams = StreamStore(redis, keys)
