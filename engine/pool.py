@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.client import Completion, DeltaCallback, EngineClient, EngineError
 from engine.observability import KV_PRESSURE_WARNINGS
@@ -46,24 +45,35 @@ class EngineLoad:
     kv_cache_usage: float = 0.0
 
 
+_WANTED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+
+
 def parse_vllm_metrics(text: str) -> EngineLoad:
-    """Sum vLLM's gauges over its engines (labels `engine`, `model_name`)."""
-    wanted = {
-        "vllm:num_requests_running": "running",
-        "vllm:num_requests_waiting": "waiting",
-        "vllm:kv_cache_usage_perc": "kv_cache_usage",
-    }
-    load = EngineLoad()
-    for family in text_string_to_metric_families(text):
-        attribute = wanted.get(family.name)
+    """Sum vLLM's gauges over its engines (labels `engine`, `model_name`); the KV cache is the fullest one's.
+
+    Only the three gauges' sample lines are read: vLLM's exposition is mostly histograms, and running the
+    full Prometheus parser over it every poll cost each botgw process milliseconds per second.
+    """
+    values: dict[str, list[float]] = {name: [] for name in _WANTED.values()}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        attribute = _WANTED.get(line.split("{", 1)[0].split(" ", 1)[0])
         if attribute is None:
             continue
-        values = [sample.value for sample in family.samples if sample.name == family.name]
-        if attribute == "kv_cache_usage":
-            setattr(load, attribute, max(values, default=0.0))
-        else:
-            setattr(load, attribute, sum(values))
-    return load
+        try:
+            values[attribute].append(float(line.rsplit(" ", 1)[1]))
+        except (IndexError, ValueError):
+            continue
+    return EngineLoad(
+        running=sum(values["running"]),
+        waiting=sum(values["waiting"]),
+        kv_cache_usage=max(values["kv_cache_usage"], default=0.0),
+    )
 
 
 @dataclass

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bots.base import CallbackKind, InboundMessage
+from bots.base import CallbackKind, CallbackRejected, InboundMessage
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import StreamPoll, UnsupportedMessage, WeComAIBotAdapter, WelcomeEvent
@@ -65,7 +65,11 @@ class DingTalkCallbacks:
 
     async def handle(self, request: CallbackRequest) -> CallbackReply:
         message = self.adapter.parse(request.headers, request.body, request.now)
-        outcome = await self._ingest.accept(message)
+        # The sign covers only the timestamp: one captured pair would carry any body for an hour.
+        signature = f"{request.headers.get('timestamp', '')}:{request.headers.get('sign', '')}"
+        outcome = await self._ingest.accept(message, signature=signature)
+        if outcome == "replayed":
+            raise CallbackRejected("replayed_signature", 403, "this timestamp and sign came with another message")
         metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
         return CallbackReply(200, "{}", "application/json")
 

@@ -18,6 +18,10 @@ TOO_MANY_STREAMS_TEXT = (
     "I am still answering your earlier questions; please wait for them to finish. 请等待前面的问题回答完毕。"
 )
 STREAM_TIMEOUT_TEXT = "Sorry, this answer took too long and was cut off. 抱歉，回答超时，已中断。"
+ANSWER_CUT_TEXT = (
+    "\n\n（回答太长，后面的部分无法在这里显示，请把问题问得更具体些。）"
+    "(The answer was cut here: it is longer than this chat can show. Please ask a narrower question.)"
+)
 EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 助手没有给出回答，请换个说法。"
 
 

@@ -21,9 +21,9 @@ from gateway.config import Settings
 from gateway.keys import Keys
 from gateway.logs import request_id
 from gateway.memory import Scope
-from gateway.scheduler import Scheduler, new_entry
+from gateway.scheduler import Binding, Scheduler, new_entry
 
-Outcome = Literal["accepted", "duplicate"]
+Outcome = Literal["accepted", "duplicate", "replayed"]
 
 
 class Ingest:
@@ -36,21 +36,31 @@ class Ingest:
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
 
-    async def accept(self, message: InboundMessage) -> Outcome:
-        """Queue the message unless this delivery was seen before (a platform retry)."""
+    async def accept(self, message: InboundMessage, signature: str = "") -> Outcome:
+        """Queue the message unless this delivery was seen before (a platform retry).
+
+        `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
+        it is bound to the first message it came with, and a reuse with another message is "replayed".
+        """
         scope = Scope.of(message, self._settings.memory.group)
         entry = new_entry(scope.owner, "chat", message.model_dump_json(), rid=request_id.get())
         dedup_key = self._keys.dedup(message.dedup_key)
         weight = self._settings.worker.weight(message.bot_id)
+        binding = None
+        if signature:
+            key = self._keys.signature_binding(message.bot_id, signature)
+            binding = Binding(key, message.msg_id, self._dedup_ttl_s)
 
         def enqueue(pipe: Pipeline) -> None:
-            self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup_key, self._dedup_ttl_s, weight)
+            self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup_key, self._dedup_ttl_s, weight, binding)
 
         try:
             queued = await self._batcher.submit(enqueue)
         except NoScriptError:  # Redis restarted and lost its scripts
             await self._scheduler.load_scripts()
             queued = await self._batcher.submit(enqueue)
+        if queued == -1:
+            return "replayed"
         if not queued:
             metrics.DEDUP_HITS.labels(message.platform).inc()
             return "duplicate"

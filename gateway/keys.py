@@ -6,6 +6,7 @@ so that any replica computes the same name.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -57,6 +58,11 @@ class Keys:
     def dedup(self, dedup_key: str) -> str:
         """Marks a platform delivery as seen (SET NX with TTL)."""
         return f"{self.namespace}:dedup:{dedup_key}"
+
+    def signature_binding(self, bot_id: str, signature: str) -> str:
+        """The message a (timestamp, sign) pair first came with: a reuse with another one is a replay."""
+        digest = hashlib.sha1(signature.encode()).hexdigest()[:24]
+        return f"{self.namespace}:sigbind:{bot_id}:{digest}"
 
     def reply(self, dedup_key: str) -> str:
         """The answer of one message and how much of it has been delivered (a hash)."""

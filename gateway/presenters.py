@@ -25,7 +25,8 @@ from redis.asyncio import Redis
 
 from bots.base import InboundMessage, SendError
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED, FLOW_INPUTTING
-from bots.text import split_utf8, utf8_prefix
+from bots.text import split_utf8, utf8_len, utf8_prefix
+from gateway import commands
 from gateway.config import WorkerSettings
 from gateway.keys import Keys
 from gateway.limits import MovingWindowLimiter, window
@@ -200,9 +201,14 @@ class StreamPresenter(_StoredStreamPresenter):
         await self._update(utf8_prefix(text, self.adapter.max_stream_bytes))
 
     async def deliver(self, text: str, state: ReplyState) -> None:
-        visible = utf8_prefix(text, self.adapter.max_stream_bytes)
-        await self._finish(visible)
+        cap = self.adapter.max_stream_bytes
+        visible = utf8_prefix(text, cap)
         rest = text[len(visible) :]
+        if rest and not state.overflow_sent and not self.adapter.overflow_allowed(self.message.reply_to):
+            # nowhere to put the rest: cut visibly, never silently
+            visible = utf8_prefix(text, cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
+            rest = ""
+        await self._finish(visible)
         if not rest or state.overflow_sent:
             return
         # response_url takes one message: never post twice, even if this worker dies right after posting.

@@ -70,12 +70,19 @@ local function end_lease(ns, lane)
 end
 """
 
-# KEYS: dedup key (or any key when ARGV[2] == '0'). ARGV: ns, dedup ttl, lane, entry json, weight.
-# Returns 0 for a duplicate delivery, else the lane's length after the append.
+# KEYS: dedup key (or any key when ARGV[2] == '0'), signature binding key (or '' for none).
+# ARGV: ns, dedup ttl, lane, entry json, weight, message id, binding ttl.
+# Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
+# 0 for a duplicate delivery, else the lane's length after the append.
 _ENQUEUE = (
     _COMMON
     + """
 local ns, lane = ARGV[1], ARGV[3]
+if KEYS[2] ~= '' then
+  local bound = redis.call('GET', KEYS[2])
+  if bound and bound ~= ARGV[6] then return -1 end
+  if not bound then redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7]) end
+end
 if ARGV[2] ~= '0' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
 local lane_key = ns .. ':sched:lane:' .. lane
 local n = redis.call('RPUSH', lane_key, ARGV[4])
@@ -212,6 +219,15 @@ return expired
 
 
 @dataclass(frozen=True)
+class Binding:
+    """A signature that may carry only one message: the first message id seen with it, kept `ttl_s`."""
+
+    key: str
+    message_id: str
+    ttl_s: int
+
+
+@dataclass(frozen=True)
 class Lease:
     """A lane held by this worker: its head entry may be worked on while `epoch` is current."""
 
@@ -262,19 +278,30 @@ class Scheduler:
 
     # -- gateway side ------------------------------------------------------------------------
 
-    def _enqueue_args(self, lane: str, entry: str, dedup_key: str, dedup_ttl_s: int, weight: float) -> list:
-        keys = [dedup_key or self._keys.scheduler_stats]
+    def _enqueue_args(
+        self, lane: str, entry: str, dedup_key: str, dedup_ttl_s: int, weight: float, binding: Binding | None = None
+    ) -> list:
+        keys = [dedup_key or self._keys.scheduler_stats, binding.key if binding else ""]
         argv = [self._ns, dedup_ttl_s if dedup_key else 0, lane, entry, weight]
+        argv += [binding.message_id, binding.ttl_s] if binding else ["", 0]
         return [len(keys), *keys, *argv]
 
     def queue_enqueue(
-        self, pipe: Pipeline, lane: str, entry: str, dedup_key: str = "", dedup_ttl_s: int = 0, weight: float = 1.0
+        self,
+        pipe: Pipeline,
+        lane: str,
+        entry: str,
+        dedup_key: str = "",
+        dedup_ttl_s: int = 0,
+        weight: float = 1.0,
+        binding: Binding | None = None,
     ) -> None:
-        """Add the enqueue script to `pipe`: dedup (SET NX) and append to the lane, atomically.
+        """Add the enqueue script to `pipe`: signature binding, dedup (SET NX) and append to the lane, atomically.
 
-        The pipeline's result is 0 for a duplicate delivery, else the lane's new length.
+        The pipeline's result is -1 for a replayed signature, 0 for a duplicate delivery, else the lane's length.
         """
-        pipe.evalsha(self._scripts["enqueue"].sha, *self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight))
+        args = self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight, binding)
+        pipe.evalsha(self._scripts["enqueue"].sha, *args)
 
     async def enqueue(self, lane: str, entry: str, weight: float = 1.0) -> int:
         """Append an entry to its lane (no dedup); returns the lane's length."""

@@ -19,7 +19,7 @@ from bots.wecom.config import WeComAIBotConfig
 from gateway import commands
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
-from tests.procs import Proc, engine_requests_finished, free_port, start_gateway, start_worker, write_config
+from tests.procs import Listener, Proc, engine_requests_finished, free_port, start_gateway, start_worker, write_config
 
 
 def ai_bot(stack: Stack) -> WeComAIBotConfig:
@@ -263,3 +263,31 @@ def test_group_robot_burst_paced_to_twenty_a_minute(stack: Stack) -> None:
     assert state["refused"] == 0, "the robot was sent more than WeCom allows"
     times = [m["at"] for m in messages]
     assert all(times[i + 20] - times[i] >= 60 for i in range(len(times) - 20))
+
+
+def test_a_response_url_off_wecom_is_never_posted_to_and_the_cut_is_visible(stack: Stack, user: str) -> None:
+    answer = "".join(f"第{i}段：企业微信智能机器人的回答内容。\n" for i in range(1200))
+    listener = Listener()
+
+    async def scenario() -> StreamView:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            stream_id = await enqueue_ai_answer(stack, user, answer, f"{listener.url}/cgi-bin/aibot/response")
+            view = StreamView(stream_id=stream_id)
+            deadline = time.monotonic() + 30
+            while not view.finished and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                reply = await sim.post(sim.refresh_payload(user, stream_id))
+                view.finished = reply["stream"]["finish"]
+                view.shown.append(reply["stream"]["content"])
+            return view
+
+    try:
+        view = run(scenario())
+        assert view.finished and utf8_len(view.text) <= 20480
+        assert view.text.endswith(commands.ANSWER_CUT_TEXT), "the cut is said, not silent"
+        assert answer.startswith(view.text[: -len(commands.ANSWER_CUT_TEXT)])
+        time.sleep(0.5)
+        assert listener.hits == []
+    finally:
+        listener.close()

@@ -2,7 +2,9 @@
 
 A reply goes through the message's sessionWebhook while it is valid (about 90 minutes,
 no token needed), @-mentioning the asker in groups; after that, or if DingTalk refuses
-the webhook, through the OpenAPI with the robot's access token.
+the webhook, through the OpenAPI with the robot's access token. The sessionWebhook comes
+in the body, which HTTP mode's signature does not cover: it is used only when it points at
+DingTalk's own origin (`oapi_base`), else the reply goes through the OpenAPI.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from bots.dingtalk.crypto import verify_headers
 from bots.dingtalk.exceptions import SessionWebhookExpired, error_for
 from bots.dingtalk.models import parse_robot_message
 from bots.http import request_json
+from bots.urls import trusted
 
 TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
 WEBHOOK_MARGIN_S = 60.0
@@ -54,7 +57,17 @@ class DingTalkRobotAdapter:
             raise CallbackRejected("malformed_json", 400, "body is not valid JSON") from exc
         if not isinstance(payload, dict):
             raise CallbackRejected("malformed_json", 400, "body must be a JSON object")
+        self._check_addressee(payload)
         return parse_robot_message(self.bot_id, payload, now)
+
+    def _check_addressee(self, payload: dict) -> None:
+        """A message for another robot or organisation is refused, whatever its signature says."""
+        robot = payload.get("robotCode")
+        if robot is not None and str(robot) != self.config.robot:
+            raise CallbackRejected("wrong_robot", 403, "robotCode is not this robot's")
+        corp = payload.get("chatbotCorpId")
+        if self.config.corp_id and corp is not None and str(corp) != self.config.corp_id:
+            raise CallbackRejected("wrong_corp", 403, "chatbotCorpId is not this organisation's")
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return TEXT_MAX_BYTES
@@ -64,7 +77,11 @@ class DingTalkRobotAdapter:
         return [(f"{self.bot_id}:{target.chat_id or target.user_id}", f"{self.config.per_minute}/minute")]
 
     async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
-        if target.webhook_url and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S:
+        if (
+            target.webhook_url
+            and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S
+            and trusted(target.webhook_url, self.config.oapi_base, self.platform, "sessionWebhook")
+        ):
             try:
                 await self._send_by_session(target, text)
                 return

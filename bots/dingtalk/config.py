@@ -32,6 +32,7 @@ class DingTalkBotConfig(BaseModel):
     app_key: str
     app_secret: SecretStr
     robot_code: str = ""
+    corp_id: str = Field(default="", description="the organisation's corpId: callbacks of another are refused")
     api_base: str = DINGTALK_API_BASE
     oapi_base: str = DINGTALK_OAPI_BASE
     replay_window_s: int = Field(default=3600, ge=0)

@@ -22,6 +22,7 @@ import httpx
 from bots.base import CallbackKind, CallbackRejected, InboundMessage, PermanentSendError, ReplyStyle, ReplyTarget
 from bots.http import request_json
 from bots.text import utf8_prefix
+from bots.urls import trusted
 from bots.wecom.adapter import check_timestamp, required_params
 from bots.wecom.config import WeComAIBotConfig
 from bots.wecom.crypto import WeComCrypto, sign
@@ -162,10 +163,15 @@ class WeComAIBotAdapter:
     def text_payload(text: str) -> dict[str, Any]:
         return {"msgtype": "text", "text": {"content": text}}
 
+    def overflow_allowed(self, target: ReplyTarget) -> bool:
+        """The message's response_url may be used: it points at WeCom's API origin (it came in the body)."""
+        url = target.webhook_url
+        return bool(url) and trusted(url, self.config.api_base, self.platform, "response_url")
+
     async def send_overflow(self, target: ReplyTarget, text: str) -> None:
         """POST the part of an answer that did not fit the stream to the message's response_url (usable once)."""
-        if not target.webhook_url:
-            raise PermanentSendError("message has no response_url", code="no_response_url")
+        if not self.overflow_allowed(target):
+            raise PermanentSendError("message has no response_url of WeCom's", code="no_response_url")
         content = utf8_prefix(text, RESPONSE_URL_MAX_BYTES)
         body = {"msgtype": "markdown", "markdown": {"content": content}}
         data = await request_json(self._http, "POST", target.webhook_url, "response_url", json=body)

@@ -50,7 +50,10 @@ class WeComAIBotConfig(_CallbackSecrets):
 
     platform: Literal["wecom-ai"] = "wecom-ai"
     welcome_text: str = "你好，我是智能助手，有什么可以帮你？ Hello, how can I help?"
+    api_base: str = Field(default=WECOM_API_BASE, description="WeCom's API origin: a response_url must point there")
     stream_limit_s: float = Field(default=330.0, gt=0, le=360, description="WeCom stops polling after 6 minutes")
+
+    _api_base = field_validator("api_base")(_strip_slash)
 
 
 class WeComWebhookConfig(BaseModel):

@@ -1,0 +1,48 @@
+"""Checking URLs that arrive inside platform messages before anything is sent to them.
+
+A DingTalk sessionWebhook or a WeCom AI bot's response_url comes in the (signed) callback body,
+but a signature that covers only a timestamp does not vouch for the body: such a URL is used only
+when it points at the platform's own API origin, parsed exactly as the HTTP client will parse it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+from prometheus_client import Counter
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+log = logging.getLogger(__name__)
+REFUSED_URLS = Counter(
+    "botgw_refused_urls_total", "URLs from inside messages not used: not the platform's origin", ["platform", "kind"]
+)
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int]:
+    return url.scheme, url.host, url.port or DEFAULT_PORTS.get(url.scheme, -1)
+
+
+def same_origin(url: str, allowed_base: str) -> bool:
+    """True when `url` has the scheme, host and port of `allowed_base` and carries no userinfo."""
+    try:
+        candidate = httpx.URL(url)
+        allowed = httpx.URL(allowed_base)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return False
+    if candidate.scheme not in DEFAULT_PORTS or candidate.userinfo or not candidate.host:
+        return False
+    return _origin(candidate) == _origin(allowed)
+
+
+def trusted(url: str, allowed_base: str, platform: str, kind: str) -> bool:
+    """same_origin, with a refusal logged (host only, never the whole URL) and counted."""
+    if same_origin(url, allowed_base):
+        return True
+    try:
+        host = httpx.URL(url).host
+    except (httpx.InvalidURL, TypeError, ValueError):
+        host = "(unparsable)"
+    log.warning("refused a URL from inside a message", extra={"platform": platform, "kind": kind, "host": host})
+    REFUSED_URLS.labels(platform, kind).inc()
+    return False
