@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from engine.settings import EngineSettings
 
 DeltaCallback = Callable[[str], Awaitable[None]]
 HEALTH_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
@@ -39,10 +41,11 @@ async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
 class EngineError(Exception):
     """The engine could not answer; `retryable` says whether asking again may help."""
 
-    def __init__(self, message: str, *, retryable: bool = True, status: int = 0) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, status: int = 0, timed_out: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+        self.timed_out = timed_out  # the request took too long: the request's failure, not the engine's death
 
     @property
     def too_long(self) -> bool:
@@ -74,6 +77,7 @@ class EngineClient:
         self._http = http  # shared per process, owned by the runtime
         self._headers = {}
         self.max_model_len: int | None = None  # from /v1/models, once the engine is up
+        self._explained = False  # a readiness failure that says something has been logged once
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
 
@@ -108,7 +112,7 @@ class EngineClient:
         try:
             return await asyncio.wait_for(run(body, on_delta), timeout=self._settings.request_timeout_s)
         except TimeoutError as exc:
-            raise EngineError("engine did not finish the answer in time") from exc
+            raise EngineError("engine did not finish the answer in time", timed_out=True) from exc
         except httpx.HTTPError as exc:
             raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
 
@@ -136,7 +140,7 @@ class EngineClient:
                 except StopAsyncIteration:
                     break
                 except TimeoutError as exc:
-                    raise EngineError("engine sent no first token in time") from exc
+                    raise EngineError("engine sent no first token in time", timed_out=True) from exc
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -193,6 +197,15 @@ class EngineClient:
             routed_experts=choice.get("routed_experts"),
         )
 
+    def _explain(self, response: httpx.Response) -> None:
+        """Say once why an engine that answers is not ready: a 404 is a wrong base_url, not a slow start."""
+        if response.status_code == 404 and not self._explained:
+            self._explained = True
+            log.warning(
+                "engine answered 404: is engine.base_url the server's root (http://host:8000 or …/v1)?",
+                extra={"url": str(response.request.url)},
+            )
+
     async def metrics_text(self) -> str:
         """The engine's Prometheus exposition (/metrics)."""
         try:
@@ -219,12 +232,20 @@ class EngineClient:
         try:
             health = await self._http.get(f"{self._base}/health", timeout=HEALTH_TIMEOUT_S)
             if health.status_code != 200:
+                self._explain(health)
                 return False
             models = await self._http.get(f"{self._base}/v1/models", headers=self._headers, timeout=HEALTH_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         if models.status_code != 200:
+            self._explain(models)
             return False
+        self._explained = False
+        served = [item.get("id") for item in models.json().get("data", [])]
+        if self._settings.model not in served and not self._explained:
+            self._explained = True
+            extra = {"model": self._settings.model, "served": served}
+            log.warning("the engine does not serve the configured model", extra=extra)
         for item in models.json().get("data", []):
             if item.get("id") == self._settings.model:
                 length = item.get("max_model_len")

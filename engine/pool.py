@@ -176,8 +176,8 @@ class EnginePool:
                     finally:
                         endpoint.in_flight -= 1
             except EngineError as exc:
-                if not exc.retryable:
-                    raise
+                if not exc.retryable or exc.timed_out:
+                    raise  # the request's own failure: a slow engine under load is not taken out of the pool
                 failed.add(endpoint.url)
                 await self._take_out(endpoint, str(exc))
                 if not failover or time.monotonic() > deadline:

@@ -28,4 +28,10 @@ class EngineSettings(BaseModel):
     attach_expert_trace: bool = Field(default=False, description="append the busiest experts to each reply")
 
     def urls(self) -> list[str]:
-        return [url.rstrip("/") for url in (self.endpoints or [self.base_url])]
+        """The engines' server roots. `http://host:8000/v1`, the form OpenAI clients and vLLM's docs use, is
+        taken as `http://host:8000`: botgw adds /v1 itself, and /health and /metrics live at the root."""
+        roots = []
+        for url in self.endpoints or [self.base_url]:
+            root = url.strip().rstrip("/")
+            roots.append(root.removesuffix("/v1"))
+        return roots

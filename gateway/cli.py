@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError, describe_errors, load_settings
 from gateway.logs import setup_logging
 
 HUB_PROBE = (
@@ -300,7 +300,7 @@ def _push(args: argparse.Namespace) -> int:
         raise ConfigError(f"bot {args.bot!r} is not a wecom-webhook group robot")
 
     async def main() -> int:
-        redis = Redis.from_url(settings.redis_url)
+        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         try:
             return await enqueue_push(
                 Scheduler(redis, Keys(settings.namespace)), args.bot, args.text, markdown=args.markdown
@@ -325,7 +325,7 @@ def _limits(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def main() -> dict:
-        redis = Redis.from_url(settings.redis_url)
+        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         try:
             budgets = Budgets(redis, settings.redis_url, Keys(settings.namespace), settings.limits)
             if args.limits_command == "reset":
@@ -335,6 +335,44 @@ def _limits(args: argparse.Namespace) -> int:
             await redis.aclose()
 
     print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
+    import json
+
+    from redis.asyncio import Redis
+
+    from gateway.dead_letters import DeadLetters, NoSuchDeadLetter
+    from gateway.keys import Keys
+    from gateway.scheduler import Scheduler
+
+    settings = load_settings(args.config)
+
+    async def main() -> object:
+        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        keys = Keys(settings.namespace)
+        letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
+        try:
+            if args.dlq_command == "list":
+                return [letter.summary() for letter in await letters.list(args.count)]
+            if args.dlq_command == "show":
+                letter = await letters.get(args.id)
+                return {"id": letter.letter_id, "reason": letter.reason, "entry": letter.entry}
+            if args.dlq_command == "replay":
+                return {letter_id: await letters.replay(letter_id) for letter_id in args.ids}
+            if not args.ids and not args.all:
+                raise ConfigError("purge needs dead-letter ids, or --all")
+            return {"purged": await letters.purge(args.ids)}
+        finally:
+            await redis.aclose()
+
+    try:
+        print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
+    except NoSuchDeadLetter as exc:
+        print(f"botgw: no dead letter {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -379,6 +417,21 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--config", required=True)
         cmd.add_argument("who", help="a user id or a group (conversation) id, as the platform names it")
         cmd.set_defaults(run=_limits)
+
+    dlq = sub.add_parser("dlq", help="messages that could not be answered: list, show, replay, purge")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_sub.add_parser("list", help="the newest dead letters, one line each")
+    dlq_list.add_argument("--count", type=int, default=100)
+    dlq_show = dlq_sub.add_parser("show", help="one dead letter in full")
+    dlq_show.add_argument("id")
+    dlq_replay = dlq_sub.add_parser("replay", help="queue again with the original dedup key (never answered twice)")
+    dlq_replay.add_argument("ids", nargs="+")
+    dlq_purge = dlq_sub.add_parser("purge", help="drop dead letters")
+    dlq_purge.add_argument("ids", nargs="*")
+    dlq_purge.add_argument("--all", action="store_true")
+    for cmd in (dlq_list, dlq_show, dlq_replay, dlq_purge):
+        cmd.add_argument("--config", required=True)
+        cmd.set_defaults(run=_dlq)
 
     engine = sub.add_parser("engine", help="the co-located vLLM engine")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True)
@@ -446,8 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (ConfigError, ValidationError) as exc:
+    except ConfigError as exc:
         print(f"botgw: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"botgw: configuration error: {describe_errors(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

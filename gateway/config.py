@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BOTGW_", env_nested_delimiter="__", extra="forbid")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_timeout_s: float = Field(default=5.0, gt=0, description="socket timeout of every Redis call")
+    redis_connect_timeout_s: float = Field(default=2.0, gt=0)
     namespace: str = Field(default="botgw", pattern=r"^[A-Za-z0-9_.-]+$")
     system_prompt: str = "You are a helpful assistant."
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
@@ -97,6 +99,11 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment first, so that BOTGW_* overrides what the YAML file (passed as init) says.
         return env_settings, init_settings
+
+    def redis_options(self) -> dict[str, float]:
+        """Timeouts for every Redis client: a blackholed Redis fails a call instead of hanging it (WeCom waits
+        5 s for an ack). A worker's blocking read waits less than this (worker.block_ms)."""
+        return {"socket_timeout": self.redis_timeout_s, "socket_connect_timeout": self.redis_connect_timeout_s}
 
     def bot(self, bot_id: str) -> BotConfig:
         for bot in self.bots:
@@ -144,6 +151,21 @@ def load_settings(path: str | Path | None) -> Settings:
     ids = [bot.get("id") for bot in data.get("bots", []) if isinstance(bot, dict)]
     if len(ids) != len(set(ids)):
         raise ConfigError("bot ids must be unique")
-    return Settings(**data)
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc)) from None  # `from None`: pydantic's own text shows the values
+    if settings.worker.block_ms / 1000 >= settings.redis_timeout_s:
+        raise ConfigError("worker.block_ms must be shorter than redis_timeout_s: a blocking read would time out")
+    return settings
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Which keys are wrong and why, never the values given: a mistyped key may hold a secret."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"{where}: {error['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

@@ -182,8 +182,10 @@ class LimitDecision:
 class MovingWindowLimiter:
     """Hits per key in moving windows shared by all replicas (a user's messages, a robot's sends)."""
 
-    def __init__(self, redis_url: str, key_prefix: str) -> None:
-        self._storage = RedisStorage(_limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix)
+    def __init__(self, redis_url: str, key_prefix: str, **redis_options: float) -> None:
+        self._storage = RedisStorage(
+            _limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix, **redis_options
+        )
         self._limiter = MovingWindowRateLimiter(self._storage)
 
     async def hit(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
@@ -233,12 +235,14 @@ class Reservation:
 class Budgets:
     """Applies LimitSettings to one message's sender and group."""
 
-    def __init__(self, redis: Redis, redis_url: str, keys: Keys, settings: LimitSettings) -> None:
+    def __init__(
+        self, redis: Redis, redis_url: str, keys: Keys, settings: LimitSettings, **redis_options: float
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._settings = settings
         self._zone = ZoneInfo(settings.timezone)
-        self._windows = MovingWindowLimiter(redis_url, keys.limits_prefix)
+        self._windows = MovingWindowLimiter(redis_url, keys.limits_prefix, **redis_options)
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
 

@@ -41,7 +41,7 @@ class Runtime:
 
 @asynccontextmanager
 async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
-    redis = Redis.from_url(settings.redis_url, health_check_interval=30)
+    redis = Redis.from_url(settings.redis_url, health_check_interval=30, **settings.redis_options())
     http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
     engine_http = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),

@@ -30,7 +30,6 @@ from typing import Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import ResponseError
 
 from gateway.keys import Keys
 
@@ -372,11 +371,3 @@ class Scheduler:
         """enqueued, handled and takeovers since the namespace was created."""
         raw = await self._redis.hgetall(self._keys.scheduler_stats)
         return {_text(k): int(v) for k, v in raw.items()}
-
-    async def dead_letters(self, count: int = 100) -> list[tuple[str, dict]]:
-        try:
-            items = await self._redis.xrevrange(self._keys.dead_letters, count=count)
-        except ResponseError:
-            return []
-        return [(_text(entry_id), json.loads(_text(fields[b"entry"]))) for entry_id, fields in items]
-

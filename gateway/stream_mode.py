@@ -1,8 +1,10 @@
 """`botgw dingtalk-stream`: hold the Stream connection of every stream-mode DingTalk bot.
 
 Messages go into the same ingest path as HTTP callbacks (dedup by msgId, then the queue),
-so several replicas of this process may run at once: DingTalk pushes each message to one
-of them, and a redelivery landing on another is recognised as a duplicate.
+so several replicas of this process may run at once: DingTalk pushes each robot message
+once, to one of them (a repeated EVENT push would still be recognised as a duplicate).
+A frame is acknowledged only after its message is queued; on SIGTERM the connection stops
+reading and the frames in hand are queued and acknowledged (up to 5 s) before it closes.
 """
 
 from __future__ import annotations

@@ -86,12 +86,15 @@ class Worker:
         self._scheduler = runtime.scheduler
         mem = runtime.settings.memory
         self._memory = ConversationMemory(runtime.redis, runtime.keys, mem.ttl_s, mem.max_turns)
-        self._budgets = Budgets(runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits)
+        options = runtime.settings.redis_options()
+        self._budgets = Budgets(
+            runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits, **options
+        )
         self._delivery = Delivery(
             runtime.redis,
             runtime.keys,
             StreamStore(runtime.redis, runtime.keys),
-            MovingWindowLimiter(runtime.settings.redis_url, runtime.keys.send_pace_prefix),
+            MovingWindowLimiter(runtime.settings.redis_url, runtime.keys.send_pace_prefix, **options),
             runtime.settings.worker,
         )
         self._records = ReplyRecords(runtime.redis, runtime.keys, runtime.settings.effective_dedup_ttl_s())

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
+from gateway.cli import main
 from gateway.config import ConfigError, load_settings
 
 BOT = """
@@ -46,12 +46,35 @@ def test_missing_secret_variable_is_a_clear_error(tmp_path: Path, monkeypatch: p
         load_settings(write(tmp_path, BOT))
 
 
-def test_bad_aes_key_and_unknown_keys_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_aes_key_and_unknown_keys_are_refused_without_echoing_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TEST_WECOM_SECRET", "x")
-    with pytest.raises(ValidationError, match="encoding_aes_key"):
-        load_settings(write(tmp_path, BOT.replace("kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR", "short")))
-    with pytest.raises(ValidationError, match="reddis_url"):
-        load_settings(write(tmp_path, "reddis_url: x\n"))
+    bad_key = "Sh0rtButSecretAesKeyValue"
+    with pytest.raises(ConfigError, match="encoding_aes_key") as refused:
+        load_settings(write(tmp_path, BOT.replace("kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR", bad_key)))
+    assert bad_key not in str(refused.value)
+    with pytest.raises(ConfigError, match="reddis_url") as refused:
+        load_settings(write(tmp_path, "reddis_url: redis://:hunter2-password@r:1/0\n"))
+    assert "hunter2" not in str(refused.value)
+    mistyped = BOT.replace("secret: ${TEST_WECOM_SECRET}", "secrett: the-real-app-secret-123")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(write(tmp_path, mistyped))
+    assert "secrett" in str(refused.value) and "the-real-app-secret-123" not in str(refused.value)
+
+
+def test_cli_prints_config_errors_without_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "engine:\n  api_key: 12345\n  max_tokens: not-a-number-secret-ish\n")
+    assert main(["worker", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "engine.max_tokens" in err and "not-a-number-secret-ish" not in err
+
+
+def test_engine_base_url_takes_the_openai_form(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "engine:\n  base_url: http://127.0.0.1:8000/v1/\n"))
+    assert settings.engine.urls() == ["http://127.0.0.1:8000"]
+    settings = load_settings(write(tmp_path, "engine:\n  endpoints: [http://a:8000/v1, http://b:8000]\n"))
+    assert settings.engine.urls() == ["http://a:8000", "http://b:8000"]
 
 
 def test_missing_file_and_unknown_bot(tmp_path: Path) -> None:

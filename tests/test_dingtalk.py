@@ -138,41 +138,65 @@ def test_non_text_message_gets_text_only_notice(stack: Stack, user: str) -> None
 # -- Stream connection trouble ---------------------------------------------------------------
 
 
-def test_stream_dropped_then_silent_every_message_answered_once(stack: Stack, stream_process: Proc, user: str) -> None:
+def wait_connected(stack: Stack, opened_at_least: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while stream_stats(stack)["opened"] < opened_at_least or not any(stream_stats(stack)["live"].values()):
+        assert time.monotonic() < deadline, "botgw did not reconnect"
+        time.sleep(0.1)
+
+
+def test_stream_drop_and_silence_lose_only_what_the_dead_connection_swallowed(
+    stack: Stack, stream_process: Proc, user: str
+) -> None:
+    """DingTalk pushes a robot message once. What a silently dead connection swallows before the keepalive
+    notices is lost (nobody can get it back: DingTalk will not resend it); nothing pushed after the
+    reconnect is lost, and nothing is answered twice."""
     conversation = f"cid-single-{user}"
-    send(stack, "ding-stream", user, "/help")
+    send(stack, "ding-stream", user, "before")
     wait_replies(stack, conversation, 1, settle=0)
     opened = stream_stats(stack)["opened"]
 
     httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/drop", timeout=5)
-    for _ in range(3):
-        send(stack, "ding-stream", user, "/help")
+    wait_connected(stack, opened + 1)
+    for i in range(3):
+        send(stack, "ding-stream", user, f"after drop {i}")
     wait_replies(stack, conversation, 4, settle=0)
 
+    unacked_before = stream_stats(stack)["unacked"]
     assert httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/silence", timeout=5).json()["silenced"] >= 1
-    for _ in range(3):
-        send(stack, "ding-stream", user, "/help")
+    swallowed = 2
+    for i in range(swallowed):
+        send(stack, "ding-stream", user, f"into the silence {i}")
+    wait_connected(stack, opened + 2, timeout=20)  # ping interval + timeout are 1 s each in the tests
+    for i in range(3):
+        send(stack, "ding-stream", user, f"after reconnect {i}")
     delivered = wait_replies(stack, conversation, 7, timeout=60, settle=3.0)
-    assert len(delivered) == 7
-    assert stream_stats(stack)["opened"] >= opened + 2, "botgw should have reconnected twice"
+    assert len(delivered) == 7, "everything but what the silent connection swallowed is answered, once"
+    assert stream_stats(stack)["unacked"] - unacked_before == swallowed
     assert stream_stats(stack)["pending"] == 0
     assert "dingtalk stream lost; reconnecting" in stream_process.tail(200)
 
 
-def test_two_stream_processes_each_message_answered_once(stack: Stack, stream_process: Proc) -> None:
+def test_two_stream_processes_share_the_messages_and_lose_none(stack: Stack, stream_process: Proc) -> None:
     second = Proc([*BOTGW, "dingtalk-stream", "--config", str(stack.config_path)], stack.log_dir / "dts-2.log")
     try:
         deadline = time.monotonic() + 30
         while "dingtalk stream connected" not in second.tail(20) and time.monotonic() < deadline:
             time.sleep(0.1)
-        users = [f"two{i}-{int(time.time())}" for i in range(10)]
+        app_key = bot(stack, "ding-stream").app_key
+        assert stream_stats(stack)["live"][app_key] >= 2
+        first_before = stream_process.log_path.read_text().count('"dingtalk stream message"')
+        users = [f"two{i}-{int(time.time())}" for i in range(16)]
         for person in users:
             send(stack, "ding-stream", person, "/help")
         for person in users:
             assert len(wait_replies(stack, f"cid-single-{person}", 1, settle=0)) >= 1
         time.sleep(2.0)
         assert all(len(replies(stack, f"cid-single-{person}")) == 1 for person in users)
-        assert stream_stats(stack)["live"][bot(stack, "ding-stream").app_key] >= 2
+        took_first = stream_process.log_path.read_text().count('"dingtalk stream message"') - first_before
+        took_second = second.log_path.read_text().count('"dingtalk stream message"')
+        assert took_first + took_second == len(users)
+        assert took_first and took_second, "DingTalk spreads messages over every live connection"
     finally:
         second.stop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 
@@ -151,7 +152,8 @@ async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> 
     lease = await scheduler.take("w", 5000, 0)
     assert lease is not None
     await scheduler.release(lease, "done", dead_letter={"reason": "test"})
-    letters = await scheduler.dead_letters()
-    assert letters[0][1]["reason"] == "test" and letters[0][1]["entry"]["msg"]["text"] == "doomed"
+    (_, fields), *_ = await scheduler._redis.xrevrange(scheduler._keys.dead_letters, count=1)
+    letter = json.loads(fields[b"entry"])
+    assert letter["reason"] == "test" and letter["entry"]["msg"]["text"] == "doomed"
     depth, _ = await scheduler.stats()
     assert depth == 0

@@ -82,3 +82,32 @@ def test_untrusted_ip_is_not_retried(stack: Stack, user: str) -> None:
     assert "可信IP" in dead["reason"] and dead["entry"]["msg"]["sender_id"] == user
     log = stack.procs["worker"].tail(200)
     assert "60020" in log and stack.bot.secret.get_secret_value() not in log
+
+
+def test_dead_letter_listed_replayed_once_and_purged(stack: Stack, user: str, capsys) -> None:
+    from gateway.cli import main
+
+    config = ["--config", str(stack.config_path)]
+    dead_before = stack.redis.xlen(f"{stack.namespace}:dead")
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
+    enqueue_notice(stack, user, "arrives after a replay")
+    deadline = time.monotonic() + 20
+    while stack.redis.xlen(f"{stack.namespace}:dead") == dead_before:
+        assert time.monotonic() < deadline, "the message was not dead-lettered"
+        time.sleep(0.1)
+    capsys.readouterr()
+    assert main(["dlq", "list", *config]) == 0
+    listed = [item for item in json.loads(capsys.readouterr().out) if item["user"] == user]
+    assert len(listed) == 1 and "可信IP" in listed[0]["reason"]
+    letter_id = listed[0]["id"]
+    assert main(["dlq", "replay", letter_id, *config]) == 0  # the fault was for one send only
+    assert json.loads(capsys.readouterr().out) == {letter_id: "queued"}
+    delivered = stack.wait_delivered(user, 1, settle=1.5)
+    assert [item["content"] for item in delivered] == ["arrives after a replay"]
+    assert main(["dlq", "replay", letter_id, *config]) == 1, "a replayed letter is gone"
+    capsys.readouterr()
+    assert main(["dlq", "list", *config]) == 0
+    assert all(item["user"] != user for item in json.loads(capsys.readouterr().out))
+    assert main(["dlq", "purge", *config]) == 2, "purge needs ids or --all"
+    assert main(["dlq", "purge", "--all", *config]) == 0
+    assert stack.redis.xlen(f"{stack.namespace}:dead") == 0

@@ -38,8 +38,9 @@ class DingTalkBotConfig(BaseModel):
     replay_window_s: int = Field(default=3600, ge=0)
     per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
     ai_card: AICardSettings = Field(default_factory=AICardSettings)
-    stream_ping_interval_s: float = Field(default=20.0, gt=0)
-    stream_ping_timeout_s: float = Field(default=10.0, gt=0)
+    # a silently dead connection (open, passing nothing) is noticed within interval + timeout: 10 s
+    stream_ping_interval_s: float = Field(default=5.0, gt=0)
+    stream_ping_timeout_s: float = Field(default=5.0, gt=0)
 
     @field_validator("api_base", "oapi_base")
     @classmethod

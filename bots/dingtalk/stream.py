@@ -33,7 +33,20 @@ log = logging.getLogger(__name__)
 
 MessageSink = Callable[[InboundMessage], Awaitable[None]]
 MAX_BACKOFF_S = 30.0
+QUEUE_RETRY_DELAYS_S = (0.1, 0.3, 0.6, 1.0)  # about 2 s in all: well inside the ack window (UNCONFIRMED length)
 USER_AGENT = "botgw-dingtalk-stream/1"
+
+
+def _frame(raw: str | bytes) -> dict[str, Any] | None:
+    """A frame as a dict, or None (logged) for one that is not a JSON object: skipped, never fatal."""
+    try:
+        frame = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        frame = None
+    if not isinstance(frame, dict):
+        log.warning("skipped a dingtalk stream frame that is not a JSON object", extra={"size": len(raw)})
+        return None
+    return frame
 
 
 class StreamOpenError(Exception):
@@ -122,7 +135,10 @@ class DingTalkStreamConnection:
                 if stopping in done:
                     receiving.cancel()
                     break
-                task = asyncio.create_task(handle(json.loads(receiving.result())))
+                frame = _frame(receiving.result())
+                if frame is None:
+                    continue
+                task = asyncio.create_task(handle(frame))
                 handling.add(task)
                 task.add_done_callback(handling.discard)
         finally:
@@ -140,7 +156,11 @@ class DingTalkStreamConnection:
             if headers.get("topic") == SystemMessage.TOPIC_DISCONNECT:
                 log.info("dingtalk asked to reconnect", extra={"bot_id": self.config.id})
                 return "disconnect"
-            return ack_frame(message_id, frame.get("data"))  # ping: echo the opaque data
+            try:  # ping: echo the opaque data decoded, as the SDK does (to_dict encodes it once)
+                opaque = SystemMessage.from_dict(frame).data
+            except (ValueError, TypeError):
+                opaque = {}
+            return ack_frame(message_id, opaque)
         if frame_type == CallbackMessage.TYPE and headers.get("topic") == ChatbotMessage.TOPIC:
             return await self._robot_message(message_id, frame.get("data"))
         return ack_frame(message_id, {"response": None})
@@ -152,9 +172,18 @@ class DingTalkStreamConnection:
         except (ValueError, TypeError, CallbackRejected) as exc:
             log.warning("unreadable dingtalk stream message", extra={"error": str(exc)})
             return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")
-        try:
-            await self._sink(message)
-        except Exception:
-            log.exception("could not queue a dingtalk message; not acking it, so DingTalk may resend it")
-            return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "retry")
-        return ack_frame(message_id, {"response": None})
+        # DingTalk pushes robot messages once ("fire-forgot", no resend on a missing ack): a message that cannot
+        # be queued is retried here, inside the ack window, and only then given up (logged with its msgId).
+        for delay in (*QUEUE_RETRY_DELAYS_S, None):
+            try:
+                await self._sink(message)
+                return ack_frame(message_id, {"response": None})
+            except Exception as exc:
+                if delay is None:
+                    log.error(
+                        "could not queue a dingtalk message; DingTalk will not resend it",
+                        extra={"bot_id": self.config.id, "msg_id": message.msg_id, "error": str(exc)},
+                    )
+                    break
+                await asyncio.sleep(delay)
+        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")

@@ -1,11 +1,13 @@
 """DingTalk's side, for the simulator: OpenAPI (token, robot messages, AI cards), sessionWebhooks,
 and the Stream gateway (connections/open plus a WebSocket speaking the frame protocol).
 
-The Stream gateway pushes each robot message to one random live connection of the app and
-pushes it again if no ack comes within `redeliver_after_s`, so a dead or silent connection
-loses nothing and a redelivery can land on another replica. Connections go through a TCP
-relay that can be frozen on demand: a "silent" connection, open but passing nothing,
-which only a keepalive that notices the missing pong can detect.
+The Stream gateway pushes each robot message once to one random live connection of the app,
+and never again, ack or no ack: DingTalk's robot messages are "fire-forgot" ("不会因为网络
+超时而重复推送"). A message pushed into a connection that died silently is lost, and so is
+one pushed while the app has no connection at all (whether DingTalk holds it meanwhile is
+UNCONFIRMED: the harsher reading). Connections go through a TCP relay that can be frozen on
+demand: a "silent" connection, open but passing nothing, which only a keepalive that notices
+the missing pong can detect.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class DingTalkState:
     pending: dict[str, PendingFrame] = field(default_factory=dict)
     acked: list[str] = field(default_factory=list)
     opened: int = 0
-    redeliver_after_s: float = 5.0
+    dropped_offline: int = 0  # robot messages pushed while the app had no live connection
 
     def fault(self, endpoint: str) -> dict[str, Any] | None:
         for fault in self.faults:
@@ -265,9 +267,10 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         return {
             "opened": state.opened,
             "live": {client: len(sockets) for client, sockets in state.connections.items()},
-            "pending": len(state.pending),
+            "pending": sum(1 for p in state.pending.values() if not p.sent_at),
+            "unacked": sum(1 for p in state.pending.values() if p.sent_at),  # pushed once, no ack: maybe lost
             "acked": len(state.acked),
-            "deliveries": sum(p.deliveries for p in state.pending.values()),
+            "dropped_offline": state.dropped_offline,
         }
 
     # -- playground and test controls ---------------------------------------------------------
@@ -303,15 +306,17 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
 
 async def deliver_stream_frames(state: DingTalkState) -> None:
-    """Push pending frames to a random live connection of their app; push again if unacked."""
+    """Push each new frame once to a random live connection of its app; never push it again."""
     while True:
         await asyncio.sleep(0.05)
         now = time.time()
         for frame in list(state.pending.values()):
-            if frame.sent_at and now - frame.sent_at < state.redeliver_after_s:
-                continue
+            if frame.sent_at:
+                continue  # fire and forget: an unacked robot message is not resent
             sockets = state.connections.get(frame.client_id) or []
             if not sockets:
+                state.pending.pop(frame.message_id, None)
+                state.dropped_offline += 1
                 continue
             frame.sent_at, frame.deliveries = now, frame.deliveries + 1
             with contextlib.suppress(Exception):

@@ -12,7 +12,7 @@ import logging
 
 import httpx
 
-from bots.base import RetryableSendError, TokenStore
+from bots.base import PermanentSendError, RetryableSendError, TokenStore
 from bots.http import cached_token, request_json, token_name
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.exceptions import TOKEN_INVALID_CODES, error_for
@@ -60,6 +60,10 @@ class WeComApiClient:
             data = await self._post_json("/cgi-bin/message/send", token, payload)
             errcode = int(data.get("errcode", 0))
             if errcode == 0:
+                # errcode 0 with the user listed as invalid or unlicensed means WeCom delivered to nobody
+                refused = [name for name in ("invaliduser", "unlicenseduser") if data.get(name)]
+                if refused:
+                    raise PermanentSendError(f"WeCom did not deliver: {refused[0]}", code=refused[0])
                 return
             if errcode in TOKEN_INVALID_CODES:
                 token = await self.access_token(stale=token)
