@@ -182,7 +182,18 @@ def _sim_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
     app = create_simulator_app(settings.bots, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
+    # The Stream gateway's own keepalive: how long DingTalk keeps pushing into a connection that died silently
+    # before it notices (UNCONFIRMED on the platform; a message pushed into it meanwhile is lost).
+    keepalive = args.stream_keepalive_s
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+        ws_ping_interval=keepalive,
+        ws_ping_timeout=keepalive,
+    )
     return 0
 
 
@@ -464,6 +475,9 @@ def _parser() -> argparse.ArgumentParser:
     sim_serve.add_argument("--config", required=True)
     sim_serve.add_argument("--host", default="127.0.0.1")
     sim_serve.add_argument("--port", type=int, default=8090)
+    sim_serve.add_argument(
+        "--stream-keepalive-s", type=float, default=20.0, help="Stream gateway's ping interval and timeout"
+    )
     sim_serve.set_defaults(run=_sim_serve)
     sim_wecom = sim_sub.add_parser("wecom", help="send a message as a WeCom user and print the bot's reply")
     sim_wecom.add_argument("--config", required=True)

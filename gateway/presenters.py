@@ -211,6 +211,9 @@ class StreamPresenter(_StoredStreamPresenter):
         await self._finish(visible)
         if not rest or state.overflow_sent:
             return
+        overflow_cap = self.adapter.max_overflow_bytes
+        if utf8_len(rest) > overflow_cap:  # longer than the stream and the one post together: say where it ends
+            rest = utf8_prefix(rest, overflow_cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
         # response_url takes one message: never post twice, even if this worker dies right after posting.
         if not await self.record.claim("overflow_started", f"{time.time():.3f}"):
             log.warning("overflow post of an earlier attempt has an unknown outcome; not posting again")

@@ -109,7 +109,8 @@ def start_worker(config: Path, log_dir: Path, name: str) -> Proc:
 
 
 def start_simulator(config: Path, port: int, log_dir: Path) -> Proc:
-    proc = Proc([*BOTGW, "sim", "serve", "--config", str(config), "--port", str(port)], log_dir / "simulator.log")
+    args = [*BOTGW, "sim", "serve", "--config", str(config), "--port", str(port), "--stream-keepalive-s", "1"]
+    proc = Proc(args, log_dir / "simulator.log")
     wait_http(f"http://127.0.0.1:{port}/__sim__/healthz", 30, proc)
     return proc
 

@@ -143,6 +143,18 @@ async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: 
     return stream_id
 
 
+async def follow(sim: WeComAIBotUser, user: str, stream_id: str, timeout: float = 30) -> StreamView:
+    """Refresh a stream as WeCom does, until it is finished (or `timeout`)."""
+    view = StreamView(stream_id=stream_id)
+    deadline = time.monotonic() + timeout
+    while not view.finished and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        reply = await sim.post(sim.refresh_payload(user, stream_id))
+        view.finished = reply["stream"]["finish"]
+        view.shown.append(reply["stream"]["content"])
+    return view
+
+
 def test_answer_over_the_stream_limit_rest_through_response_url_once(stack: Stack, user: str) -> None:
     answer = "".join(f"第{i}段：企业微信智能机器人的回答内容。\n" for i in range(1200))
     assert utf8_len(answer) > 30000
@@ -152,23 +164,21 @@ def test_answer_over_the_stream_limit_rest_through_response_url_once(stack: Stac
             sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
             response_url = await sim.new_response_url()
             stream_id = await enqueue_ai_answer(stack, user, answer, response_url)
-            view = StreamView(stream_id=stream_id)
-            deadline = time.monotonic() + 30
-            while not view.finished and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-                reply = await sim.post(sim.refresh_payload(user, stream_id))
-                view.finished = reply["stream"]["finish"]
-                view.shown.append(reply["stream"]["content"])
+            view = await follow(sim, user, stream_id)
             return view, response_url.rsplit("/", 1)[1]
 
     view, token = run(scenario())
     assert view.finished
-    assert utf8_len(view.text) <= 20480 and answer.startswith(view.text)
     time.sleep(1.0)
     responses = httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
-    assert responses[token]["content"] == answer[len(view.text) :][: len(responses[token]["content"])]
-    assert view.text + responses[token]["content"] == answer[: len(view.text) + len(responses[token]["content"])]
-    assert responses[token]["msgtype"] == "markdown"
+    shown, posted = view.text, responses[token]["content"]
+    assert utf8_len(shown) <= 20480 and utf8_len(posted) <= 20480 and responses[token]["msgtype"] == "markdown"
+    assert answer.startswith(shown) and not shown.endswith(commands.ANSWER_CUT_TEXT)
+    # the answer is longer than the stream and the one post together: the post says where it was cut
+    assert posted.endswith(commands.ANSWER_CUT_TEXT)
+    kept = shown + posted[: -len(commands.ANSWER_CUT_TEXT)]
+    assert answer.startswith(kept), "stream and post join back into the answer's beginning, nothing skipped"
+    assert utf8_len(kept) >= 2 * 20480 - utf8_len(commands.ANSWER_CUT_TEXT) - 64, "all that fits is shown"
 
 
 def test_more_than_three_unfinished_messages_get_a_busy_notice(stack: Stack) -> None:
@@ -273,13 +283,7 @@ def test_a_response_url_off_wecom_is_never_posted_to_and_the_cut_is_visible(stac
         async with httpx.AsyncClient(timeout=30) as http:
             sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
             stream_id = await enqueue_ai_answer(stack, user, answer, f"{listener.url}/cgi-bin/aibot/response")
-            view = StreamView(stream_id=stream_id)
-            deadline = time.monotonic() + 30
-            while not view.finished and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-                reply = await sim.post(sim.refresh_payload(user, stream_id))
-                view.finished = reply["stream"]["finish"]
-                view.shown.append(reply["stream"]["content"])
+            view = await follow(sim, user, stream_id)
             return view
 
     try:

@@ -86,6 +86,7 @@ class WeComAIBotAdapter:
 
     platform = PLATFORM
     max_stream_bytes = STREAM_MAX_BYTES
+    max_overflow_bytes = RESPONSE_URL_MAX_BYTES
     reply_style: ReplyStyle = "stream"
     callback_kind: CallbackKind = "wecom-aibot"
 
