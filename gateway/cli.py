@@ -349,6 +349,20 @@ def _limits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _web_password(args: argparse.Namespace) -> int:
+    """Print a `password_hash` for a web user; the password is read without echo (or from stdin when piped)."""
+    import getpass
+
+    from bots.web.config import hash_password
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("botgw: an empty password is not a password", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
 def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
@@ -409,6 +423,9 @@ def _parser() -> argparse.ArgumentParser:
     web.add_argument("--port", type=int, default=8100)
     web.add_argument("--app-root", default="~/.cache/botgw/web", help="where Chainlit keeps its files")
     web.set_defaults(run=_web)
+
+    web_password = sub.add_parser("web-password", help="print a password_hash for a web page user (reads stdin)")
+    web_password.set_defaults(run=_web_password)
 
     stream = sub.add_parser("dingtalk-stream", help="hold the Stream-mode connection of every DingTalk stream bot")
     stream.add_argument("--config", required=True)

@@ -94,9 +94,15 @@ async def web_chat(bot_id: str, request: Request) -> Response:
 
 @router.get("/web/{bot_id}/status")
 async def web_status(bot_id: str, request: Request) -> JSONResponse:
-    """What the page shows: loading (no engine ready), busy (every engine at its cap), or ready."""
-    if _web_adapter(request, bot_id) is None:
+    """What the page shows: loading (no engine ready), busy (every engine at its cap), or ready. It needs the
+    web key like the chat endpoint: engine addresses and load are not for the open internet."""
+    adapter = _web_adapter(request, bot_id)
+    if adapter is None:
         return JSONResponse({"error": "unknown web bot"}, status_code=404)
+    try:
+        adapter.authorize(request.headers)
+    except CallbackRejected as exc:
+        return JSONResponse({"error": exc.reason, "message": exc.detail}, status_code=exc.status)
     pool = request.app.state.runtime.engine
     ready = [e for e in pool.endpoints if e.status == "ready"]
     cap = request.app.state.runtime.settings.engine.max_in_flight

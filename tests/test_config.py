@@ -88,3 +88,32 @@ def test_dedup_outlives_replay_window(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("TEST_WECOM_SECRET", "x")
     settings = load_settings(write(tmp_path, BOT.replace("token: tok", "token: tok\n    replay_window_s: 86400")))
     assert settings.effective_dedup_ttl_s() >= 2 * 86400
+
+
+def test_web_passwords_are_salted_and_slow_and_sha256_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    from bots.web.config import WebBotConfig, hash_password
+
+    first, second = hash_password("correct horse"), hash_password("correct horse")
+    assert first != second and first.startswith("scrypt$"), "salted: the same password hashes differently"
+    bot = WebBotConfig(id="web", api_key="k", users=[{"name": "alice", "password_hash": first}])
+    assert bot.user("alice", "correct horse") is not None and bot.user("alice", "wrong horse") is None
+    old = hashlib.sha256(b"correct horse").hexdigest()
+    config = f"bots:\n  - {{id: web, platform: web, api_key: k, users: [{{name: a, password_sha256: {old}}}]}}\n"
+    with pytest.raises(ConfigError, match="no longer accepted") as refused:
+        load_settings(write(tmp_path, config))
+    assert old not in str(refused.value)
+
+
+def test_web_password_command_prints_a_hash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from bots.web.config import WebUser
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret pass\n"))
+    assert main(["web-password"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert WebUser(name="x", password_hash=printed).check("s3cret pass")

@@ -189,3 +189,5 @@ def test_api_refuses_a_wrong_key(web: WebStack) -> None:
     response = httpx.post(f"{web.api_url}/chat", json={"user": "eve", "text": "hi"},
                           headers={"Authorization": "Bearer wrong"}, timeout=10)
     assert response.status_code == 401
+    assert httpx.get(f"{web.api_url}/status", timeout=10).status_code == 401, "engine status needs the key too"
+    assert httpx.get(f"{web.api_url}/status", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401

@@ -56,7 +56,7 @@ if BOT.trusted_header:
 async def engine_status() -> str:
     try:
         async with httpx.AsyncClient(timeout=5) as http:
-            return (await http.get(f"{API}/status")).json().get("engine", "loading")
+            return (await http.get(f"{API}/status", headers=AUTH)).json().get("engine", "loading")
     except (httpx.HTTPError, ValueError):
         return "loading"
 
