@@ -16,6 +16,7 @@ from bots.base import InboundMessage
 from gateway.config import Settings
 from gateway.keys import Keys
 from gateway.memory import Scope
+from gateway.redis_text import as_text
 from gateway.reply_record import ReplyState
 from gateway.scheduler import Scheduler, new_entry
 
@@ -49,10 +50,6 @@ class DeadLetter:
         }
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class DeadLetters:
     def __init__(self, redis: Redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:
         self._redis = redis
@@ -62,8 +59,8 @@ class DeadLetters:
 
     @staticmethod
     def _letter(letter_id: bytes | str, fields: dict) -> DeadLetter:
-        body = json.loads(_text(fields[b"entry"]))
-        return DeadLetter(_text(letter_id), str(body.get("reason", "")), body["entry"])
+        body = json.loads(as_text(fields[b"entry"]))
+        return DeadLetter(as_text(letter_id), str(body.get("reason", "")), body["entry"])
 
     async def list(self, count: int = 100) -> list[DeadLetter]:
         """The newest first."""

@@ -10,6 +10,7 @@ was really used. So parallel requests can never together spend more than the bud
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -205,10 +206,17 @@ class MovingWindowLimiter:
         await self._limiter.clear(limit, key)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed_windows(spec: str) -> tuple[RateLimitItem, ...]:
+    return tuple(parse_many(spec))
+
+
 def windows(spec: str | None) -> list[RateLimitItem]:
-    return parse_many(spec) if spec else []
+    """The windows of a spec such as '20/minute;300/day', parsed once per process (it is asked per message)."""
+    return list(_parsed_windows(spec)) if spec else []
 
 
+@functools.lru_cache(maxsize=256)
 def window(spec: str) -> RateLimitItem:
     return parse(spec)
 
@@ -243,13 +251,16 @@ class Budgets:
         self._settings = settings
         self._zone = ZoneInfo(settings.timezone)
         self._windows = MovingWindowLimiter(redis_url, keys.limits_prefix, **redis_options)
+        # a sender's effective budget is asked several times per message; the settings do not change
+        self._user_budget = functools.lru_cache(maxsize=4096)(settings.budget_of_user)
+        self._group_budget = functools.lru_cache(maxsize=4096)(settings.budget_of_group)
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
 
     def _parties(self, user_id: str, group_id: str | None) -> list[tuple[str, Budget]]:
-        parties = [(f"user:{user_id}", self._settings.budget_of_user(user_id))]
+        parties = [(f"user:{user_id}", self._user_budget(user_id))]
         if group_id:
-            parties.append((f"group:{group_id}", self._settings.budget_of_group(group_id)))
+            parties.append((f"group:{group_id}", self._group_budget(group_id)))
         return parties
 
     async def admit_message(self, user_id: str, group_id: str | None) -> Refusal | None:

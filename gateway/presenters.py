@@ -84,12 +84,27 @@ class Presenter:
         self.record = record
         self.fence = fence
 
+    @property
+    def stream_id(self) -> str:
+        """The answer's entry in the stream store, for styles that keep what was shown there ('' for none)."""
+        return ""
+
     async def open(self, state: ReplyState) -> None:
         """Prepare where the answer will appear (a card is created here)."""
 
     async def shown(self) -> str:
         """What the user already sees of this answer (continued, never replaced, after a takeover)."""
-        return ""
+        if not self.stream_id:
+            return ""
+        state = await self.delivery.streams.get(self.stream_id)
+        return state.content if state else ""
+
+    async def _update(self, text: str, *, finish: bool = False) -> bool:
+        """Grow (or finish) the stored text under this worker's lease; LeaseLost when the lease has passed on."""
+        applied = await self.delivery.streams.update(self.stream_id, text, finish=finish, fence=self.fence)
+        if applied is None:
+            raise LeaseLost(self.stream_id)
+        return applied
 
     async def show(self, text: str) -> None:
         """Show the text written so far."""
@@ -161,16 +176,6 @@ class _StoredStreamPresenter(Presenter):
     @property
     def stream_id(self) -> str:
         return self.message.reply_to.stream_id
-
-    async def shown(self) -> str:
-        state = await self.delivery.streams.get(self.stream_id)
-        return state.content if state else ""
-
-    async def _update(self, text: str, *, finish: bool = False) -> bool:
-        applied = await self.delivery.streams.update(self.stream_id, text, finish=finish, fence=self.fence)
-        if applied is None:
-            raise LeaseLost(self.stream_id)
-        return applied
 
     async def show(self, text: str) -> None:
         await self._update(text)
@@ -247,15 +252,12 @@ class CardPresenter(Presenter):
             await api.create_card(self.track_id, group_id=target.chat_id, user_id=target.user_id)
             await self.record.mark(card_created="1")
 
-    async def shown(self) -> str:
-        state = await self.delivery.streams.get(self.track_id)
-        return state.content if state else ""
+    @property
+    def stream_id(self) -> str:
+        return self.track_id
 
     async def show(self, text: str) -> None:
-        applied = await self.delivery.streams.update(self.track_id, text, fence=self.fence)
-        if applied is None:
-            raise LeaseLost(self.track_id)
-        if not applied:
+        if not await self._update(text):
             return
         if not self._inputting:
             await self.adapter.api.set_card_status(self.track_id, FLOW_INPUTTING)
@@ -265,8 +267,7 @@ class CardPresenter(Presenter):
     async def deliver(self, text: str, state: ReplyState) -> None:
         if not self.track_id:
             await self.open(state)
-        if await self.delivery.streams.update(self.track_id, text, finish=True, fence=self.fence) is None:
-            raise LeaseLost(self.track_id)
+        await self._update(text, finish=True)
         await self.adapter.api.stream_card(self.track_id, text, final=True)
         await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, text)
 

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from gateway.keys import Keys
 from gateway.memory import Turn
+from gateway.redis_text import as_text
 
 State = Literal["new", "committed", "done", "failed"]
 
@@ -96,10 +97,10 @@ class ReplyState:
         names = {f.name: f.type for f in fields(cls)}
         values: dict = {}
         for key, value in raw.items():
-            name = key.decode() if isinstance(key, bytes) else key
+            name = as_text(key)
             if name not in names:
                 continue
-            text = value.decode() if isinstance(value, bytes) else value
+            text = as_text(value)
             values[name] = int(text) if name in ("started", "sent") else text
         return cls(**values)
 
@@ -180,4 +181,4 @@ class ReplyRecord:
         status, stored = await self._scripts["commit"](keys=keys, args=argv)
         if int(status) < 0:
             raise LeaseLost(self.key)
-        return stored.decode() if isinstance(stored, bytes) else stored
+        return as_text(stored)

@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from gateway.keys import Keys
+from gateway.redis_text import as_text
 
 # Shared Lua: the current time in ms (Redis's clock, the same for every worker), and
 # putting a lane back into the ready set with a wake-up for one blocked worker.
@@ -242,10 +243,6 @@ class Lease:
 Outcome = Literal["done", "retry"]
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def new_entry(owner: str, kind: str, message_json: str, **extra: str) -> str:
     """One queue entry as JSON: id, enqueue time, the fairness owner, kind, and the message itself."""
     head = {"id": f"{time.time_ns():x}-{secrets.token_hex(4)}", "t": int(time.time() * 1000), "u": owner}
@@ -314,7 +311,7 @@ class Scheduler:
         result = await self._scripts["take"](args=[self._ns, owner, lease_ms, max_per_user])
         if not result:
             return None
-        lane, epoch, head = (_text(item) for item in result)
+        lane, epoch, head = (as_text(item) for item in result)
         return Lease(lane, epoch, json.loads(head))
 
     async def wait_for_work(self, timeout_s: float) -> None:
@@ -343,17 +340,13 @@ class Scheduler:
         args: list[str | int] = [self._ns, lease_ms]
         for lease in leases:
             args += [lease.lane, lease.epoch]
-        return {_text(lane) for lane in await self._scripts["renew"](args=args)}
+        return {as_text(lane) for lane in await self._scripts["renew"](args=args)}
 
     async def sweep(self) -> tuple[list[str], float]:
         """Hand on expired leases and wake delayed lanes that are due; (expired lanes, seconds to next due)."""
-        result = [_text(item) for item in await self._scripts["sweep"](args=[self._ns])]
+        result = [as_text(item) for item in await self._scripts["sweep"](args=[self._ns])]
         next_ms = int(result[-1])
         return result[:-2], (next_ms / 1000 if next_ms >= 0 else -1.0)
-
-    async def holds(self, lease: Lease) -> bool:
-        """Whether `lease` is still current (a cheap check before an outside side effect, e.g. a send)."""
-        return _text(await self._redis.hget(self._keys.lease(lease.lane), "epoch") or b"") == lease.epoch
 
     # -- operators ---------------------------------------------------------------------------
 
@@ -370,4 +363,4 @@ class Scheduler:
     async def counters(self) -> dict[str, int]:
         """enqueued, handled and takeovers since the namespace was created."""
         raw = await self._redis.hgetall(self._keys.scheduler_stats)
-        return {_text(k): int(v) for k, v in raw.items()}
+        return {as_text(k): int(v) for k, v in raw.items()}

@@ -9,6 +9,7 @@ from types import TracebackType
 from redis.asyncio import Redis
 
 from gateway.keys import Keys
+from gateway.redis_text import as_text
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -55,7 +56,7 @@ class RedisTokenStore:
 
     async def get(self, name: str) -> str | None:
         value = await self._redis.get(self._keys.token(name))
-        return value.decode() if isinstance(value, bytes) else value
+        return None if value is None else as_text(value)
 
     async def put(self, name: str, token: str, ttl_s: float) -> None:
         await self._redis.set(self._keys.token(name), token, px=int(ttl_s * 1000))
