@@ -51,6 +51,7 @@ from bench.common import (
     ms,
     percentile,
     random_aes_key,
+    serve_args,
     start_redis,
     table,
     vllm_histograms,
@@ -254,8 +255,11 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     cfg = ["--config", str(write_config(stack, config))]
     env = clean_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
+    admin_urls = []
     for name in GATEWAYS:
-        stack.start(name, [*BOTGW, "serve", *cfg, "--port", str(ports[name])], env)
+        gateway_args, admin_url = serve_args(cfg, ports[name])
+        stack.start(name, gateway_args, env)
+        admin_urls.append(admin_url)
     stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
 
     bot = WeComAIBotConfig(**config["bots"][0])
@@ -274,7 +278,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
                 await wait_ready(stack, children[name], lambda url=url: ok(f"{url}/healthz"), SERVER_START_S)
             print(f"servers up; waiting for the engine (logs in {stack.log_dir}) ...", flush=True)
             await wait_ready(stack, children["engine"], lambda: ok(f"{engine_url}/health"), ENGINE_START_S)
-            for name, url in zip(GATEWAYS, gateway_urls, strict=True):
+            for name, url in zip(GATEWAYS, admin_urls, strict=True):
                 await wait_ready(stack, children[name], lambda url=url: ok(f"{url}/readyz"), SERVER_START_S)
             print(f"engine ready after {time.perf_counter() - began:.0f} s", flush=True)
 

@@ -60,6 +60,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def serve_args(cfg: list[str], port: int) -> tuple[list[str], str]:
+    """`botgw serve` on `port` with its admin listener on a free port; returns (args, admin URL for /readyz)."""
+    admin_port = free_port()
+    args = [*BOTGW, "serve", *cfg, "--port", str(port), "--admin-port", str(admin_port)]
+    return args, f"http://127.0.0.1:{admin_port}"
+
+
 def random_aes_key() -> str:
     """A fresh WeCom EncodingAESKey (43 characters of base64): no run depends on a key in the repository."""
     return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")

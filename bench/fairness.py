@@ -49,6 +49,7 @@ from bench.common import (
     main_async,
     ms,
     percentile,
+    serve_args,
     start_redis,
     table,
     wait_ready,
@@ -303,7 +304,8 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     cfg = ["--config", str(write_config(stack, config))]
     env = clean_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
-    stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], env)
+    gateway_args, admin_url = serve_args(cfg, ports["gateway"])
+    stack.start("gateway", gateway_args, env)
     worker_env = {**env, "BOTGW_LOG_LEVEL": "INFO"}  # for "worker started" in its log; one line per message
     workers = [f"worker-{number}" for number in range(1, WORKERS + 1)]
     for name in workers:
@@ -318,7 +320,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
             await wait_ready(
                 stack, children["simulator"], lambda: http_ok(http, f"{sim_url}/__sim__/healthz"), SERVER_START_S
             )
-            await wait_ready(stack, children["gateway"], lambda: http_ok(http, f"{gateway_url}/readyz"), SERVER_START_S)
+            await wait_ready(stack, children["gateway"], lambda: http_ok(http, f"{admin_url}/readyz"), SERVER_START_S)
             for name in workers:
                 child = children[name]
 

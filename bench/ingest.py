@@ -41,7 +41,6 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
     Child,
     HttpConnection,
     Stack,
@@ -57,6 +56,7 @@ from bench.common import (
     ms,
     percentile,
     run_in_stack,
+    serve_args,
     start_redis,
     table,
     wait_ready,
@@ -391,11 +391,11 @@ def timed_phase(coro: Coroutine[Any, Any, T], limit_s: float, fast: bool) -> T:
 # --------------------------------------------------------------------------- report
 
 
-def gateway_outcomes(port: int) -> dict[str, dict[str, float]]:
-    """botgw_callbacks_total by platform, then outcome, from the gateway's /metrics."""
+def gateway_outcomes(admin_url: str) -> dict[str, dict[str, float]]:
+    """botgw_callbacks_total by platform, then outcome, from the gateway's /metrics (its admin listener)."""
     import httpx
 
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    text = httpx.get(f"{admin_url}/metrics", timeout=5).text
     outcomes: dict[str, dict[str, float]] = {}
     for match in re.finditer(r"^botgw_callbacks_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
         outcome = re.search(r'outcome="([^"]*)"', match.group(1))
@@ -429,7 +429,7 @@ def _raise_exit(signum: int, frame: object) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
-async def start_servers(stack: Stack) -> tuple[int, int, dict[str, Any], Any]:
+async def start_servers(stack: Stack) -> tuple[int, str, int, dict[str, Any], Any]:
     """redis-server (no persistence), the gateway (no worker) and the bare app; returns ports, config, redis."""
     import httpx
     import redis
@@ -444,14 +444,14 @@ async def start_servers(stack: Stack) -> tuple[int, int, dict[str, Any], Any]:
     await wait_ready(stack, redis_child, redis_up, START_TIMEOUT_S)
     config = gateway_config(f"redis://127.0.0.1:{redis_port}/0")
     config_path = write_config(stack, config, "gateway.yaml")
-    serve = ["serve", "--config", str(config_path), "--port", str(gateway_port)]
-    gateway = stack.start("gateway", [*BOTGW, *serve])
+    gateway_args, admin_url = serve_args(["--config", str(config_path)], gateway_port)
+    gateway = stack.start("gateway", gateway_args)
     bare = stack.start("bare", [sys.executable, str(Path(__file__).resolve()), "--bare-server", str(bare_port)])
     async with httpx.AsyncClient() as http:
         for child, port in ((gateway, gateway_port), (bare, bare_port)):
             url = f"http://127.0.0.1:{port}/healthz"
             await wait_ready(stack, child, lambda url=url: http_ok(http, url), START_TIMEOUT_S)
-    return gateway_port, bare_port, config, client
+    return gateway_port, admin_url, bare_port, config, client
 
 
 # Rows of the table: name -> (server process, callback kind). The gateway rows share one process, one at a time.
@@ -466,7 +466,7 @@ PLATFORM_OF = {"gateway": "wecom", "gateway-dingtalk": "dingtalk"}
 def benchmark(args: argparse.Namespace, stack: Stack) -> int:
     """Both phases against every target, then the table; returns the exit code."""
     began = time.perf_counter()
-    gateway_port, bare_port, config, redis_client = asyncio.run(start_servers(stack))
+    gateway_port, admin_url, bare_port, config, redis_client = asyncio.run(start_servers(stack))
     ports = {"bare": bare_port, "gateway": gateway_port}
     meters = {
         name: Meter({"server": stack.children[server], "redis": stack.children["redis"]})
@@ -524,7 +524,7 @@ def benchmark(args: argparse.Namespace, stack: Stack) -> int:
         )
 
     enqueued = queue_enqueued(redis_client)
-    outcomes = gateway_outcomes(gateway_port)
+    outcomes = gateway_outcomes(admin_url)
     return report(args, capacity, latency, enqueued, outcomes, time.perf_counter() - began)
 
 

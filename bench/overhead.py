@@ -65,6 +65,7 @@ from bench.common import (
     main_async,
     ms,
     percentile,
+    serve_args,
     start_redis,
     table,
     vllm_histograms,
@@ -816,7 +817,8 @@ async def _benchmark(
     cfg = ["--config", str(write_config(stack, config))]
     env = clean_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
-    stack.start("gateway", [*BOTGW, "serve", *cfg, "--port", str(ports["gateway"])], env)
+    gateway_args, admin_url = serve_args(cfg, ports["gateway"])
+    stack.start("gateway", gateway_args, env)
     stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
 
     # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under us (a ReadError).
@@ -837,7 +839,7 @@ async def _benchmark(
         await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/healthz"), SERVER_START_S)
         print(f"servers up; waiting for the engine (logs in {stack.log_dir}) ...", flush=True)
         await wait_ready(stack, children["engine"], lambda: ok(f"{engine_url}/health"), ENGINE_START_S)
-        await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/readyz"), SERVER_START_S)
+        await wait_ready(stack, children["gateway"], lambda: ok(f"{admin_url}/readyz"), SERVER_START_S)
         print(f"engine ready after {time.perf_counter() - began:.0f} s", flush=True)
         if pinned:
             print(f"affinity: {affinities(stack)}", flush=True)

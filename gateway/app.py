@@ -11,6 +11,7 @@ from slowapi.errors import RateLimitExceeded
 from slowapi.middleware import SlowAPIASGIMiddleware
 from slowapi.util import get_remote_address
 
+from gateway.admin_listener import AdminListenerGuard
 from gateway.admin_routes import router as admin_router
 from gateway.batching import RedisBatcher
 from gateway.callbacks import callback_handlers
@@ -22,8 +23,10 @@ from gateway.streams import StreamStore
 from gateway.web_routes import router as web_router
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """A gateway process: callbacks in, durable queue out. Replicas share nothing but Redis."""
+def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
+    """A gateway process: callbacks in, durable queue out. Replicas share nothing but Redis.
+
+    `admin_port` is the local port of the admin listener (see gateway.admin_listener), if the process has one."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,6 +54,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
     app.add_middleware(SlowAPIASGIMiddleware)
+    token = settings.admin.token.get_secret_value() if settings.admin.token else None
+    app.add_middleware(AdminListenerGuard, admin_port=admin_port, token=token)
     app.include_router(router)
     app.include_router(web_router)
     app.include_router(admin_router)

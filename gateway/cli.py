@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -25,6 +26,8 @@ HUB_PROBE = (
     "try:\n    model_info(sys.argv[1], timeout=5)\nexcept Exception:\n    sys.exit(1)\n"
 )
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8080"
+GRACEFUL_SHUTDOWN_S = 10
+log = logging.getLogger("botgw")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -34,8 +37,33 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on")
+    admin_port = settings.admin.port if args.admin_port is None else args.admin_port
+    sockets = [_listen(args.host, args.port)]
+    if admin_port:
+        sockets.append(_listen(settings.admin.host, admin_port))
+        log.info("admin listener (/metrics, /readyz, /admin) on %s:%d", settings.admin.host, admin_port)
+    app = create_app(settings, admin_port=admin_port or None)
+    # On SIGTERM uvicorn stops accepting, lets in-flight callbacks finish (their acks are milliseconds), then
+    # the lifespan flushes the batcher: nothing acknowledged is left unqueued.
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before uvicorn starts so that a port in use fails the start with its address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise SystemExit(f"botgw serve: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:
@@ -409,6 +437,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--admin-port", type=int, default=None, help="the admin listener's port (default admin.port)")
     serve.set_defaults(run=_serve)
 
     worker = sub.add_parser("worker", help="run a worker (any number, anywhere, sharing Redis)")

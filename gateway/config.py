@@ -40,9 +40,13 @@ class MemorySettings(BaseModel):
 
 
 class AdminSettings(BaseModel):
-    """The operators' HTTP API (/admin/…): off unless a token is set; callers send `Authorization: Bearer TOKEN`."""
+    """What operators reach and the public never does: /metrics, /readyz and /admin/… on a second listener
+    (loopback by default), and on the public port only with `Authorization: Bearer TOKEN` (/admin/… is off
+    unless a token is set)."""
 
     token: SecretStr | None = None
+    host: str = Field(default="127.0.0.1", description="the admin listener's address (keep it off the internet)")
+    port: int | None = Field(default=8081, ge=0, le=65535, description="the admin listener's port; null: none")
 
 
 class WorkerSettings(BaseModel):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: the whole product on this machine, WeCom played by the simulator.
 #   scripts/run_local.sh start | stop | status
-# Ports: redis 6390, engine 8000, gateway 8080, simulator 8090. Logs in .run/logs/.
+# Ports: redis 6390, engine 8000, gateway 8080 (admin 8081), simulator 8090. Logs in .run/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,7 +59,7 @@ wait_url http://127.0.0.1:8090/__sim__/healthz 30 simulator
 wait_url http://127.0.0.1:8080/healthz 30 gateway
 echo "botgw: waiting for the engine to load (first start builds the tiny model; up to a few minutes)"
 wait_url http://127.0.0.1:8000/health 900 engine
-wait_url http://127.0.0.1:8080/readyz 60 gateway
+wait_url http://127.0.0.1:8081/readyz 60 gateway
 grep -ah "^botgw:" "$LOGS/engine.log" || true
 cat <<TXT
 
@@ -72,7 +72,7 @@ botgw is up.  Talk to the bot as a WeCom user would (the simulator signs and enc
   .venv/bin/botgw sim dingtalk --config $CONFIG --bot dingtalk-http --user bob --group cid-team "@bot hi"
 
   web chat   http://127.0.0.1:8100  (sign in as alice / alice-demo-password)
-  readiness  http://127.0.0.1:8080/readyz     metrics  http://127.0.0.1:8080/metrics
+  readiness  http://127.0.0.1:8081/readyz     metrics  http://127.0.0.1:8081/metrics   (admin listener, loopback)
   engine     http://127.0.0.1:8000/v1/models  logs     $LOGS/
   stop everything: make stop
 TXT

@@ -82,6 +82,11 @@ class Stack:
     procs: dict[str, Proc] = field(default_factory=dict)
 
     @property
+    def admin_url(self) -> str:
+        """The gateway's admin listener (/readyz, /metrics)."""
+        return self.procs["gateway"].admin_url
+
+    @property
     def bot(self) -> WeComAppConfig:
         return WeComAppConfig(**self.config["bots"][0])
 
@@ -214,7 +219,7 @@ def live_engine(stack: Stack, log_dir: Path) -> Iterator[str]:
     proc = Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / "engine.log")
     wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
     # The stack's gateway and worker watch the engine on their own; let them see it warmed up.
-    wait_http(f"{stack.gateway_url}/readyz", 60)
+    wait_http(f"{stack.admin_url}/readyz", 60)
     time.sleep(1.0)
     yield f"http://127.0.0.1:{port}"
     proc.stop(timeout=30)

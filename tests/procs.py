@@ -19,6 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 BOTGW = [sys.executable, "-m", "gateway.cli"]
 
 
+# Where the engine and its model live: machine facts, not configuration, so children keep them.
+INHERITED_BOTGW_VARS = {"BOTGW_ENGINE_VENV", "BOTGW_ENGINE_PYTHON", "BOTGW_TINY_MODEL_DIR", "BOTGW_VLLM_PACKAGE"}
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without its BOTGW_* settings (a developer's BOTGW_REDIS_URL must not point a
+    test's gateway at their Redis), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOTGW_") or k in INHERITED_BOTGW_VARS}
+    return {**env, **(extra or {})}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -30,6 +41,7 @@ class Proc:
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.args = args
+        self.admin_url = ""  # a gateway's admin listener, set by start_gateway
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -38,7 +50,7 @@ class Proc:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            env=child_env(env),
             start_new_session=True,
         )
 
@@ -99,7 +111,11 @@ def write_config(path: Path, data: dict) -> Path:
 
 
 def start_gateway(config: Path, port: int, log_dir: Path, name: str = "gateway") -> Proc:
-    proc = Proc([*BOTGW, "serve", "--config", str(config), "--port", str(port)], log_dir / f"{name}.log")
+    """A gateway on `port`, with its admin listener (/readyz, /metrics) on a free port: `proc.admin_url`."""
+    admin_port = free_port()
+    args = [*BOTGW, "serve", "--config", str(config), "--port", str(port), "--admin-port", str(admin_port)]
+    proc = Proc(args, log_dir / f"{name}.log")
+    proc.admin_url = f"http://127.0.0.1:{admin_port}"
     wait_http(f"http://127.0.0.1:{port}/healthz", 30, proc)
     return proc
 

@@ -69,7 +69,7 @@ def test_duplicate_deliveries_call_the_engine_once(stack: Stack, live_engine: st
 
 
 def test_readyz_reports_redis_and_engine(stack: Stack, live_engine: str) -> None:
-    body = httpx.get(f"{stack.gateway_url}/readyz", timeout=10).json()
+    body = httpx.get(f"{stack.admin_url}/readyz", timeout=10).json()
     assert (body["ready"], body["redis"], body["engine"], body["model"]) == (True, True, True, ENGINE_MODEL)
     assert body["engines"] == {live_engine: "ready"}
 

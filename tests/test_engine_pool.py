@@ -74,13 +74,13 @@ def test_readyz_waits_for_the_warm_up_answer(stack: Stack, live_engine: str, iso
         while proxy.held == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proxy.held >= 1, "the gateway should have sent its warm-up request"
-        held = httpx.get(f"{iso.stack.gateway_url}/readyz", timeout=5)
+        held = httpx.get(f"{iso.stack.admin_url}/readyz", timeout=5)
         assert held.status_code == 503
         assert held.json()["engines"] == {proxy.url: "warming"}
         assert httpx.get(f"{proxy.url}/health", timeout=5).status_code == 200  # the engine itself is up
         proxy.release.set()
-        wait_http(f"{iso.stack.gateway_url}/readyz", 20)
-        assert httpx.get(f"{iso.stack.gateway_url}/readyz", timeout=5).json()["engines"] == {proxy.url: "ready"}
+        wait_http(f"{iso.stack.admin_url}/readyz", 20)
+        assert httpx.get(f"{iso.stack.admin_url}/readyz", timeout=5).json()["engines"] == {proxy.url: "ready"}
 
 
 def test_engine_down_at_start_message_waits_notice_once_then_answer(

@@ -56,7 +56,7 @@ class Cluster:
         name = f"gw-{self.namespace}-{len(self.gateways)}"
         self.procs[name] = start_gateway(self.path, port, self.log_dir, name=name)
         url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/readyz", 30)
+        wait_http(f"{self.procs[name].admin_url}/readyz", 30)
         self.gateways.append(url)
         self.stack.gateway_url = self.gateways[0]
         return url
