@@ -106,6 +106,19 @@ class Presenter:
             raise LeaseLost(self.stream_id)
         return applied
 
+    async def _finish_stored(self, text: str) -> str:
+        """Finish the stored stream with `text` and return what it ends up showing: when `text` does not
+        extend what the user already sees (an engine that failed after a partial answer, a notice), it is
+        shown after that text, never dropped."""
+        if await self._update(text, finish=True):
+            return text
+        state = await self.delivery.streams.get(self.stream_id)
+        if state is None or state.finished:
+            return state.content if state else text
+        combined = f"{state.content}\n\n{text}" if state.content else text
+        await self._update(combined, finish=True)
+        return combined
+
     async def show(self, text: str) -> None:
         """Show the text written so far."""
 
@@ -180,17 +193,8 @@ class _StoredStreamPresenter(Presenter):
     async def show(self, text: str) -> None:
         await self._update(text)
 
-    async def _finish(self, text: str) -> None:
-        """Finish with `text`; when it does not extend what the user already sees (an engine that failed
-        after a partial answer, a notice), it is shown after that text, never dropped."""
-        if await self._update(text, finish=True):
-            return
-        state = await self.delivery.streams.get(self.stream_id)
-        if state is not None and not state.finished:
-            await self._update(f"{state.content}\n\n{text}" if state.content else text, finish=True)
-
     async def deliver(self, text: str, state: ReplyState) -> None:
-        await self._finish(text)
+        await self._finish_stored(text)
 
 
 class PagePresenter(_StoredStreamPresenter):
@@ -213,7 +217,7 @@ class StreamPresenter(_StoredStreamPresenter):
             # nowhere to put the rest: cut visibly, never silently
             visible = utf8_prefix(text, cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
             rest = ""
-        await self._finish(visible)
+        await self._finish_stored(visible)
         if not rest or state.overflow_sent:
             return
         overflow_cap = self.adapter.max_overflow_bytes
@@ -241,9 +245,13 @@ class CardPresenter(Presenter):
 
     async def open(self, state: ReplyState) -> None:
         message, api = self.message, self.adapter.api
-        self.track_id = api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
-        if not state.card_track:
-            await self.record.claim("card_track", self.track_id)
+        # One card per answer: a retry or a takeover continues the recorded card, never a new one.
+        self.track_id = state.card_track
+        if not self.track_id:
+            fresh = api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
+            claimed = await self.record.claim("card_track", fresh)
+            self.track_id = fresh if claimed else (await self.record.load()).card_track
+            state.card_track = self.track_id
         await self.delivery.streams.open(
             message.bot_id, message.sender_id, self.track_id, limit=CARD_STREAM_LIMIT, max_age_s=3600
         )
@@ -251,6 +259,7 @@ class CardPresenter(Presenter):
             target = message.reply_to
             await api.create_card(self.track_id, group_id=target.chat_id, user_id=target.user_id)
             await self.record.mark(card_created="1")
+            state.card_created = "1"
 
     @property
     def stream_id(self) -> str:
@@ -267,16 +276,22 @@ class CardPresenter(Presenter):
     async def deliver(self, text: str, state: ReplyState) -> None:
         if not self.track_id:
             await self.open(state)
-        await self._update(text, finish=True)
-        await self.adapter.api.stream_card(self.track_id, text, final=True)
-        await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, text)
+        if state.card_delivered:  # the card was finished before a takeover; only the record was missing
+            return
+        # The card shows the full text with every update: finish with what the store settled on, so that a
+        # final text that does not extend what was shown is added after it, not swapped in for it.
+        final = await self._finish_stored(text)
+        await self.adapter.api.stream_card(self.track_id, final, final=True)
+        await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, final)
+        await self.record.mark(card_delivered="1")
+        state.card_delivered = "1"
 
     async def fail(self, text: str, state: ReplyState) -> None:
         if not self.track_id:
             await self.open(state)
-        await self.delivery.streams.update(self.track_id, text, finish=True, fence=self.fence)
+        final = await self._finish_stored(text)
         try:
-            await self.adapter.api.set_card_status(self.track_id, FLOW_FAILED, text)
+            await self.adapter.api.set_card_status(self.track_id, FLOW_FAILED, final)
         except SendError as exc:
             log.warning("could not mark the card failed", extra={"error": str(exc)})
 

@@ -1,0 +1,133 @@
+"""Every answer reaches a final state: presenters on a real Redis, with a recording stand-in for DingTalk's card API.
+
+These paths are hard to reach end to end (an engine failing after a partial answer, a worker dying between
+the card's create and its finish), so they are driven here directly, with the same stores the worker uses.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import pytest
+import redis.asyncio as aioredis
+
+from bots.base import InboundMessage, ReplyTarget, RetryableSendError, SendError
+from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED
+from gateway.config import WorkerSettings
+from gateway.keys import Keys
+from gateway.limits import MovingWindowLimiter
+from gateway.presenters import CardPresenter, Delivery, PagePresenter
+from gateway.reply_record import ReplyRecords
+from gateway.streams import StreamStore
+
+
+class CardApi:
+    """Records what the presenter asked of DingTalk; `create_failures` creates fail before one succeeds."""
+
+    def __init__(self, create_failures: int = 0) -> None:
+        self.calls: list[tuple] = []
+        self.create_failures = create_failures
+        self.cards_created: list[str] = []
+
+    @staticmethod
+    def new_track_id(*parts: str) -> str:
+        return secrets.token_hex(8)
+
+    async def create_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
+        if self.create_failures:
+            self.create_failures -= 1
+            raise RetryableSendError("card create failed")
+        self.cards_created.append(track_id)
+
+    async def set_card_status(self, track_id: str, flow_status: int, content: str | None = None) -> None:
+        self.calls.append(("status", track_id, flow_status, content))
+
+    async def stream_card(self, track_id: str, content: str, *, final: bool = False) -> None:
+        self.calls.append(("stream", track_id, content, final))
+
+
+@pytest.fixture
+async def delivery(redis_url: str) -> AsyncIterator[Delivery]:
+    client = aioredis.Redis.from_url(redis_url)
+    keys = Keys("p" + secrets.token_hex(4))
+    pacer = MovingWindowLimiter(redis_url, f"{keys.namespace}:pace")
+    yield Delivery(client, keys, StreamStore(client, keys), pacer, WorkerSettings())
+    await client.aclose()
+
+
+def card_message() -> InboundMessage:
+    user = "d" + secrets.token_hex(4)
+    return InboundMessage(
+        platform="dingtalk", bot_id="dt", msg_id=secrets.token_hex(6), conversation_id=f"c-{user}",
+        sender_id=user, text="hi", reply_to=ReplyTarget(user_id=user),
+    )  # fmt: skip
+
+
+def card_presenter(delivery: Delivery, api: CardApi, message: InboundMessage) -> CardPresenter:
+    adapter = SimpleNamespace(api=api, config=SimpleNamespace(ai_card=SimpleNamespace(updates_per_second=10)))
+    record = ReplyRecords(delivery.redis, delivery.keys, 3600).open(message.dedup_key)
+    return CardPresenter(delivery, adapter, message, record, None)
+
+
+async def test_a_final_text_that_does_not_extend_the_card_is_added_after_it(delivery: Delivery) -> None:
+    api, message = CardApi(), card_message()
+    presenter = card_presenter(delivery, api, message)
+    state = await presenter.record.load()
+    await presenter.open(state)
+    await presenter.show("The first half of an answer")
+    await presenter.deliver("Sorry, the assistant failed.", state)
+
+    expected = "The first half of an answer\n\nSorry, the assistant failed."
+    assert api.calls[-2] == ("stream", presenter.track_id, expected, True)
+    assert api.calls[-1] == ("status", presenter.track_id, FLOW_FINISHED, expected)
+    stored = await delivery.streams.get(presenter.track_id)
+    assert stored is not None and stored.finished and stored.content == expected
+
+
+async def test_a_card_whose_create_failed_is_created_on_the_retry_and_finished_once(delivery: Delivery) -> None:
+    api, message = CardApi(create_failures=1), card_message()
+    first = card_presenter(delivery, api, message)
+    with pytest.raises(SendError):
+        await first.open(await first.record.load())
+    assert api.cards_created == []
+
+    # The retry (another presenter, as after a hand-back) reuses the recorded card and creates it.
+    retry = card_presenter(delivery, api, message)
+    await retry.finish("the answer", await retry.record.load())
+    assert api.cards_created == [first.track_id] == [retry.track_id]
+    finished = [call for call in api.calls if call[0] == "status" and call[2] == FLOW_FINISHED]
+    assert finished == [("status", retry.track_id, FLOW_FINISHED, "the answer")]
+
+    # A takeover after the finish (the record said delivered) does not push the card again.
+    calls = len(api.calls)
+    again = card_presenter(delivery, api, message)
+    await again.deliver("the answer", await again.record.load())
+    assert len(api.calls) == calls and api.cards_created == [first.track_id]
+
+
+async def test_a_failed_card_ends_failed_with_what_was_shown_kept(delivery: Delivery) -> None:
+    api, message = CardApi(), card_message()
+    presenter = card_presenter(delivery, api, message)
+    state = await presenter.record.load()
+    await presenter.open(state)
+    await presenter.show("partial")
+    await presenter.fail("The assistant is unavailable.", state)
+    assert api.calls[-1] == ("status", presenter.track_id, FLOW_FAILED, "partial\n\nThe assistant is unavailable.")
+
+
+async def test_a_page_answer_that_failed_after_a_partial_answer_is_finished_not_left_open(delivery: Delivery) -> None:
+    message = card_message().model_copy(update={"platform": "web", "reply_to": ReplyTarget(stream_id="s1")})
+    stream_id = f"{delivery.keys.namespace}-s1"
+    message = message.model_copy(update={"reply_to": ReplyTarget(stream_id=stream_id)})
+    assert await delivery.streams.open("web", message.sender_id, stream_id, limit=3, max_age_s=60)
+    record = ReplyRecords(delivery.redis, delivery.keys, 3600).open(message.dedup_key)
+    presenter = PagePresenter(delivery, SimpleNamespace(), message, record, None)
+    await presenter.show("half an answ")
+    await presenter.deliver("a different final text", await record.load())
+    stored = await delivery.streams.get(stream_id)
+    assert stored is not None and stored.finished
+    assert stored.content == "half an answ\n\na different final text"
+    # Finished means the user's stream slot is free again.
+    assert await delivery.redis.zcard(delivery.keys.active_streams("web", message.sender_id)) == 0
