@@ -140,6 +140,11 @@ class ReplyChannel(Protocol):
         """The platform's send allowances that apply to a message to `target` (empty: none)."""
         ...
 
+    duplicate_check_window_s: float
+    """How long the platform, asked with `duplicate_check`, drops a send whose content repeats one to the same
+    recipient (WeCom's enable_duplicate_check); 0 when it has no such check. The worker then makes every new
+    piece's content unique within the window, so that only a resend is ever dropped."""
+
     def max_bytes_for(self, target: ReplyTarget) -> int:
         """The platform's cap on one message to this target, in UTF-8 bytes."""
         ...

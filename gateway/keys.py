@@ -72,6 +72,10 @@ class Keys:
         """How many times handling one queue entry has failed unexpectedly."""
         return f"{self.namespace}:failures:{entry_id}"
 
+    def recent_send(self, bot_id: str, digest: str) -> str:
+        """A piece content recently sent to one recipient (a string with the platform's duplicate-check TTL)."""
+        return f"{self.namespace}:recent:{bot_id}:{digest}"
+
     def stream(self, stream_id: str) -> str:
         """A streamed answer: the text shown so far and whether it is finished (a hash)."""
         return f"{self.namespace}:stream:{stream_id}"

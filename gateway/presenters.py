@@ -17,6 +17,7 @@ lost the message raises LeaseLost, and a send is preceded by a lease check.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -36,6 +37,21 @@ from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
 CARD_STREAM_LIMIT = 1000  # cards are not limited per user; the store's limit is for WeCom's rule
+# Invisible characters (zero-width space, non-joiner, word joiner, joiner) whose sequences number the repeats
+# of one piece, so that its content differs each time; five of them (15 bytes) count 1,364 repeats.
+UNIQUE_MARKS = "\u200b\u200c\u2060\u200d"
+MAX_MARKS_LEN = 5
+MARKS_ROOM_BYTES = 3 * MAX_MARKS_LEN
+MAX_REPEATS = sum(len(UNIQUE_MARKS) ** n for n in range(1, MAX_MARKS_LEN + 1))
+
+
+def repeat_marks(repeat: int) -> str:
+    """The invisible suffix of a piece's `repeat`-th repeat ('' for the first send): bijective base 4."""
+    marks = ""
+    while repeat > 0:
+        repeat, digit = divmod(repeat - 1, len(UNIQUE_MARKS))
+        marks = UNIQUE_MARKS[digit] + marks
+    return marks
 
 
 class Paced(Exception):
@@ -140,26 +156,50 @@ class Presenter:
 
 
 class PiecesPresenter(Presenter):
+    """Where the platform has a duplicate check (WeCom), every piece is sent with it from the first attempt:
+    whether WeCom matches a flagged resend against an unflagged original is UNCONFIRMED, so none is
+    unflagged. The check matches on content, so a new piece that repeats one sent to the same person within
+    the window ("好的" twice) gets invisible marks that make it unique; which repeat it is gets recorded before
+    the send, so a resend of that piece is byte for byte the first and is the one dropped."""
+
     async def finish(self, text: str, state: ReplyState) -> None:
         await self.deliver(text, state, done_with_last=True)
 
     async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
-        pieces = split_utf8(text, self.adapter.max_bytes_for(target))
+        checked = self.adapter.duplicate_check_window_s > 0
+        pieces = split_utf8(text, self.adapter.max_bytes_for(target) - (MARKS_ROOM_BYTES if checked else 0))
         if done_with_last and state.sent >= len(pieces):
             await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
             await self._pace()
-            await self.record.mark(started=index + 1)  # fenced: a worker that lost the message stops here
-            piece = pieces[index]
+            piece, progress = pieces[index], {"started": index + 1}
+            if checked:
+                repeat = state.variants.get(index, 0) if outcome_unknown else await self._repeat_of(piece)
+                piece, progress[f"v{index}"] = piece + repeat_marks(repeat), repeat
+            await self.record.mark(**progress)  # fenced: a worker that lost the message stops here
             await self.delivery.retry_send(
                 lambda attempt, piece=piece, unknown=outcome_unknown: self.adapter.send_piece(
-                    target, piece, duplicate_check=unknown or attempt > 0
+                    target, piece, duplicate_check=checked or unknown or attempt > 0
                 )
             )
             last = index + 1 == len(pieces)
             await self.record.mark(sent=index + 1, **({"state": "done"} if last and done_with_last else {}))
+
+    async def _repeat_of(self, piece: str) -> int:
+        """How often `piece` went to this recipient within the platform's duplicate-check window before now
+        (a counter in Redis, so every worker knows; it lives as long as the window after the last send)."""
+        recipient = self.message.reply_to.user_id or self.message.reply_to.chat_id
+        digest = hashlib.sha256(f"{recipient}\0{piece}".encode()).hexdigest()[:32]
+        key = self.delivery.keys.recent_send(self.message.bot_id, digest)
+        async with self.delivery.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, int(self.adapter.duplicate_check_window_s))
+            count, _ = await pipe.execute()
+        if count > MAX_REPEATS:
+            log.warning("a piece repeats too often within the duplicate-check window; the platform may drop it")
+        return (int(count) - 1) % (MAX_REPEATS + 1)
 
     async def _pace(self) -> None:
         """Take one send from every allowance (a robot's, a member's, a conversation's), or raise Paced."""
@@ -175,6 +215,8 @@ class PiecesPresenter(Presenter):
 
     async def notice(self, text: str) -> None:
         try:
+            if self.adapter.duplicate_check_window_s > 0:  # counted, so that an answer repeating it is unique
+                text += repeat_marks(await self._repeat_of(text))
             await self.adapter.send_piece(self.message.reply_to, text, duplicate_check=False)
         except SendError as exc:
             log.warning("could not send a notice", extra={"error": str(exc)})

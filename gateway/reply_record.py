@@ -91,6 +91,7 @@ class ReplyState:
     overflow_sent: str = ""
     experts: str = ""
     reason: str = ""  # why the answer failed, when state is failed
+    variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 
     @classmethod
     def from_hash(cls, raw: dict) -> ReplyState:
@@ -98,6 +99,9 @@ class ReplyState:
         values: dict = {}
         for key, value in raw.items():
             name = as_text(key)
+            if name.startswith("v") and name[1:].isdigit():
+                values.setdefault("variants", {})[int(name[1:])] = int(as_text(value))
+                continue
             if name not in names:
                 continue
             text = as_text(value)

@@ -9,7 +9,6 @@ DingTalk's own origin (`oapi_base`), else the reply goes through the OpenAPI.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 
@@ -22,6 +21,7 @@ from bots.dingtalk.crypto import verify_headers
 from bots.dingtalk.exceptions import SessionWebhookExpired, error_for
 from bots.dingtalk.models import parse_robot_message
 from bots.http import request_json
+from bots.safe_json import parse_json_object
 from bots.urls import trusted
 
 TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
@@ -41,6 +41,8 @@ class DingTalkRobotAdapter:
         self.api = DingTalkApiClient(config, http, tokens)
         self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
 
+    duplicate_check_window_s = 0.0  # DingTalk's send APIs have no duplicate check (UNCONFIRMED: none documented)
+
     @property
     def reply_style(self) -> ReplyStyle:
         return "card" if self.config.ai_card.enabled else "pieces"
@@ -51,12 +53,7 @@ class DingTalkRobotAdapter:
     def parse(self, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage:
         """HTTP mode: check timestamp and sign headers, then parse the JSON body."""
         verify_headers(headers, self.config.app_secret.get_secret_value(), now, self.config.replay_window_s)
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CallbackRejected("malformed_json", 400, "body is not valid JSON") from exc
-        if not isinstance(payload, dict):
-            raise CallbackRejected("malformed_json", 400, "body must be a JSON object")
+        payload = parse_json_object(body, "body")
         self._check_addressee(payload)
         return parse_robot_message(self.bot_id, payload, now)
 

@@ -1,7 +1,8 @@
 """A local stand-in for WeCom's server API (qyapi): gettoken and message/send.
 
-It answers like WeCom (errcodes, token expiry, the 2048-byte cut, enable_duplicate_check),
-records every message it "delivers", and takes faults on demand, so that tests,
+It answers like WeCom (errcodes, token expiry, the 2048-byte cut, enable_duplicate_check, the
+per-member allowance of 30 messages a minute and 1,000 an hour, past which WeCom drops what an
+app sends), records every message it "delivers", and takes faults on demand, so that tests,
 benchmarks and the local playground can drive every path of a real deployment.
 Control endpoints live under /__sim__/wecom/.
 """
@@ -20,6 +21,11 @@ from pydantic import BaseModel
 
 TEXT_CUT_BYTES = 2048
 TOKEN_LIFETIME_S = 7200
+# 发送应用消息: one app may send one member at most 30 messages a minute and 1,000 an hour; "超过部分会被丢弃不下发".
+# Whether the dropped send is answered with an errcode is UNCONFIRMED: the harsher reading is played, errcode 0
+# and a msgid as for a delivered message, so that only a sender that never goes past the allowance loses nothing.
+# (The per-app daily quota, 账号上限数×200 人次/天, is not played: no test comes near it.)
+MEMBER_ALLOWANCES = ((60.0, 30), (3600.0, 1000))
 
 
 class Fault(BaseModel):
@@ -29,8 +35,10 @@ class Fault(BaseModel):
     errmsg: str = ""
     http_status: int | None = None
     hold: bool = False
+    delay_s: float = 0.0  # slow: the call waits this long, then answers as the rest of the fault says (or succeeds)
     times: int = 1
     endpoint: str = "send"
+    after: int = 0  # let this many calls of the endpoint through first (hold the second send: after=1)
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Delivered:
     content: str
     at: float
     truncated: bool
+    duplicate_check: bool = False  # the send asked for enable_duplicate_check
 
 
 @dataclass
@@ -56,6 +65,7 @@ class WeComApiState:
     gettoken_calls: int = 0
     send_calls: int = 0
     duplicates_dropped: int = 0
+    dropped_over_rate: int = 0  # sends past a member's allowance: answered ok, never shown
     held: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -63,13 +73,16 @@ class WeComApiState:
         self.tokens.clear()
         self.delivered.clear()
         self.faults.clear()
-        self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = 0
+        self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = self.dropped_over_rate = 0
         self.release.set()
         self.release = asyncio.Event()
 
     def next_fault(self, endpoint: str) -> Fault | None:
         for fault in self.faults:
             if fault.endpoint == endpoint:
+                if fault.after > 0:
+                    fault.after -= 1
+                    return None
                 fault.times -= 1
                 if fault.times <= 0:
                     self.faults.remove(fault)
@@ -89,6 +102,8 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     async def gettoken(corpid: str = "", corpsecret: str = "") -> JSONResponse:
         state.gettoken_calls += 1
         fault = state.next_fault("gettoken")
+        if fault and fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
         if fault and fault.errcode is not None:
             return _error(fault.errcode, fault.errmsg or "simulated")
         if (corpid, corpsecret) not in state.apps:
@@ -101,6 +116,8 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     async def message_send(request: Request, access_token: str = "") -> JSONResponse:
         state.send_calls += 1
         fault = state.next_fault("send")
+        if fault and fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
         if fault and fault.hold:
             state.held += 1
             await state.release.wait()
@@ -135,8 +152,18 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
                     state.duplicates_dropped += 1
                     return JSONResponse({"errcode": 0, "errmsg": "ok", "msgid": earlier.msgid})
         msgid = secrets.token_hex(12)
+        now = time.time()
+        agentid, member = int(body.get("agentid", 0)), str(body["touser"])  # botgw sends to one member at a time
+        mine = [d.at for d in state.delivered if d.touser == member and d.agentid == agentid]
+        for window_s, allowed in MEMBER_ALLOWANCES:
+            if sum(1 for at in mine if now - at < window_s) >= allowed:
+                state.dropped_over_rate += 1
+                return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
         state.delivered.append(
-            Delivered(msgid, int(body.get("agentid", 0)), str(body["touser"]), content, time.time(), truncated)
+            Delivered(
+                msgid, int(body.get("agentid", 0)), str(body["touser"]), content, time.time(), truncated,
+                bool(body.get("enable_duplicate_check")),
+            )
         )
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
 
@@ -173,6 +200,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             "send_calls": state.send_calls,
             "delivered": len(state.delivered),
             "duplicates_dropped": state.duplicates_dropped,
+            "dropped_over_rate": state.dropped_over_rate,
             "held": state.held,
             "pending_faults": len(state.faults),
         }

@@ -24,12 +24,14 @@ MEMBER_PACING = ("30/minute", "1000/hour")
 
 
 def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
-    """Reject a timestamp outside ±window_s of now (0 turns the check off)."""
+    """Reject a timestamp outside ±window_s of now (0 turns the check off).
+
+    Compared as integers: a timestamp of thousands of digits is merely far off, not too large for a float."""
     try:
         sent_at = int(timestamp)
     except ValueError as exc:
         raise CallbackRejected("bad_timestamp", 400, "timestamp is not an integer") from exc
-    if window_s and abs(now - sent_at) > window_s:
+    if window_s and abs(int(now) - sent_at) > window_s:
         raise CallbackRejected("stale_timestamp", 403, "timestamp outside the replay window")
 
 
@@ -74,6 +76,10 @@ class WeComAppAdapter:
     def ack(self) -> tuple[int, str]:
         """WeCom app callbacks are acknowledged with 200 and an empty body; replies go by message/send."""
         return 200, ""
+
+    @property
+    def duplicate_check_window_s(self) -> float:
+        return float(self.config.duplicate_check_interval_s)
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return TEXT_MAX_BYTES

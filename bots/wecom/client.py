@@ -19,8 +19,6 @@ from bots.wecom.exceptions import TOKEN_INVALID_CODES, error_for
 
 log = logging.getLogger(__name__)
 
-DUPLICATE_CHECK_INTERVAL_S = 1800
-
 
 class WeComApiClient:
     """Token and send calls for one WeCom app."""
@@ -53,7 +51,7 @@ class WeComApiClient:
             "text": {"content": content},
             "safe": 0,
             "enable_duplicate_check": 1 if duplicate_check else 0,
-            "duplicate_check_interval": DUPLICATE_CHECK_INTERVAL_S,
+            "duplicate_check_interval": self._config.duplicate_check_interval_s,
         }
         token = await self.access_token()
         for _ in range(2):

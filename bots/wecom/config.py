@@ -41,6 +41,9 @@ class WeComAppConfig(_CallbackSecrets):
     agent_id: int
     secret: SecretStr
     api_base: str = WECOM_API_BASE
+    duplicate_check_interval_s: int = Field(
+        default=1800, ge=60, le=14400, description="WeCom drops a repeated send within this window (max 4 h)"
+    )
 
     _api_base = field_validator("api_base")(_strip_slash)
 
