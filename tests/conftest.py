@@ -1,14 +1,26 @@
 """Session fixtures: a real redis-server, a real vLLM CPU engine serving the tiny ERNIE-4.5 MoE,
-the platform simulator, a gateway and a worker, all separate processes talking HTTP."""
+the platform simulator, a gateway and a worker, all separate processes talking HTTP; and `cluster`,
+gateways and workers of their own namespace with a stub engine (tests/stub_engine.py).
+
+The engine takes a minute or two to load on a CPU. When a collected test needs it, it is started as
+the session's stack comes up, so that the tests that do not need it run while it loads; `live_engine`
+waits for it. The same goes for the group-robot burst, which WeCom's 20-a-minute pacing makes take a
+minute of wall time (and next to no CPU): it is queued at the start and checked when its test runs.
+
+Logs go to test-artifacts/logs, or to $BOTGW_TEST_ARTIFACTS/logs (so that two runs in one tree do
+not wipe each other's logs)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import secrets
 import shutil
+import signal
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +38,12 @@ from tests.procs import (
     start_gateway,
     start_simulator,
     start_worker,
+    wait_for,
     wait_http,
     write_config,
 )
 
-ARTIFACTS = ROOT / "test-artifacts"
+ARTIFACTS = Path(os.environ.get("BOTGW_TEST_ARTIFACTS") or ROOT / "test-artifacts")
 ENGINE_MODEL = "ernie-tiny"
 SYSTEM_PROMPT = "You are a test assistant."
 
@@ -80,6 +93,8 @@ class Stack:
     namespace: str
     log_dir: Path
     procs: dict[str, Proc] = field(default_factory=dict)
+    engine_url: str = ""
+    robot_burst_at: float = 0.0
 
     @property
     def admin_url(self) -> str:
@@ -114,6 +129,13 @@ class Stack:
                 return self.delivered(user)
             time.sleep(0.1)
         raise AssertionError(f"{user} got {len(self.delivered(user))} messages, expected {count}")
+
+    def texts(self, user: str) -> list[str]:
+        """What `user` read, in order: the invisible marks that keep repeated pieces unique removed."""
+        return [item["content"].replace("\u200b", "") for item in self.delivered(user)]
+
+    def dead_letters(self) -> int:
+        return int(self.redis.xlen(f"{self.namespace}:dead"))
 
     def sim_stats(self) -> dict:
         return httpx.get(f"{self.sim_url}/__sim__/wecom/stats", timeout=5).json()
@@ -192,12 +214,27 @@ def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, 
     return config
 
 
+def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a collected test of this session uses `fixture`."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
 @pytest.fixture(scope="session")
-def stack(redis_url: str, log_dir: Path) -> Iterator[Stack]:
-    """Gateway + simulator + one worker. The engine address is read lazily: tests that do not
-    need the engine (bad input, sending) run without waiting for it."""
-    engine_port = int(os.environ.get("BOTGW_TEST_ENGINE_PORT", free_port()))
-    os.environ["BOTGW_TEST_ENGINE_PORT"] = str(engine_port)
+def engine_proc(log_dir: Path) -> Iterator[tuple[Proc, int]]:
+    """The vLLM engine process, started (not waited for) on first use."""
+    port = free_port()
+    proc = Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / "engine.log")
+    yield proc, port
+    proc.stop(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def stack(redis_url: str, log_dir: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """Gateway + simulator + one worker. The engine is started now if any collected test needs it, and
+    waited for only by `live_engine`: tests that do not need it run while it loads."""
+    engine_port = free_port()
+    if _wanted(request, "live_engine"):
+        _, engine_port = request.getfixturevalue("engine_proc")
     sim_port, gw_port = free_port(), free_port()
     namespace = "t" + secrets.token_hex(4)
     sim_url = f"http://127.0.0.1:{sim_port}"
@@ -207,25 +244,169 @@ def stack(redis_url: str, log_dir: Path) -> Iterator[Stack]:
     procs["gateway"] = start_gateway(path, gw_port, log_dir)
     procs["worker"] = start_worker(path, log_dir, "worker-1")
     client = redis.Redis.from_url(redis_url)
-    yield Stack(config, path, f"http://127.0.0.1:{gw_port}", sim_url, client, namespace, log_dir, procs)
+    made = Stack(config, path, f"http://127.0.0.1:{gw_port}", sim_url, client, namespace, log_dir, procs)
+    made.engine_url = f"http://127.0.0.1:{engine_port}"
+    if _wanted(request, "robot_burst"):
+        start_robot_burst(made)
+    yield made
     for proc in procs.values():
         proc.stop()
 
 
 @pytest.fixture(scope="session")
-def live_engine(stack: Stack, log_dir: Path) -> Iterator[str]:
-    """The engine at the address the stack's config names, started on first use."""
-    port = int(os.environ["BOTGW_TEST_ENGINE_PORT"])
-    proc = Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / "engine.log")
-    wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
-    # The stack's gateway and worker watch the engine on their own; let them see it warmed up.
+def live_engine(stack: Stack, engine_proc: tuple[Proc, int]) -> str:
+    """The engine at the address the stack's config names, once the stack's gateway and worker see it ready."""
+    proc, port = engine_proc
+    url = f"http://127.0.0.1:{port}"
+    assert stack.engine_url == url
+    wait_http(f"{url}/health", 600, proc)
     wait_http(f"{stack.admin_url}/readyz", 60)
-    time.sleep(1.0)
-    yield f"http://127.0.0.1:{port}"
-    proc.stop(timeout=30)
+    worker = stack.procs["worker"]
+    wait_for(lambda: b'"engine ready"' in worker.log_path.read_bytes(), 60, "the stack's worker to see the engine")
+    return url
+
+
+ROBOT_BURST = 25
+
+
+def start_robot_burst(stack: Stack) -> None:
+    """Queue ROBOT_BURST pushes for the stack's group robot, alternately markdown and text."""
+    from redis.asyncio import Redis
+
+    from gateway.keys import Keys
+    from gateway.push import enqueue_push
+    from gateway.scheduler import Scheduler
+
+    async def burst() -> None:
+        client = Redis.from_url(stack.config["redis_url"])
+        scheduler = Scheduler(client, Keys(stack.namespace))
+        for i in range(ROBOT_BURST):
+            await enqueue_push(scheduler, "robot", f"**alert {i}**", markdown=i % 2 == 0)
+        await client.aclose()
+
+    asyncio.run(burst())
+    stack.robot_burst_at = time.time()
+
+
+@pytest.fixture(scope="session")
+def robot_burst(stack: Stack) -> float:
+    """When the group-robot burst was queued (at the stack's start, when a collected test asks for it)."""
+    if not stack.robot_burst_at:
+        start_robot_burst(stack)
+    return stack.robot_burst_at
 
 
 @pytest.fixture
 def user() -> str:
     """A fresh WeCom user id, so that tests never see each other's messages or limits."""
     return "u" + secrets.token_hex(5)
+
+
+def start_stub_engine(log_dir: Path, delay_s: float, name: str, chunk_delay_s: float = 0.0) -> tuple[Proc, str]:
+    """tests/stub_engine.py on a free port, once it answers /health."""
+    port = free_port()
+    args = [sys.executable, "-m", "tests.stub_engine", "--port", str(port), "--delay", str(delay_s)]
+    proc = Proc([*args, "--chunk-delay", str(chunk_delay_s)], log_dir / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", 30, proc)
+    return proc, url
+
+
+def stub_requests(engine_url: str) -> list[dict]:
+    """The chat requests a stub engine received, warm-ups left out."""
+    return [r for r in httpx.get(f"{engine_url}/__stub__/requests", timeout=5).json() if not r["warmup"]]
+
+
+class Cluster:
+    """Gateways and workers of one namespace, on the shared Redis and simulator, with stub engines of their own.
+
+    `engines` stub engines (1 by default) answer after `delay_s`; with more than one, the config lists them all
+    as `engine.endpoints`. Overrides are merged into the config like `stack_config`'s."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        delay_s: float,
+        engines: int = 1,
+        chunk_delay_s: float = 0.0,
+        redis_url: str = "",
+        **overrides: object,
+    ) -> None:
+        self.namespace = "w" + secrets.token_hex(4)
+        self.log_dir = stack.log_dir
+        self.engines: list[Proc] = []
+        self.engine_urls: list[str] = []
+        for i in range(engines):
+            proc, url = start_stub_engine(stack.log_dir, delay_s, f"stub-{self.namespace}-{i}", chunk_delay_s)
+            self.engines.append(proc)
+            self.engine_urls.append(url)
+        self.engine, self.engine_url = self.engines[0], self.engine_urls[0]
+        if engines > 1:
+            engine = {**dict(overrides.get("engine") or {}), "endpoints": self.engine_urls}  # type: ignore[arg-type]
+            overrides = {**overrides, "engine": engine}
+        redis_url = redis_url or stack.config["redis_url"]
+        config = stack_config(redis_url, self.engine_url, stack.sim_url, self.namespace, **overrides)
+        for bot in config["bots"]:  # the simulator knows the stack's apps: reuse their credentials
+            if bot["platform"] != "wecom-webhook":  # a group robot's key of its own: its own 20 a minute
+                bot.update(next(b for b in stack.config["bots"] if b["id"] == bot["id"]))
+        self.config = config
+        self.path = write_config(stack.log_dir / f"{self.namespace}.yaml", config)
+        client = stack.redis if redis_url == stack.config["redis_url"] else redis.Redis.from_url(redis_url)
+        self.stack = Stack(config, self.path, "", stack.sim_url, client, self.namespace, stack.log_dir)
+        self.gateways: list[str] = []
+        self.procs: dict[str, Proc] = {}
+
+    def add_gateway(self) -> str:
+        port = free_port()
+        name = f"gw-{self.namespace}-{len(self.gateways)}"
+        self.procs[name] = start_gateway(self.path, port, self.log_dir, name=name)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{self.procs[name].admin_url}/readyz", 30)
+        self.gateways.append(url)
+        if not self.stack.gateway_url:
+            self.stack.gateway_url = url
+            self.stack.procs["gateway"] = self.procs[name]
+        return url
+
+    def add_worker(self, name: str, path: Path | None = None) -> Proc:
+        """A worker, once it has started and sees every engine ready (so that routing starts from a known state)."""
+        proc = start_worker(path or self.path, self.log_dir, f"{self.namespace}-{name}")
+        self.procs[name] = proc
+        wait_for(lambda: proc.log_path.read_bytes().count(b'"engine ready"') >= len(self.engines), 30,
+                 f"worker {name} to start and see its engines ready:\n{proc.tail()}")
+        wait_for(lambda: b"worker started" in proc.log_path.read_bytes(), 30, f"worker {name} to start")
+        return proc
+
+    def engine_requests(self, index: int | None = None) -> list[dict]:
+        """Chat requests (warm-ups left out) that reached the stub engines, or the one at `index`."""
+        urls = self.engine_urls if index is None else [self.engine_urls[index]]
+        return [r for url in urls for r in stub_requests(url)]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill(signal.SIGCONT)
+            proc.stop()
+        for engine in self.engines:
+            engine.stop()
+
+
+@pytest.fixture
+def cluster(stack: Stack) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(delay_s: float = 0.5, **overrides: object) -> Cluster:
+        made.append(Cluster(stack, delay_s, **overrides))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "after_everything: run after every other test of the session")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that judge the whole run (the logs of every process) go last; the rest keep their order."""
+    items.sort(key=lambda item: item.get_closest_marker("after_everything") is not None)
