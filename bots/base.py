@@ -140,6 +140,10 @@ class ReplyChannel(Protocol):
         """The platform's send allowances that apply to a message to `target` (empty: none)."""
         ...
 
+    max_answer_bytes: int | None
+    """The most of one answer the platform can show, in UTF-8 bytes (None: no cap, it is sent in pieces);
+    the engine's max_tokens is lowered to fit it."""
+
     duplicate_check_window_s: float
     """How long the platform, asked with `duplicate_check`, drops a send whose content repeats one to the same
     recipient (WeCom's enable_duplicate_check); 0 when it has no such check. The worker then makes every new

@@ -44,6 +44,7 @@ STREAM_ATTEMPTS = 3
 TEMPLATE_TOKENS = 16  # the chat template's own tokens around the messages (role markers, generation prompt)
 TOKENS_PER_TURN = 6  # the template's tokens around each history turn
 MIN_ANSWER_TOKENS = 32  # a message that leaves less room than this for the answer is refused as too long
+MAX_BYTES_PER_TOKEN = 6
 ENGINE_UNAVAILABLE_TEXT = (
     "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
 )
@@ -73,6 +74,14 @@ class PromptPlan:
     max_tokens: int
     prompt_bound: int  # tokens the prompt can at most take (for the budget reservation)
     message_tokens: int | None  # the new message's exact size, when it had to be counted
+
+
+def answer_token_cap(adapter, max_tokens: int) -> int:  # type: ignore[no-untyped-def]
+    """`max_tokens`, lowered where the platform caps a whole answer (`adapter.max_answer_bytes`, e.g. the AI
+    bot's stream plus one response_url post) so that a visible cut stays rare: a token of ERNIE's
+    vocabulary is seldom more than MAX_BYTES_PER_TOKEN bytes of UTF-8 (two Chinese characters)."""
+    cap = adapter.max_answer_bytes
+    return min(max_tokens, max(MIN_ANSWER_TOKENS, cap // MAX_BYTES_PER_TOKEN)) if cap else max_tokens
 
 
 class Worker:
@@ -362,7 +371,7 @@ class Worker:
         sender's prompt limit. The message is counted by the engine's tokenizer only when its byte length
         (an upper bound of its tokens) does not settle the question."""
         text = job.message.text
-        max_tokens = self._settings.engine.max_tokens
+        max_tokens = answer_token_cap(job.adapter, self._settings.engine.max_tokens)
         context = self._rt.engine.max_model_len
         max_prompt = self._budgets.max_prompt_tokens(job.message.sender_id, job.group_id)
         system = await self._count_system_tokens()

@@ -131,3 +131,14 @@ async def test_a_page_answer_that_failed_after_a_partial_answer_is_finished_not_
     assert stored.content == "half an answ\n\na different final text"
     # Finished means the user's stream slot is free again.
     assert await delivery.redis.zcard(delivery.keys.active_streams("web", message.sender_id)) == 0
+
+
+def test_max_tokens_is_lowered_to_what_the_platform_can_show() -> None:
+    from bots.wecom.aibot import WeComAIBotAdapter
+    from gateway.worker import MAX_BYTES_PER_TOKEN, answer_token_cap
+
+    cap = WeComAIBotAdapter.max_answer_bytes
+    assert cap == 20480 + 20480
+    assert answer_token_cap(WeComAIBotAdapter, 100_000) == cap // MAX_BYTES_PER_TOKEN
+    assert answer_token_cap(WeComAIBotAdapter, 512) == 512
+    assert answer_token_cap(SimpleNamespace(max_answer_bytes=None), 100_000) == 100_000

@@ -42,6 +42,7 @@ class DingTalkRobotAdapter:
         self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
 
     duplicate_check_window_s = 0.0  # DingTalk's send APIs have no duplicate check (UNCONFIRMED: none documented)
+    max_answer_bytes = None  # text goes in pieces; a card takes the whole text (no documented cap)
 
     @property
     def reply_style(self) -> ReplyStyle:

@@ -19,6 +19,7 @@ MAX_TEXT_CHARS = 8000
 class WebAdapter:
     platform = PLATFORM
     reply_style: ReplyStyle = "page"
+    max_answer_bytes = None
     callback_kind: CallbackKind | None = None  # the page posts to /web/{bot}/chat, not /callback
 
     def __init__(self, config: WebBotConfig) -> None:

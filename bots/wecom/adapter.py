@@ -47,6 +47,7 @@ class WeComAppAdapter:
 
     platform = "wecom"
     reply_style: ReplyStyle = "pieces"
+    max_answer_bytes = None
     callback_kind: CallbackKind = "wecom-app"
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:

@@ -21,6 +21,7 @@ import httpx
 
 from bots.base import CallbackKind, CallbackRejected, InboundMessage, PermanentSendError, ReplyStyle, ReplyTarget
 from bots.http import request_json
+from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
 from bots.urls import trusted
 from bots.wecom.adapter import check_timestamp, required_params
@@ -60,25 +61,14 @@ def stream_id_for(message_dedup_key: str) -> str:
     return hashlib.sha256(message_dedup_key.encode()).hexdigest()[:32]
 
 
-def _loads(data: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CallbackRejected("malformed_json", 400, f"{what} is not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise CallbackRejected("malformed_json", 400, f"{what} must be a JSON object")
-    return value
-
-
 def _text_of(payload: dict[str, Any], msg_type: str) -> str:
-    if msg_type == "text":
-        return str((payload.get("text") or {}).get("content", ""))
-    if msg_type == "voice":
-        return str((payload.get("voice") or {}).get("content", ""))
-    items = (payload.get("mixed") or {}).get("msg_item") or []
-    return "\n".join(
-        str((item.get("text") or {}).get("content", "")) for item in items if item.get("msgtype") == "text"
-    )
+    if msg_type in ("text", "voice"):
+        return str(object_field(payload, msg_type).get("content", ""))
+    items = object_field(payload, "mixed").get("msg_item") or []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise CallbackRejected("malformed_fields", 400, "mixed.msg_item must be a list of objects")
+    texts = (object_field(item, "text").get("content", "") for item in items if item.get("msgtype") == "text")
+    return "\n".join(str(text) for text in texts)
 
 
 class WeComAIBotAdapter:
@@ -87,6 +77,7 @@ class WeComAIBotAdapter:
     platform = PLATFORM
     max_stream_bytes = STREAM_MAX_BYTES
     max_overflow_bytes = RESPONSE_URL_MAX_BYTES
+    max_answer_bytes = STREAM_MAX_BYTES + RESPONSE_URL_MAX_BYTES
     reply_style: ReplyStyle = "stream"
     callback_kind: CallbackKind = "wecom-aibot"
 
@@ -106,23 +97,23 @@ class WeComAIBotAdapter:
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> AIBotEvent:
         signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
         check_timestamp(timestamp, now, self.config.replay_window_s)
-        encrypted = _loads(body, "body").get("encrypt")
+        encrypted = parse_json_object(body, "body").get("encrypt")
         if not isinstance(encrypted, str) or not encrypted:
             raise CallbackRejected("missing_encrypt", 400, "body has no encrypt field")
-        payload = _loads(self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted), "plaintext")
+        payload = parse_json_object(self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted), "plaintext")
         return self._classify(payload, now)
 
     def _classify(self, payload: dict[str, Any], now: float) -> AIBotEvent:
         msg_type = str(payload.get("msgtype", ""))
         if msg_type == "stream":
-            stream_id = str((payload.get("stream") or {}).get("id", ""))
+            stream_id = str(object_field(payload, "stream").get("id", ""))
             if not stream_id:
                 raise CallbackRejected("missing_fields", 400, "stream refresh without stream.id")
             return StreamPoll(stream_id)
         if msg_type == "event":
-            event_type = str((payload.get("event") or {}).get("eventtype", ""))
+            event_type = str(object_field(payload, "event").get("eventtype", ""))
             return WelcomeEvent() if event_type == "enter_chat" else None
-        sender = str((payload.get("from") or {}).get("userid", ""))
+        sender = str(object_field(payload, "from").get("userid", ""))
         msg_id = str(payload.get("msgid", ""))
         if not sender or not msg_id:
             raise CallbackRejected("missing_fields", 400, "from.userid or msgid missing")

@@ -23,6 +23,7 @@ class WeComWebhookAdapter:
     platform = "wecom-webhook"
     reply_style: ReplyStyle = "pieces"
     duplicate_check_window_s = 0.0  # a group robot has no duplicate check
+    max_answer_bytes = None
     callback_kind: CallbackKind | None = None
 
     def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
