@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -98,6 +99,83 @@ class PermanentSendError(SendError):
     retryable = False
 
 
+class ConversationTaken(PermanentSendError):
+    """The platform will not let the bot speak here: a human agent owns the conversation (微信客服 95018) or
+    its reply allowance is used up. The answer is withheld, not failed: no retry, no dead letter."""
+
+
+@dataclass(frozen=True)
+class ReplyQuota:
+    """At most `limit` messages to a person within `window_s` of their last message, renewed each time they
+    write (微信客服: 5 in 48 h); `reserve` of them are kept for a handoff notice."""
+
+    limit: int
+    window_s: int
+    reserve: int = 1
+
+
+Owner = Literal["bot", "human", "free"]
+"""Who holds a conversation on a platform with human agents: the bot, a human (or the queue for one), nobody."""
+
+
+class PulledItem(BaseModel):
+    """One item of a pulled channel's log: a person's message, a human agent's message, or a platform event."""
+
+    kind: Literal["message", "agent", "event"]
+    message: InboundMessage
+    event: dict = Field(default_factory=dict)
+
+
+class PulledPage(BaseModel):
+    """One page of a pull: its items, where the next pull starts, and whether more is waiting now."""
+
+    items: list[PulledItem]
+    next_cursor: str
+    has_more: bool
+
+
+class Sessions(Protocol):
+    """What a platform with human agents (微信客服) lets the worker ask and do about a conversation."""
+
+    def wants_human(self, text: str) -> bool:
+        """The person asks for a human (a handoff keyword)."""
+        ...
+
+    async def owner(self, target: ReplyTarget) -> Owner:
+        """Who holds the conversation now, asked of the platform."""
+        ...
+
+    async def take(self, target: ReplyTarget) -> None:
+        """Make the bot the conversation's holder (before its first answer)."""
+        ...
+
+    async def hand_off(self, target: ReplyTarget, servicer: str | None) -> str:
+        """Give the conversation to a human (a named agent, else the queue); returns the notice code."""
+        ...
+
+    async def send_notice(self, target: ReplyTarget, code: str, text: str, notice_key: str) -> None:
+        """Send a notice bound to an event code (a welcome, the handoff notice), once per `notice_key`."""
+        ...
+
+    def handoff_text(self) -> str:
+        """What the person is told when they are handed to a human."""
+        ...
+
+    def on_event(self, event: dict, target: ReplyTarget) -> EventEffect:
+        """What a platform event means for the conversation."""
+        ...
+
+
+@dataclass(frozen=True)
+class EventEffect:
+    """What an event changes: the new holder, a welcome to send with its code, a label to count it by."""
+
+    owner: Owner | None = None
+    welcome_code: str = ""
+    welcome_text: str = ""
+    label: str = ""
+
+
 class TokenStore(Protocol):
     """Shared cache for platform access tokens, refreshed by one process at a time."""
 
@@ -123,7 +201,7 @@ ReplyStyle = Literal["pieces", "stream", "card", "page"]
 a stream the platform polls (WeCom AI bot), a card updated in place (DingTalk AI card), or a page that
 reads it from the gateway (web). The worker picks how to deliver by this, never by adapter class."""
 
-CallbackKind = Literal["wecom-app", "wecom-aibot", "dingtalk-http"]
+CallbackKind = Literal["wecom-app", "wecom-aibot", "dingtalk-http", "wecom-kf"]
 """Which callback handler answers this bot's HTTP callbacks (None: it receives none over HTTP)."""
 
 Pacing = list[tuple[str, str]]
@@ -153,6 +231,21 @@ class ReplyChannel(Protocol):
         """The platform's cap on one message to this target, in UTF-8 bytes."""
         ...
 
-    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
-        """Deliver one piece that fits max_bytes_for(target); `duplicate_check` asks the platform to drop a repeat."""
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = "") -> None:
+        """Deliver one piece that fits max_bytes_for(target); `duplicate_check` asks the platform to drop a repeat,
+        and `piece_key` names the piece (the same for every attempt) where the platform takes a message id."""
         ...
+
+
+class ChannelDefaults:
+    """What a platform without the feature declares, so that an adapter names only what it has."""
+
+    duplicate_check_window_s: float = 0.0
+    max_answer_bytes: int | None = None
+    merge_window_s: float = 0.0  # a person's messages within this many seconds are answered together
+    reply_quota: ReplyQuota | None = None
+    sessions: Sessions | None = None  # human agents can own a conversation
+
+    def system_prompt_for(self, message: InboundMessage) -> str | None:
+        """A system prompt of this bot's own for the message (None: the configured default)."""
+        return None

@@ -21,6 +21,8 @@ from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
 from bots.wecom.webhook import WeComWebhookAdapter
+from bots.wecom_kf.adapter import WeComKfAdapter
+from bots.wecom_kf.config import WeComKfConfig
 
 AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Any]
 
@@ -34,6 +36,7 @@ class Platform:
 PLATFORMS: dict[str, Platform] = {
     "wecom": Platform(WeComAppConfig, WeComAppAdapter),
     "wecom-ai": Platform(WeComAIBotConfig, lambda config, http, tokens: WeComAIBotAdapter(config, http)),
+    "wecom-kf": Platform(WeComKfConfig, WeComKfAdapter),
     "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http)),
     "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter),
     "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config)),

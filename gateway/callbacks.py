@@ -56,6 +56,17 @@ class AppCallbacks:
         return CallbackReply(200, "")
 
 
+class KfCallbacks(AppCallbacks):
+    """WeCom 微信客服: the callback only says "pull"; the pull is queued (once per callback Token), never
+    done here, and the answer is an empty 200 at once."""
+
+    async def handle(self, request: CallbackRequest) -> CallbackReply:
+        pull = self.adapter.parse(request.query, request.body, request.now)
+        outcome = "ignored" if pull is None else await self._ingest.accept(pull, kind="pull")
+        metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
+        return CallbackReply(200, "")
+
+
 class DingTalkCallbacks:
     """DingTalk robot in HTTP mode: verify the signed headers, enqueue, answer 200 at once."""
 
@@ -133,6 +144,7 @@ class AIBotCallbacks:
 CallbackHandler = AppCallbacks | AIBotCallbacks | DingTalkCallbacks
 HANDLERS: dict[CallbackKind, type[CallbackHandler]] = {
     "wecom-app": AppCallbacks,
+    "wecom-kf": KfCallbacks,
     "wecom-aibot": AIBotCallbacks,
     "dingtalk-http": DingTalkCallbacks,
 }

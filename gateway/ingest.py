@@ -36,14 +36,15 @@ class Ingest:
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
 
-    async def accept(self, message: InboundMessage, signature: str = "") -> Outcome:
-        """Queue the message unless this delivery was seen before (a platform retry).
+    async def accept(self, message: InboundMessage, signature: str = "", kind: str = "chat") -> Outcome:
+        """Queue the message unless this delivery was seen before (a platform retry). `kind` says what the
+        worker does with it: answer it ("chat"), or pull a channel's log ("pull", the message names it).
 
         `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
         it is bound to the first message it came with, and a reuse with another message is "replayed".
         """
         scope = Scope.of(message, self._settings.memory.group)
-        entry = new_entry(scope.owner, "chat", message.model_dump_json(), rid=request_id.get())
+        entry = new_entry(scope.owner, kind, message.model_dump_json(), rid=request_id.get())
         dedup_key = self._keys.dedup(message.dedup_key)
         weight = self._settings.worker.weight(message.bot_id)
         binding = None

@@ -64,6 +64,18 @@ class Keys:
         digest = hashlib.sha1(signature.encode()).hexdigest()[:24]
         return f"{self.namespace}:sigbind:{bot_id}:{digest}"
 
+    def pull_cursor(self, bot_id: str, channel: str) -> str:
+        """Where the next pull of a pulled channel (a 微信客服 account) starts; saved only after enqueueing."""
+        return f"{self.namespace}:pull:cursor:{bot_id}:{channel}"
+
+    def conversation_owner(self, lane: str) -> str:
+        """Who holds a conversation on a platform with human agents (bot / human / free), cached."""
+        return f"{self.namespace}:owner:{lane}"
+
+    def reply_quota(self, lane: str) -> str:
+        """Messages sent to a person since they last wrote (a counter that expires with the platform's window)."""
+        return f"{self.namespace}:quota:{lane}"
+
     def reply(self, dedup_key: str) -> str:
         """The answer of one message and how much of it has been delivered (a hash)."""
         return f"{self.namespace}:reply:{dedup_key}"

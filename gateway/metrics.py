@@ -31,6 +31,16 @@ ENGINE_TOKENS = Counter("botgw_engine_tokens_total", "Tokens used, by kind and p
 ENGINE_ERRORS = Counter("botgw_engine_errors_total", "Engine calls that failed", ["retryable"])
 REPLIES = Counter("botgw_replies_total", "Answers handled by the workers, by outcome", ["platform", "outcome"])
 SEND_FAILURES = Counter("botgw_send_failures_total", "Failed platform sends by error code", ["platform", "code"])
+PULLED = Counter(
+    "botgw_pulled_items_total", "Items a pull found, by kind and what became of them", ["platform", "kind", "outcome"]
+)
+PLATFORM_EVENTS = Counter(
+    "botgw_platform_events_total", "Platform events (e.g. msg_send_fail:6)", ["platform", "event"]
+)
+HANDOFFS = Counter("botgw_handoffs_total", "Conversations handed to a human, by destination", ["platform", "to"])
+WITHHELD = Counter(
+    "botgw_withheld_total", "Answers not sent by the platform's rules, by reason", ["platform", "reason"]
+)
 LEASE_TAKEOVERS = Counter(
     "botgw_lease_takeovers_total", "Messages whose worker stopped renewing its lease, handed on to another worker"
 )

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from bots.base import InboundMessage, SendError
+from bots.base import ConversationTaken, InboundMessage, SendError
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED, FLOW_INPUTTING
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import commands
 from gateway.config import WorkerSettings
+from gateway.conversations import Conversations
 from gateway.keys import Keys
 from gateway.limits import MovingWindowLimiter, window
 from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyState
@@ -71,6 +72,7 @@ class Delivery:
     streams: StreamStore
     pacer: MovingWindowLimiter
     settings: WorkerSettings
+    conversations: Conversations | None = None  # reply quotas, for platforms that have them
 
     async def retry_send(self, call) -> None:  # type: ignore[no-untyped-def]
         await retry(
@@ -168,24 +170,54 @@ class PiecesPresenter(Presenter):
     async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
         checked = self.adapter.duplicate_check_window_s > 0
-        pieces = split_utf8(text, self.adapter.max_bytes_for(target) - (MARKS_ROOM_BYTES if checked else 0))
+        cap = self.adapter.max_bytes_for(target) - (MARKS_ROOM_BYTES if checked else 0)
+        pieces = await self._within_quota(split_utf8(text, cap), cap, state)
         if done_with_last and state.sent >= len(pieces):
             await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
             await self._pace()
+            await self._take_quota_slot(outcome_unknown)
             piece, progress = pieces[index], {"started": index + 1}
             if checked:
                 repeat = state.variants.get(index, 0) if outcome_unknown else await self._repeat_of(piece)
                 piece, progress[f"v{index}"] = piece + repeat_marks(repeat), repeat
             await self.record.mark(**progress)  # fenced: a worker that lost the message stops here
+            piece_key = f"{self.message.dedup_key}:{index}"
             await self.delivery.retry_send(
-                lambda attempt, piece=piece, unknown=outcome_unknown: self.adapter.send_piece(
-                    target, piece, duplicate_check=checked or unknown or attempt > 0
+                lambda attempt, piece=piece, unknown=outcome_unknown, key=piece_key: self.adapter.send_piece(
+                    target, piece, duplicate_check=checked or unknown or attempt > 0, piece_key=key
                 )
             )
             last = index + 1 == len(pieces)
             await self.record.mark(sent=index + 1, **({"state": "done"} if last and done_with_last else {}))
+
+    async def _within_quota(self, pieces: list[str], cap: int, state: ReplyState) -> list[str]:
+        """Where the platform allows a person only so many messages (微信客服: 5 per 48 h), the answer takes
+        at most what is left; how many pieces that is gets recorded once, so a takeover splits alike, and
+        a cut answer says so."""
+        quota, conversations = self.adapter.reply_quota, self.delivery.conversations
+        if quota is None or conversations is None:
+            return pieces
+        if not state.quota_pieces:
+            left = await conversations.quota_left(self.message, quota)
+            await self.record.claim("quota_pieces", str(min(len(pieces), left)))
+            state.quota_pieces = (await self.record.load()).quota_pieces
+        allowed = int(state.quota_pieces)
+        if allowed >= len(pieces):
+            return pieces
+        if allowed == 0:
+            raise ConversationTaken("the person's reply allowance is used up", code="quota")
+        cut = utf8_prefix(pieces[allowed - 1], cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
+        return [*pieces[: allowed - 1], cut]
+
+    async def _take_quota_slot(self, resend: bool) -> None:
+        """Count a new piece against the person's allowance (a resend took its slot the first time)."""
+        quota, conversations = self.adapter.reply_quota, self.delivery.conversations
+        if quota is None or conversations is None or resend:
+            return
+        if not await conversations.take_slot(self.message, quota):
+            raise ConversationTaken("the person's reply allowance is used up", code="quota")
 
     async def _repeat_of(self, piece: str) -> int:
         """How often `piece` went to this recipient within the platform's duplicate-check window before now

@@ -91,6 +91,7 @@ class ReplyState:
     overflow_sent: str = ""
     experts: str = ""
     reason: str = ""  # why the answer failed, when state is failed
+    quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have
     variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 
     @classmethod

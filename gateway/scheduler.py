@@ -218,6 +218,26 @@ return expired
 )
 
 
+# ARGV: ns, lane, epoch, merged head entry json, then the ids of the head and of the entries after it
+# that it absorbs, in lane order. Returns 1, or 0 when the lease is not held at this epoch or the lane
+# no longer starts with those entries (nothing is changed then).
+_ABSORB = """
+local ns, lane = ARGV[1], ARGV[2]
+if redis.call('HGET', ns .. ':sched:lease:' .. lane, 'epoch') ~= ARGV[3] then return 0 end
+local lane_key = ns .. ':sched:lane:' .. lane
+local count = #ARGV - 4
+local present = redis.call('LRANGE', lane_key, 0, count - 1)
+if #present ~= count then return 0 end
+for i = 1, count do
+  if cjson.decode(present[i])['id'] ~= ARGV[4 + i] then return 0 end
+end
+redis.call('LTRIM', lane_key, count, -1)
+redis.call('LPUSH', lane_key, ARGV[4])
+redis.call('HINCRBY', ns .. ':sched:stats', 'handled', count - 1)
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Binding:
     """A signature that may carry only one message: the first message id seen with it, kept `ttl_s`."""
@@ -265,6 +285,7 @@ class Scheduler:
                 "release": _RELEASE,
                 "renew": _RENEW,
                 "sweep": _SWEEP,
+                "absorb": _ABSORB,
             }.items()
         }
 
@@ -332,6 +353,18 @@ class Scheduler:
         dead = json.dumps({**dead_letter, "entry": lease.entry}, ensure_ascii=False) if dead_letter else ""
         args = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome, int(delay_s * 1000), weight, dead]
         return bool(await self._scripts["release"](args=args))
+
+    async def following(self, lease: Lease, count: int) -> list[dict]:
+        """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge)."""
+        raw = await self._redis.lrange(self._keys.lane(lease.lane), 1, count)
+        return [json.loads(item) for item in raw]
+
+    async def absorb(self, lease: Lease, merged: dict, absorbed: list[dict]) -> bool:
+        """Replace the head and the `absorbed` entries behind it by one `merged` entry (the head's id), in one
+        script, so that a worker dying after it leaves the merged message queued, not the parts lost."""
+        ids = [lease.entry_id, *(str(entry["id"]) for entry in absorbed)]
+        args = [self._ns, lease.lane, lease.epoch, json.dumps(merged, ensure_ascii=False), *ids]
+        return bool(await self._scripts["absorb"](args=args))
 
     async def renew(self, leases: list[Lease], lease_ms: int) -> set[str]:
         """Extend every lease still held; returns the lanes whose lease was lost."""

@@ -22,7 +22,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from bots.base import InboundMessage, SendError
+from bots.base import ConversationTaken, InboundMessage, SendError
 from bots.text import utf8_len
 from engine.client import Completion, EngineError
 from engine.observability import expert_usage, export_expert_usage, format_expert_trace
@@ -32,6 +32,7 @@ from gateway.limits import Budgets, MovingWindowLimiter, Refusal, Reservation
 from gateway.logs import request_id
 from gateway.memory import ConversationMemory, Scope, Turn, fit_to_budget
 from gateway.presenters import Delivery, Paced, Presenter, presenter_for
+from gateway.pulled import PulledWork
 from gateway.push import PUSH_PLATFORM, enqueue_push
 from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyRecords, ReplyState
 from gateway.runtime import Adapter, Runtime
@@ -99,17 +100,19 @@ class Worker:
         self._budgets = Budgets(
             runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits, **options
         )
+        self._pulled = PulledWork(runtime.redis, runtime.keys, runtime.scheduler, runtime.settings)
         self._delivery = Delivery(
             runtime.redis,
             runtime.keys,
             StreamStore(runtime.redis, runtime.keys),
             MovingWindowLimiter(runtime.settings.redis_url, runtime.keys.send_pace_prefix, **options),
             runtime.settings.worker,
+            self._pulled.conversations,
         )
         self._records = ReplyRecords(runtime.redis, runtime.keys, runtime.settings.effective_dedup_ttl_s())
         self._held: dict[str, tuple[Lease, asyncio.Task[None]]] = {}  # by lane
         self._slot_freed = asyncio.Event()
-        self._system_tokens: int | None = None
+        self._system_tokens: dict[str, int] = {}
 
     # -- the loops ---------------------------------------------------------------------------
 
@@ -220,17 +223,24 @@ class Worker:
         if adapter is None:
             await self._scheduler.release(lease, "done", dead_letter={"reason": f"bot {message.bot_id!r} is gone"})
             return
-        fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
-        record = self._records.open(message.dedup_key, fence)
-        presenter = presenter_for(self._delivery, adapter, message, record, fence)
-        scope = Scope.of(message, self._settings.memory.group)
-        job = Job(lease, message, scope, adapter, record, presenter)
         weight = self._cfg.weight(message.bot_id)
         try:
-            outcome = await self._answer(job)
+            if adapter.merge_window_s and entry.get("kind") == "chat" and "merged" not in entry:
+                merged, wait_s = await self._pulled.merge(lease, message, adapter.merge_window_s)
+                if wait_s > 0:  # the person is still writing: look again when the burst is over
+                    await self._scheduler.release(lease, "retry", delay_s=wait_s, weight=weight)
+                    return
+                if merged is not None:
+                    lease = dataclasses.replace(lease, entry=merged)
+                    message = InboundMessage.model_validate(merged["msg"])
+            job = self._job(lease, message, adapter)
+            outcome = await self._run(job)
             await self._scheduler.release(lease, "done", weight=weight)
             self._forget(lease)
             log.info("message handled", extra={"lane": lease.lane, "outcome": outcome})
+        except ConversationTaken as taken:
+            await self._withheld(job, str(taken.code))
+            await self._scheduler.release(lease, "done", weight=weight)
         except LeaseLost:
             metrics.LEASES_LOST.inc()
             log.warning("lost the lease mid-answer; leaving the message to its new owner", extra={"lane": lease.lane})
@@ -240,6 +250,61 @@ class Worker:
             raise
         except Exception as exc:
             await self._failed(job, exc)
+
+    def _job(self, lease: Lease, message: InboundMessage, adapter: Adapter) -> Job:
+        fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
+        record = self._records.open(message.dedup_key, fence)
+        presenter = presenter_for(self._delivery, adapter, message, record, fence)
+        scope = Scope.of(message, self._settings.memory.group)
+        return Job(lease, message, scope, adapter, record, presenter)
+
+    async def _run(self, job: Job) -> str:
+        """One entry by its kind: a message (or a ready notice) is answered; a pulled channel's other kinds
+        are the pull itself, a human agent's turn, a platform event, an operator's handoff."""
+        kind, message, adapter = job.lease.entry.get("kind"), job.message, job.adapter
+        if kind == "pull":
+            return await self._pulled.pull(adapter, message, float(job.lease.entry.get("t", 0)) / 1000)
+        if kind == "agent":
+            return await self._pulled.agent_turn(message, job.record, self._rt.keys.memory(job.scope.lane))
+        if kind == "event":
+            return await self._pulled.event(adapter, message, job.lease.entry, job.record)
+        if kind == "handoff":
+            servicer = job.lease.entry.get("servicer") or None
+            code = await self._pulled.conversations.hand_off(adapter, message, servicer)
+            return f"handed off (code {'yes' if code else 'none'})"
+        return await self._answer(job)
+
+    async def _withheld(self, job: Job, reason: str) -> None:
+        """The platform will not let the bot speak (a human holds the conversation, the quota is used up):
+        the message is done, without a retry, a dead letter or an alert."""
+        metrics.WITHHELD.labels(job.message.platform, reason).inc()
+        log.info("answer withheld by the platform's rules", extra={"lane": job.lease.lane, "reason": reason})
+        if reason == "95018":
+            with contextlib.suppress(RedisError):
+                await self._pulled.conversations.set_owner(job.message, "human")
+        with contextlib.suppress(RedisError, LeaseLost):
+            await job.record.mark(state="done", reason=f"withheld: {reason}")
+
+    async def _gate(self, job: Job) -> str | None:
+        """On a platform with human agents, before answering: renew the person's allowance, stay quiet when a
+        human holds the conversation, hand it over when asked, and take it when nobody holds it."""
+        adapter, message, conversations = job.adapter, job.message, self._pulled.conversations
+        if adapter.reply_quota is not None:
+            await conversations.renew_quota(message, adapter.reply_quota)
+        owner = await conversations.owner(adapter, message)
+        memory_key = self._rt.keys.memory(job.scope.lane)
+        if owner == "human":
+            await self._pulled.remember_withheld(message, job.record, memory_key)
+            await self._withheld(job, "human")
+            return "withheld"
+        if adapter.sessions.wants_human(message.text):
+            await self._pulled.remember_withheld(message, job.record, memory_key)
+            await conversations.hand_off(adapter, message)
+            await job.record.mark(state="done")
+            return "handed_off"
+        if owner == "free":
+            await conversations.take(adapter, message)
+        return None
 
     async def _failed(self, job: Job, exc: Exception) -> None:
         """A failure that may pass (engine restarting, Redis blip): hand the message back with a backoff;
@@ -289,6 +354,10 @@ class Worker:
         if state.done:
             return "already_sent"
         text = state.text
+        if text is None and job.adapter.sessions is not None and job.lease.entry.get("kind") == "chat":
+            gated = await self._gate(job)
+            if gated is not None:
+                return gated
         if text is None:
             text = await self._compose(job, state)
             state.text, state.state = text, "committed"
@@ -361,10 +430,14 @@ class Worker:
         if not await engine.wait_ready(settings.max_wait_s):
             raise EngineUnavailable("no engine became ready")
 
-    async def _count_system_tokens(self) -> int:
-        if self._system_tokens is None:
-            self._system_tokens = await self._rt.engine.count_tokens(self._settings.system_prompt)
-        return self._system_tokens
+    def _system_prompt(self, job: Job) -> str:
+        return job.adapter.system_prompt_for(job.message) or self._settings.system_prompt
+
+    async def _count_system_tokens(self, prompt: str) -> int:
+        """The system prompt's size in the engine's tokens, counted once per prompt (a bot's own, or the default)."""
+        if prompt not in self._system_tokens:
+            self._system_tokens[prompt] = await self._rt.engine.count_tokens(prompt)
+        return self._system_tokens[prompt]
 
     async def _plan(self, job: Job, turns: list[Turn]) -> PromptPlan | Refusal:
         """Fit system prompt + history + message + max_tokens into the engine's context window and the
@@ -374,7 +447,7 @@ class Worker:
         max_tokens = answer_token_cap(job.adapter, self._settings.engine.max_tokens)
         context = self._rt.engine.max_model_len
         max_prompt = self._budgets.max_prompt_tokens(job.message.sender_id, job.group_id)
-        system = await self._count_system_tokens()
+        system = await self._count_system_tokens(self._system_prompt(job))
         room = [limit for limit in (context and context - max_tokens, max_prompt) if limit]
         prompt_room = min(room) if room else None
         message_tokens: int | None = None
@@ -409,7 +482,7 @@ class Worker:
         if isinstance(reservation, Refusal):
             return await self._commit(job, await self._refusal_notice(job, reservation))
         prompt = [
-            {"role": "system", "content": self._settings.system_prompt},
+            {"role": "system", "content": self._system_prompt(job)},
             *({"role": turn.role, "content": turn.content} for turn in plan.history),
             {"role": "user", "content": message.text},
         ]
@@ -423,7 +496,7 @@ class Worker:
         if completion.routed_experts:
             answer = await self._record_experts(job, completion.routed_experts, answer)
         history_tokens = sum(turn.tokens for turn in plan.history)
-        system = self._system_tokens or 0
+        system = self._system_tokens.get(self._system_prompt(job), 0)
         user_tokens = plan.message_tokens or max(1, completion.prompt_tokens - history_tokens - system)
         exchange = (
             Turn("user", message.text, user_tokens),

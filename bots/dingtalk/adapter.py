@@ -14,7 +14,16 @@ from collections.abc import Mapping
 
 import httpx
 
-from bots.base import CallbackKind, CallbackRejected, InboundMessage, Pacing, ReplyStyle, ReplyTarget, TokenStore
+from bots.base import (
+    CallbackKind,
+    CallbackRejected,
+    ChannelDefaults,
+    InboundMessage,
+    Pacing,
+    ReplyStyle,
+    ReplyTarget,
+    TokenStore,
+)
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import verify_headers
@@ -28,7 +37,7 @@ TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text
 WEBHOOK_MARGIN_S = 60.0
 
 
-class DingTalkRobotAdapter:
+class DingTalkRobotAdapter(ChannelDefaults):
     """One enterprise robot, whichever mode its messages arrive in."""
 
     platform = "dingtalk"
@@ -74,7 +83,9 @@ class DingTalkRobotAdapter:
         """At most `per_minute` sends per conversation, shared by every worker."""
         return [(f"{self.bot_id}:{target.chat_id or target.user_id}", f"{self.config.per_minute}/minute")]
 
-    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+    async def send_piece(
+        self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
+    ) -> None:
         if (
             target.webhook_url
             and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S

@@ -8,7 +8,7 @@ import json
 import secrets
 from collections.abc import Mapping
 
-from bots.base import CallbackKind, CallbackRejected, InboundMessage, ReplyStyle, ReplyTarget
+from bots.base import CallbackKind, CallbackRejected, ChannelDefaults, InboundMessage, ReplyStyle, ReplyTarget
 from bots.web.config import WebBotConfig
 from bots.wecom.aibot import stream_id_for
 
@@ -16,10 +16,9 @@ PLATFORM = "web"
 MAX_TEXT_CHARS = 8000
 
 
-class WebAdapter:
+class WebAdapter(ChannelDefaults):
     platform = PLATFORM
     reply_style: ReplyStyle = "page"
-    max_answer_bytes = None
     callback_kind: CallbackKind | None = None  # the page posts to /web/{bot}/chat, not /callback
 
     def __init__(self, config: WebBotConfig) -> None:

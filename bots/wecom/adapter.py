@@ -11,7 +11,16 @@ from collections.abc import Mapping
 
 import httpx
 
-from bots.base import CallbackKind, CallbackRejected, InboundMessage, Pacing, ReplyStyle, ReplyTarget, TokenStore
+from bots.base import (
+    CallbackKind,
+    CallbackRejected,
+    ChannelDefaults,
+    InboundMessage,
+    Pacing,
+    ReplyStyle,
+    ReplyTarget,
+    TokenStore,
+)
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.crypto import WeComCrypto
@@ -42,12 +51,11 @@ def required_params(query: Mapping[str, str], *names: str) -> list[str]:
     return values
 
 
-class WeComAppAdapter:
+class WeComAppAdapter(ChannelDefaults):
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
     platform = "wecom"
     reply_style: ReplyStyle = "pieces"
-    max_answer_bytes = None
     callback_kind: CallbackKind = "wecom-app"
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
@@ -88,6 +96,8 @@ class WeComAppAdapter:
     def pacing(self, target: ReplyTarget) -> Pacing:
         return [(f"{self.bot_id}:{target.user_id}", window) for window in MEMBER_PACING]
 
-    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+    async def send_piece(
+        self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
+    ) -> None:
         """Deliver one piece (already within max_bytes_for) to the user."""
         await self._api.send_text(target.user_id, text, duplicate_check=duplicate_check)

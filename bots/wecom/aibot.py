@@ -19,7 +19,15 @@ from typing import Any
 
 import httpx
 
-from bots.base import CallbackKind, CallbackRejected, InboundMessage, PermanentSendError, ReplyStyle, ReplyTarget
+from bots.base import (
+    CallbackKind,
+    CallbackRejected,
+    ChannelDefaults,
+    InboundMessage,
+    PermanentSendError,
+    ReplyStyle,
+    ReplyTarget,
+)
 from bots.http import request_json
 from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
@@ -71,7 +79,7 @@ def _text_of(payload: dict[str, Any], msg_type: str) -> str:
     return "\n".join(str(text) for text in texts)
 
 
-class WeComAIBotAdapter:
+class WeComAIBotAdapter(ChannelDefaults):
     """One AI bot: verifies its JSON callbacks, classifies them, and builds its encrypted replies."""
 
     platform = PLATFORM

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from bots.base import CallbackKind, Pacing, ReplyStyle, ReplyTarget
+from bots.base import CallbackKind, ChannelDefaults, Pacing, ReplyStyle, ReplyTarget
 from bots.http import request_json
 from bots.wecom.config import WeComWebhookConfig
 from bots.wecom.exceptions import error_for
@@ -17,13 +17,11 @@ TEXT_MAX_BYTES = 2048
 MARKDOWN_MAX_BYTES = 4096
 
 
-class WeComWebhookAdapter:
+class WeComWebhookAdapter(ChannelDefaults):
     """One group robot. `target.chat_id` carries the format: "markdown" or "text"."""
 
     platform = "wecom-webhook"
     reply_style: ReplyStyle = "pieces"
-    duplicate_check_window_s = 0.0  # a group robot has no duplicate check
-    max_answer_bytes = None
     callback_kind: CallbackKind | None = None
 
     def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
@@ -38,7 +36,9 @@ class WeComWebhookAdapter:
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES
 
-    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool) -> None:
+    async def send_piece(
+        self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
+    ) -> None:
         msgtype = "markdown" if target.chat_id == "markdown" else "text"
         body = {"msgtype": msgtype, msgtype: {"content": text}}
         url = f"{self.config.api_base}/cgi-bin/webhook/send"

@@ -1,0 +1,167 @@
+"""微信客服 adapter: the callback that says "pull", the pulled log, replies within the 5-message rule,
+and the session (who holds the customer: the bot, a human, nobody) as the worker needs it.
+
+The callback is verified like an app's (same crypto, corp id as the receiver id) and answered at once;
+the pull itself is queued work (gateway/pull.py), as is every message it finds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Mapping
+
+import httpx
+
+from bots.base import (
+    CallbackKind,
+    CallbackRejected,
+    ChannelDefaults,
+    EventEffect,
+    InboundMessage,
+    Owner,
+    Pacing,
+    PulledPage,
+    ReplyQuota,
+    ReplyStyle,
+    ReplyTarget,
+    TokenStore,
+)
+from bots.wecom.adapter import check_timestamp, required_params
+from bots.wecom_kf.client import KfApiClient
+from bots.wecom_kf.config import WeComKfConfig
+from bots.wecom_kf.crypto import kf_crypto
+from bots.wecom_kf.exceptions import AlreadySent
+from bots.wecom_kf.models import PLATFORM, parse_item, parse_pull_callback
+from bots.xml import parse_flat_xml
+
+TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
+QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
+STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
+_OWNERS: dict[int, Owner] = {STATE_NEW: "free", STATE_BOT: "bot", STATE_POOL: "human", STATE_HUMAN: "human",
+                             STATE_ENDED: "free"}  # fmt: skip
+# session_status_change: 1 an agent took it from the pool, 2 it was transferred, 3 it ended
+_CHANGES: dict[int, Owner] = {1: "human", 2: "human", 3: "free"}
+_NOT_WORDS = re.compile(r"[\s\W_]+")
+
+
+def msgid_for(key: str) -> str:
+    """A msgid WeCom accepts (≤ 32 bytes of [0-9a-zA-Z_-]), the same for every attempt at one piece."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+class KfSessions:
+    """Who holds a customer's session, and the moves the bot makes: take it, hand it to a human, notices."""
+
+    def __init__(self, config: WeComKfConfig, api: KfApiClient) -> None:
+        self._config = config
+        self._api = api
+        self._keywords = {_NOT_WORDS.sub("", word) for word in config.handoff.keywords if word.strip()}
+
+    def wants_human(self, text: str) -> bool:
+        """The message is a handoff keyword, alone or nearly ("转人工！", "我要人工客服"), not a sentence that
+        merely contains one ("人工智能是什么")."""
+        words = _NOT_WORDS.sub("", text)
+        return any(words == keyword or (words.endswith(keyword) and len(words) <= len(keyword) + 2)
+                   for keyword in self._keywords)  # fmt: skip
+
+    async def owner(self, target: ReplyTarget) -> Owner:
+        state, _ = await self._api.service_state(target.chat_id, target.user_id)
+        return _OWNERS.get(state, "human")  # an unknown state: stay quiet rather than talk over someone
+
+    async def take(self, target: ReplyTarget) -> None:
+        await self._api.trans(target.chat_id, target.user_id, STATE_BOT)
+
+    async def hand_off(self, target: ReplyTarget, servicer: str | None) -> str:
+        servicer = servicer or self._config.handoff.servicer
+        state = STATE_HUMAN if servicer else STATE_POOL
+        return await self._api.trans(target.chat_id, target.user_id, state, servicer)
+
+    async def send_notice(self, target: ReplyTarget, code: str, text: str, notice_key: str) -> None:
+        try:
+            await self._api.send_on_event(code, text, msgid_for(notice_key))
+        except AlreadySent:
+            return
+
+    def handoff_text(self) -> str:
+        return self._config.handoff.notice_text
+
+    def on_event(self, event: dict, target: ReplyTarget) -> EventEffect:
+        kind = str(event.get("event_type", ""))
+        if kind == "enter_session":
+            account = self._config.accounts.get(target.chat_id)
+            text = (account.welcome_text if account and account.welcome_text else None) or self._config.welcome_text
+            return EventEffect(welcome_code=str(event.get("welcome_code", "")), welcome_text=text or "", label=kind)
+        if kind == "msg_send_fail":
+            return EventEffect(label=f"{kind}:{event.get('fail_type', '')}")
+        if kind == "session_status_change":
+            change = int(event.get("change_type") or 0)
+            return EventEffect(owner=_CHANGES.get(change), label=f"{kind}:{change}")
+        return EventEffect(label=kind or "unknown")
+
+
+class WeComKfAdapter(ChannelDefaults):
+    """One 微信客服 secret and its accounts (all, or `open_kfids`)."""
+
+    platform = PLATFORM
+    reply_style: ReplyStyle = "pieces"
+    callback_kind: CallbackKind = "wecom-kf"
+    reply_quota = QUOTA
+
+    def __init__(self, config: WeComKfConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
+        self.config = config
+        self.bot_id = config.id
+        self.crypto = kf_crypto(config)
+        self.api = KfApiClient(config, http, tokens)  # type: ignore[arg-type]
+        self.sessions = KfSessions(config, self.api)
+        self.merge_window_s = config.merge_window_s
+        self.skip_history = config.skip_history
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str:
+        signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+
+    def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
+        """The callback → a pull request for its account (None: another event, or an account not served)."""
+        signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
+        check_timestamp(timestamp, now, self.config.replay_window_s)
+        encrypted = parse_flat_xml(body).get("Encrypt", "")
+        if not encrypted:
+            raise CallbackRejected("missing_encrypt", 400, "envelope has no Encrypt element")
+        plaintext = self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
+        pull = parse_pull_callback(self.bot_id, plaintext, now)
+        served = self.config.open_kfids
+        return None if pull is None or (served is not None and pull.conversation_id not in served) else pull
+
+    def ack(self) -> tuple[int, str]:
+        return 200, ""
+
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        return TEXT_MAX_BYTES
+
+    def pacing(self, target: ReplyTarget) -> Pacing:
+        return []  # the 5-message rule is the reply quota, kept by the worker
+
+    def system_prompt_for(self, message: InboundMessage) -> str | None:
+        account = self.config.accounts.get(message.reply_to.chat_id)
+        return account.system_prompt if account else None
+
+    async def send_piece(
+        self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
+    ) -> None:
+        """send_msg with a msgid derived from the piece, so a retried send is refused, not doubled."""
+        try:
+            msgid = msgid_for(piece_key or secrets.token_hex(16))
+            await self.api.send_text(target.chat_id, target.user_id, text, msgid)
+        except AlreadySent:
+            return
+
+    async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage:
+        """One sync_msg page of account `channel`, from `cursor`, with the callback's token `hint`."""
+        data = await self.api.sync_msg(channel, cursor, hint)
+        raw_items = [raw for raw in data.get("msg_list") or [] if isinstance(raw, dict)]
+        items = [parsed for raw in raw_items if (parsed := parse_item(self.bot_id, raw)) is not None]
+        cursor = str(data.get("next_cursor", ""))
+        return PulledPage(items=items, next_cursor=cursor, has_more=bool(data.get("has_more")))

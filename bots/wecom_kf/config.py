@@ -1,0 +1,47 @@
+"""Configuration of a 微信客服 bot: the Kefu secret, its callback crypto, which accounts it serves, handoff."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from bots.wecom.config import WECOM_API_BASE, _CallbackSecrets, _strip_slash
+
+DEFAULT_HANDOFF_KEYWORDS = ["人工", "转人工", "人工客服"]
+
+
+class KfAccountSettings(BaseModel):
+    """What one customer-service account (open_kfid) may do differently from the bot's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system_prompt: str | None = None
+    welcome_text: str | None = None
+
+
+class HandoffSettings(BaseModel):
+    """When and how a customer goes to a human agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_HANDOFF_KEYWORDS))
+    notice_text: str = "正在为您转接人工客服，请稍候。"
+    servicer: str | None = Field(default=None, description="an agent's userid (state 3); none: the pool (state 2)")
+
+
+class WeComKfConfig(_CallbackSecrets):
+    """A WeCom 微信客服 bot: callbacks say "pull", messages come from kf/sync_msg, replies go by kf/send_msg."""
+
+    platform: Literal["wecom-kf"] = "wecom-kf"
+    corp_id: str
+    secret: SecretStr = Field(description="the 微信客服 secret (its own, not an app's)")
+    api_base: str = WECOM_API_BASE
+    open_kfids: list[str] | None = Field(default=None, description="accounts to serve; none: all (kf/account/list)")
+    accounts: dict[str, KfAccountSettings] = Field(default_factory=dict, description="per open_kfid overrides")
+    welcome_text: str | None = "您好，我是智能客服，请问有什么可以帮您？"
+    merge_window_s: float = Field(default=2.0, ge=0, le=30, description="a customer's burst answered together")
+    skip_history: bool = Field(default=True, description="on a first start, skip messages sent before it")
+    handoff: HandoffSettings = Field(default_factory=HandoffSettings)
+
+    _api_base = field_validator("api_base")(_strip_slash)

@@ -1,0 +1,79 @@
+"""微信客服 payloads → normalized types: the callback (it only says "pull") and the items of kf/sync_msg."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bots.base import CallbackRejected, InboundMessage, PulledItem, ReplyTarget
+from bots.xml import parse_flat_xml
+
+PLATFORM = "wecom-kf"
+PULL_EVENT = "kf_msg_or_event"
+CUSTOMER, EVENT, AGENT = 3, 4, 5  # an item's `origin`
+
+
+def conversation_of(open_kfid: str, customer: str) -> str:
+    return f"{open_kfid}:{customer}"
+
+
+def target_of(open_kfid: str, customer: str) -> ReplyTarget:
+    """A customer of one account: `user_id` is their external_userid, `chat_id` the account's open_kfid."""
+    return ReplyTarget(user_id=customer, chat_id=open_kfid)
+
+
+def parse_pull_callback(bot_id: str, plaintext: str, received_at: float) -> InboundMessage | None:
+    """The decrypted callback → a pull request (msg_type "pull", the callback's Token as text), or None for
+    an event that is not kf_msg_or_event. WeCom resends an unacknowledged callback with the same Token, so
+    the Token is what deduplicates it."""
+    fields = parse_flat_xml(plaintext.encode("utf-8"))
+    if fields.get("MsgType") != "event" or fields.get("Event") != PULL_EVENT:
+        return None
+    token, open_kfid = fields.get("Token", ""), fields.get("OpenKfId", "")
+    if not token or not open_kfid:
+        raise CallbackRejected("missing_fields", 400, "kf_msg_or_event without Token or OpenKfId")
+    return InboundMessage(
+        platform=PLATFORM,
+        bot_id=bot_id,
+        msg_id=f"pull:{open_kfid}:{token}",
+        conversation_id=open_kfid,
+        sender_id=open_kfid,
+        text=token,
+        msg_type="pull",
+        received_at=received_at,
+        reply_to=ReplyTarget(chat_id=open_kfid),
+    )
+
+
+def _text_of(item: dict[str, Any]) -> str:
+    msgtype = str(item.get("msgtype", ""))
+    body = item.get(msgtype)
+    if msgtype == "text" and isinstance(body, dict):
+        return str(body.get("content", ""))
+    return ""
+
+
+def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
+    """One sync_msg item; None for what the bot has no use for (an item without a customer or msgid)."""
+    msgid, open_kfid = str(item.get("msgid", "")), str(item.get("open_kfid", ""))
+    event = item.get("event") if isinstance(item.get("event"), dict) else {}
+    customer = str(item.get("external_userid") or event.get("external_userid") or "")
+    if not msgid or not open_kfid or not customer:
+        return None
+    origin = item.get("origin")
+    text = _text_of(item)
+    kind = {CUSTOMER: "message", AGENT: "agent", EVENT: "event"}.get(origin)  # type: ignore[arg-type]
+    if kind is None:
+        return None
+    msg_type = "event" if kind == "event" else ("text" if text else str(item.get("msgtype", "unknown")))
+    message = InboundMessage(
+        platform=PLATFORM,
+        bot_id=bot_id,
+        msg_id=msgid,
+        conversation_id=conversation_of(open_kfid, customer),
+        sender_id=customer,
+        text=str(event.get("event_type", "")) if kind == "event" else text,
+        msg_type=msg_type,
+        received_at=float(item.get("send_time") or 0),
+        reply_to=target_of(open_kfid, customer),
+    )
+    return PulledItem(kind=kind, message=message, event=event if kind == "event" else {})

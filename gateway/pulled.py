@@ -1,0 +1,168 @@
+"""Pulled channels (微信客服) in the worker: the pull itself, and the items it queues besides messages.
+
+A callback only says "pull" (a `pull` entry in the account's lane, so one puller per account runs at a
+time under its lease). The pull loops the platform's log until it says nothing more is waiting, and
+enqueues every item (deduplicated on its id) **before** it saves the cursor: a crash between the two
+repeats a page, whose items are then recognised, and loses nothing. Items become:
+
+- `chat`: the person's message, answered in the normal pipeline (a burst within the adapter's merge window
+  is answered together: `merge`);
+- `agent`: a human agent wrote; remembered as the assistant's turn, and the bot stays quiet;
+- `event`: the adapter says what it means (a welcome to send, a new holder, a failure to count).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from bots.base import ConversationTaken, InboundMessage, PermanentSendError, PulledItem
+from bots.text import utf8_len
+from gateway import metrics
+from gateway.config import Settings
+from gateway.conversations import Conversations
+from gateway.keys import Keys
+from gateway.memory import Scope, Turn
+from gateway.redis_text import as_text
+from gateway.reply_record import ReplyRecord
+from gateway.scheduler import Lease, Scheduler, new_entry
+
+log = logging.getLogger(__name__)
+
+HISTORY_GRACE_S = 60.0  # on a first start, messages sent this long before the callback still count as new
+MERGE_GRACE_S = 1.5  # beyond the window: a burst's last message still has to be called back and pulled
+MAX_PAGES = 10_000  # a pull that never ends is a platform bug, not a reason to loop forever
+MAX_MERGED = 20
+ITEM_KINDS = {"message": "chat", "agent": "agent", "event": "event"}
+
+
+class PulledWork:
+    """What the worker does with `pull`, `agent`, `event` and `handoff` entries, and the merge of a burst."""
+
+    def __init__(self, redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+        self._redis = redis
+        self._keys = keys
+        self._scheduler = scheduler
+        self._settings = settings
+        self._dedup_ttl_s = settings.effective_dedup_ttl_s()
+        self.conversations = Conversations(redis, keys, settings.memory.group)
+
+    # -- the pull ------------------------------------------------------------------------------
+
+    async def pull(self, adapter, request: InboundMessage, requested_at: float) -> str:  # type: ignore[no-untyped-def]
+        """Pull account `request.conversation_id` until nothing more is waiting; returns a summary."""
+        channel, token = request.conversation_id, request.text
+        cursor_key = self._keys.pull_cursor(request.bot_id, channel)
+        saved = await self._redis.get(cursor_key)
+        cursor = as_text(saved) if saved is not None else ""
+        # First start: what was written before the bot was configured is history, not questions to answer.
+        since = requested_at - HISTORY_GRACE_S if saved is None and adapter.skip_history else 0.0
+        queued = skipped = pages = 0
+        while pages < MAX_PAGES:
+            pages += 1
+            page = await self._page(adapter, channel, cursor, token)
+            fresh = [item for item in page.items if item.message.received_at >= since]
+            skipped += len(page.items) - len(fresh)
+            queued += await self._enqueue(fresh)
+            if page.next_cursor:
+                await self._redis.set(cursor_key, page.next_cursor)  # only now: every item is queued
+                cursor = page.next_cursor
+            if not page.has_more:
+                break
+        if skipped:
+            log.info("first pull: skipped history", extra={"bot_id": request.bot_id, "skipped": skipped})
+        return f"pulled {queued} in {pages} page(s)"
+
+    async def _page(self, adapter, channel: str, cursor: str, token: str):  # type: ignore[no-untyped-def]
+        try:
+            return await adapter.pull_page(channel, cursor, token)
+        except PermanentSendError:
+            if not token:
+                raise
+            # The callback's token lasts 10 minutes; a pull that waited longer goes on without it (slower).
+            log.warning("pull token refused; pulling without it", extra={"channel": channel})
+            return await adapter.pull_page(channel, cursor, "")
+
+    async def _enqueue(self, items: list[PulledItem]) -> int:
+        """Queue every item in its conversation's lane, each once (dedup on its id), in one round trip."""
+        if not items:
+            return 0
+        pipe = self._redis.pipeline(transaction=False)
+        for item in items:
+            message = item.message
+            scope = Scope.of(message, self._settings.memory.group)
+            extra = {"event": json.dumps(item.event, ensure_ascii=False)} if item.event else {}
+            entry = new_entry(scope.owner, ITEM_KINDS[item.kind], message.model_dump_json(), **extra)
+            weight = self._settings.worker.weight(message.bot_id)
+            dedup = self._keys.dedup(message.dedup_key)
+            self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup, self._dedup_ttl_s, weight)
+        results = await pipe.execute()
+        for item, result in zip(items, results, strict=True):
+            metrics.PULLED.labels(item.message.platform, item.kind, "queued" if result else "duplicate").inc()
+        return sum(1 for result in results if result)
+
+    # -- the other kinds -----------------------------------------------------------------------
+
+    async def agent_turn(self, message: InboundMessage, record: ReplyRecord, memory_key: str) -> str:
+        """A human agent wrote: their words become the assistant's turn, and the bot keeps quiet."""
+        await self.conversations.set_owner(message, "human")
+        turn = Turn("assistant", message.text, utf8_len(message.text))
+        await record.commit("", f"{time.time():.3f}", memory_key, (turn,), *self._memory_limits())
+        return "remembered"
+
+    async def remember_withheld(self, message: InboundMessage, record: ReplyRecord, memory_key: str) -> None:
+        """The person wrote while a human holds the conversation: keep it for when the bot speaks again."""
+        turn = Turn("user", message.text, utf8_len(message.text))
+        await record.commit("", f"{time.time():.3f}", memory_key, (turn,), *self._memory_limits())
+
+    def _memory_limits(self) -> tuple[int, int]:
+        memory = self._settings.memory
+        return memory.ttl_s, memory.max_turns * 2
+
+    async def event(self, adapter, message: InboundMessage, entry: dict, record: ReplyRecord) -> str:  # type: ignore[no-untyped-def]
+        event = json.loads(entry.get("event") or "{}")
+        effect = adapter.sessions.on_event(event, message.reply_to)
+        metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
+        if effect.owner is not None:
+            await self.conversations.set_owner(message, effect.owner)
+        if effect.label.startswith("msg_send_fail"):
+            log.warning("the platform could not deliver a message", extra={"event": effect.label})
+        if effect.welcome_code and effect.welcome_text and await record.claim("welcome"):
+            try:
+                await adapter.sessions.send_notice(
+                    message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}"
+                )
+            except ConversationTaken as exc:
+                log.info("welcome not sent", extra={"reason": str(exc)})
+        return effect.label
+
+    # -- a burst -------------------------------------------------------------------------------
+
+    async def merge(self, lease: Lease, message: InboundMessage, window_s: float) -> tuple[dict | None, float]:
+        """Absorb the person's messages queued right behind this one within `window_s` of each other.
+
+        Returns (the merged entry or None, seconds to wait first): a burst still arriving is waited for by
+        handing the lane back with that delay, never by holding a slot."""
+        behind = await self._scheduler.following(lease, MAX_MERGED)
+        absorbed: list[dict] = []
+        last = message.received_at
+        for entry in behind:
+            other = entry.get("msg") or {}
+            same_person = entry.get("kind") == "chat" and other.get("sender_id") == message.sender_id
+            at = float(other.get("received_at") or 0)
+            if not same_person or other.get("msg_type") != "text" or at - last > window_s:
+                break
+            absorbed.append(entry)
+            last = at
+        wait = last + window_s + MERGE_GRACE_S - time.time()
+        if wait > 0:
+            return None, wait
+        if not absorbed:
+            return None, 0.0
+        texts = [message.text] + [str(entry["msg"].get("text", "")) for entry in absorbed]
+        merged = {**lease.entry, "msg": {**lease.entry["msg"], "text": "\n".join(texts), "received_at": last}}
+        merged["merged"] = [str(entry["msg"].get("msg_id", "")) for entry in absorbed]
+        if not await self._scheduler.absorb(lease, merged, absorbed):
+            return None, 0.0  # the lane changed under us (lease lost): answer what we hold
+        return merged, 0.0
