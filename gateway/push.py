@@ -10,6 +10,7 @@ import secrets
 import time
 
 from bots.base import InboundMessage, ReplyTarget
+from gateway.memory import GroupMemory, Scope
 from gateway.scheduler import Scheduler, new_entry
 
 PUSH_PLATFORM = "wecom-webhook"
@@ -34,3 +35,11 @@ async def enqueue_notice(scheduler: Scheduler, message: InboundMessage, text: st
     order of the message's conversation. Returns its place in that conversation's lane."""
     entry = new_entry(message.conversation_key, "notice", message.model_dump_json(), notice=text, rid=rid)
     return await scheduler.enqueue(message.session_key, entry)
+
+
+async def enqueue_handoff(scheduler: Scheduler, message: InboundMessage, group: GroupMemory, servicer: str = "") -> int:
+    """Queue an operator's handoff of the conversation `message` names (to `servicer`, else the queue for a
+    human) in that conversation's lane, so it happens in order with the answers already queued there."""
+    scope = Scope.of(message, group)
+    entry = new_entry(scope.owner, "handoff", message.model_dump_json(), servicer=servicer)
+    return await scheduler.enqueue(scope.lane, entry)

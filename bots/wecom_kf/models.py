@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bots.base import CallbackRejected, InboundMessage, PulledItem, ReplyTarget
@@ -77,3 +78,28 @@ def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
         reply_to=target_of(open_kfid, customer),
     )
     return PulledItem(kind=kind, message=message, event=event if kind == "event" else {})
+
+
+def handoff_for(bot: object, open_kfid: str | None, customer: str) -> InboundMessage:
+    """An operator's handoff of one customer, as the message the worker hands over (in the customer's lane).
+    ValueError says what is wrong: not a 微信客服 bot, or which account is meant is not clear."""
+    from bots.wecom_kf.config import WeComKfConfig
+
+    if not isinstance(bot, WeComKfConfig):
+        raise ValueError(f"bot {getattr(bot, 'id', '?')!r} is not a wecom-kf bot")
+    if not customer:
+        raise ValueError("a customer (external_userid) is needed")
+    accounts = bot.open_kfids or []
+    open_kfid = open_kfid or (accounts[0] if len(accounts) == 1 else "")
+    if not open_kfid:
+        raise ValueError("the account (open_kfid) is needed: the bot serves more than one, or all of them")
+    return InboundMessage(
+        platform=PLATFORM,
+        bot_id=bot.id,
+        msg_id=f"handoff:{open_kfid}:{customer}:{time.time_ns()}",
+        conversation_id=conversation_of(open_kfid, customer),
+        sender_id=customer,
+        text="",
+        msg_type="handoff",
+        reply_to=target_of(open_kfid, customer),
+    )
