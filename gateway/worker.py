@@ -279,9 +279,10 @@ class Worker:
         the message is done, without a retry, a dead letter or an alert."""
         metrics.WITHHELD.labels(job.message.platform, reason).inc()
         log.info("answer withheld by the platform's rules", extra={"lane": job.lease.lane, "reason": reason})
-        if reason == "95018":
-            with contextlib.suppress(RedisError):
-                await self._pulled.conversations.set_owner(job.message, "human")
+        if reason == "95018" and job.adapter.sessions is not None:  # a human took it: learn who holds it now
+            with contextlib.suppress(RedisError, SendError):
+                owner = await job.adapter.sessions.owner(job.message.reply_to)
+                await self._pulled.conversations.set_owner(job.message, owner if owner != "bot" else "human")
         with contextlib.suppress(RedisError, LeaseLost):
             await job.record.mark(state="done", reason=f"withheld: {reason}")
 

@@ -70,6 +70,8 @@ botgw is up.  Talk to the bot as a WeCom user would (the simulator signs and enc
   .venv/bin/botgw sim wecom-ai --config $CONFIG --bot assistant-ai --user alice "写一首关于春天的诗"
   .venv/bin/botgw sim dingtalk --config $CONFIG --bot dingtalk --user bob "你好"              # Stream mode
   .venv/bin/botgw sim dingtalk --config $CONFIG --bot dingtalk-http --user bob --group cid-team "@bot hi"
+  .venv/bin/botgw sim wecom-kf --config $CONFIG --bot kefu --customer wmcarol "你们几点上班？"     # 微信客服
+  .venv/bin/botgw kf handoff --config $CONFIG --bot kefu --customer wmcarol                      # to a human
 
   web chat   http://127.0.0.1:8100  (sign in as alice / alice-demo-password)
   readiness  http://127.0.0.1:8081/readyz     metrics  http://127.0.0.1:8081/metrics   (admin listener, loopback)

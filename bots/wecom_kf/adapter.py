@@ -41,8 +41,8 @@ QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
 _OWNERS: dict[int, Owner] = {STATE_NEW: "free", STATE_BOT: "bot", STATE_POOL: "human", STATE_HUMAN: "human",
                              STATE_ENDED: "free"}  # fmt: skip
-# session_status_change: 1 an agent took it from the pool, 2 it was transferred, 3 it ended
-_CHANGES: dict[int, Owner] = {1: "human", 2: "human", 3: "free"}
+# session_status_change: 1 an agent took it from the pool, 2 transferred, 3 ended, 4 an ended one taken up again
+_CHANGES: dict[int, Owner] = {1: "human", 2: "human", 3: "free", 4: "human"}
 _NOT_WORDS = re.compile(r"[\s\W_]+")
 
 

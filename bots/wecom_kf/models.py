@@ -55,8 +55,10 @@ def _text_of(item: dict[str, Any]) -> str:
 
 def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
     """One sync_msg item; None for what the bot has no use for (an item without a customer or msgid)."""
-    msgid, open_kfid = str(item.get("msgid", "")), str(item.get("open_kfid", ""))
     event = item.get("event") if isinstance(item.get("event"), dict) else {}
+    # An event names its account and customer inside `event` (whether the top level has them too is UNCONFIRMED).
+    msgid = str(item.get("msgid", ""))
+    open_kfid = str(item.get("open_kfid") or event.get("open_kfid") or "")
     customer = str(item.get("external_userid") or event.get("external_userid") or "")
     if not msgid or not open_kfid or not customer:
         return None

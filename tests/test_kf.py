@@ -1,0 +1,275 @@
+"""微信客服 end to end: the simulated Kefu API, a gateway, workers, real Redis (and the real engine where an
+answer's content is checked). Every message arrives the way WeCom delivers it: the customer writes (the
+simulator logs it), WeCom POSTs a signed "pull" callback, botgw pulls kf/sync_msg and answers by kf/send_msg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from bots.base import InboundMessage
+from bots.simulator.wecom_kf import WeComKfCallbackSigner
+from bots.wecom_kf.config import WeComKfConfig
+from bots.wecom_kf.models import conversation_of, target_of
+from gateway import commands
+from gateway.keys import Keys
+from gateway.push import enqueue_notice
+from gateway.scheduler import Scheduler
+from tests.conftest import Stack, random_aes_key, stack_config
+from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
+
+KFID = "wk-test-support"
+HANDOFF_NOTICE = "正在为您转接人工客服，请稍候。"
+
+
+@dataclass
+class Kf:
+    """A gateway, its workers and a simulator of their own (own namespace), for one 微信客服 bot."""
+
+    config: dict
+    path: object
+    gateway_url: str
+    sim_url: str
+    redis: redis.Redis
+    namespace: str
+    log_dir: object
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def bot(self) -> WeComKfConfig:
+        return WeComKfConfig(**self.config["bots"][0])
+
+    def sim(self, method: str, path: str, **kwargs: object) -> object:
+        response = httpx.request(method, f"{self.sim_url}{path}", timeout=30, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    def callback(self, token: str) -> httpx.Response:
+        signed = WeComKfCallbackSigner(self.bot).kf_msg_or_event(token, KFID)
+        return httpx.post(f"{self.gateway_url}/callback/{self.bot.id}", params=signed.params, content=signed.body,
+                          timeout=10)  # fmt: skip
+
+    def write(self, customer: str, text: str, *, callback: bool = True, **extra: object) -> str:
+        """The customer writes; WeCom calls back (unless told not to). Returns the callback Token."""
+        body = {"open_kfid": KFID, "external_userid": customer, "text": text, **extra}
+        token = self.sim("POST", "/__sim__/kf/customer", json=body)["token"]
+        if callback:
+            assert self.callback(token).status_code == 200
+        return token
+
+    def event(self, customer: str, event_type: str, **fields: object) -> dict:
+        body = {"open_kfid": KFID, "external_userid": customer, "event_type": event_type, **fields}
+        return self.sim("POST", "/__sim__/kf/event", json=body)
+
+    def sent(self, customer: str) -> list[dict]:
+        return self.sim("GET", "/__sim__/kf/sent", params={"external_userid": customer})
+
+    def wait_sent(self, customer: str, count: int, timeout: float = 60, settle: float = 1.0) -> list[dict]:
+        wait_for(lambda: len(self.sent(customer)) >= count, timeout, f"{count} messages to {customer}")
+        time.sleep(settle)
+        return self.sent(customer)
+
+    def session(self, customer: str) -> dict:
+        return self.sim("GET", "/__sim__/kf/session", params={"open_kfid": KFID, "external_userid": customer})
+
+    def stats(self) -> dict:
+        return self.sim("GET", "/__sim__/kf/stats")
+
+    def calls(self, endpoint: str) -> int:
+        """How often botgw called a Kefu endpoint (sync_msg, send_msg, service_state_get, …)."""
+        return int(self.stats().get(f"{endpoint}_calls", 0))
+
+    def memory(self, customer: str) -> list[dict]:
+        lane = f"wecom-kf:{self.bot.id}:{conversation_of(KFID, customer)}:{customer}"
+        return [json.loads(item) for item in self.redis.lrange(Keys(self.namespace).memory(lane), 0, -1)]
+
+    def enqueue_notice(self, customer: str, text: str) -> None:
+        """A ready answer for the customer (no engine), queued in their conversation as any answer is."""
+        message = InboundMessage(
+            platform="wecom-kf", bot_id=self.bot.id, msg_id=secrets.token_hex(8),
+            conversation_id=conversation_of(KFID, customer), sender_id=customer, text="",
+            reply_to=target_of(KFID, customer),
+        )  # fmt: skip
+
+        async def put() -> None:
+            client = AsyncRedis.from_url(self.config["redis_url"])
+            await enqueue_notice(Scheduler(client, Keys(self.namespace)), message, text)
+            await client.aclose()
+
+        asyncio.run(put())
+
+    def worker_log(self) -> str:
+        return "\n".join(proc.tail(400) for name, proc in self.procs.items() if name.startswith("worker"))
+
+
+@pytest.fixture(scope="module")
+def kf(stack: Stack) -> Iterator[Kf]:
+    namespace = "k" + secrets.token_hex(4)
+    sim_port, port = free_port(), free_port()
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    bot = {
+        "id": "kefu", "platform": "wecom-kf", "corp_id": "wwkf" + secrets.token_hex(5),
+        "secret": secrets.token_urlsafe(24), "token": secrets.token_hex(8), "encoding_aes_key": random_aes_key(),
+        "api_base": sim_url, "open_kfids": [KFID], "welcome_text": "欢迎光临，我是智能客服。",
+    }  # fmt: skip
+    config = stack_config(stack.config["redis_url"], stack.config["engine"]["base_url"], sim_url, namespace)
+    config["bots"] = [bot]
+    config["worker"] = {**config["worker"], "concurrency": 16}
+    config["limits"] = {"per_user": "100/minute"}
+    path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+    sim = Proc([*BOTGW, "sim", "serve", "--config", str(path), "--port", str(sim_port)], stack.log_dir / "kf-sim.log")
+    wait_http(f"{sim_url}/__sim__/healthz", 30, sim)
+    env = Kf(config, path, f"http://127.0.0.1:{port}", sim_url, stack.redis, namespace, stack.log_dir, {"sim": sim})
+    env.procs["gateway"] = start_gateway(path, port, stack.log_dir, f"gw-{namespace}")
+    env.procs["worker-1"] = start_worker(path, stack.log_dir, f"{namespace}-w1")
+    yield env
+    for proc in env.procs.values():
+        proc.stop()
+
+
+def customer() -> str:
+    return "wm" + secrets.token_hex(6)
+
+
+def test_the_same_callback_three_times_is_one_pull_and_one_answer(kf: Kf) -> None:
+    person = customer()
+    pulls_before = kf.calls("sync_msg")
+    token = kf.write(person, "/help")
+    for _ in range(2):  # WeCom's retries of the unacknowledged callback
+        assert kf.callback(token).status_code == 200
+    delivered = kf.wait_sent(person, 1, settle=2.0)
+    assert [item["content"] for item in delivered] == [commands.HELP_TEXT]
+    assert kf.calls("sync_msg") - pulls_before == 1
+    assert kf.session(person)["service_state"] == 1, "the bot took the session (0 → 1) before answering"
+
+
+def test_welcome_on_enter_session_once_within_20_s(kf: Kf) -> None:
+    person = customer()
+    started = time.time()
+    entered = kf.event(person, "enter_session")
+    for _ in range(2):
+        assert kf.callback(entered["token"]).status_code == 200
+    welcome = kf.wait_sent(person, 1, timeout=20, settle=2.0)
+    assert [(item["via"], item["content"]) for item in welcome] == [("send_msg_on_event", "欢迎光临，我是智能客服。")]
+    assert welcome[0]["at"] - started < 20
+
+
+def test_handoff_by_keyword_then_the_bot_is_quiet_until_the_session_ends(kf: Kf) -> None:
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    kf.write(person, "转人工！")
+    handed = kf.wait_sent(person, 2)
+    assert handed[1]["via"] == "send_msg_on_event" and handed[1]["content"] == HANDOFF_NOTICE and handed[1]["code"]
+    assert kf.session(person)["service_state"] == 2, "trans to the pool"
+
+    kf.write(person, "还有人吗？")
+    kf.sim("POST", "/__sim__/kf/agent", json={"open_kfid": KFID, "external_userid": person,
+                                              "servicer_userid": "agent-zhang", "text": "您好，我是小张"})  # fmt: skip
+    kf.write(person, "好的谢谢")
+    wait_for(lambda: any(turn["content"] == "好的谢谢" for turn in kf.memory(person)), 30, "the pull of the last one")
+    time.sleep(1.0)
+    assert len(kf.sent(person)) == 2, "the bot spoke while a human held the session"
+    contents = [(turn["role"], turn["content"]) for turn in kf.memory(person)]
+    assert ("user", "还有人吗？") in contents and ("assistant", "您好，我是小张") in contents
+
+    ended = kf.event(person, "session_status_change", change_type=3)  # the agent ends the session (state 4)
+    assert kf.callback(ended["token"]).status_code == 200
+    wait_for(lambda: kf.session(person)["service_state"] == 4, 10, "the session to end")
+    kf.write(person, "/help")  # a new session starts at 0, and the bot answers again
+    again = kf.wait_sent(person, 3)
+    assert again[2]["content"] == commands.HELP_TEXT and kf.session(person)["service_state"] == 1
+
+
+def test_five_messages_in_48_hours_one_kept_for_the_handoff_and_renewed_when_the_customer_writes(kf: Kf) -> None:
+    from gateway.cli import main
+
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    kf.enqueue_notice(person, "很长的回答。" * 1200)  # 21,600 bytes: 11 pieces, 3 slots left for answers
+    long = kf.wait_sent(person, 4, settle=2.0)
+    assert len(long) == 4 and long[3]["content"].endswith(commands.ANSWER_CUT_TEXT), "cut visibly at the quota"
+    refused_before = kf.stats()["refusals"].get("95001", 0)
+    kf.enqueue_notice(person, "one message too many")
+    time.sleep(3.0)
+    assert len(kf.sent(person)) == 4, "a 5th answer message would leave no slot for a handoff"
+
+    assert main(["kf", "handoff", "--config", str(kf.path), "--bot", "kefu", "--customer", person]) == 0
+    handed = kf.wait_sent(person, 5)
+    assert handed[4]["via"] == "send_msg_on_event" and handed[4]["content"] == HANDOFF_NOTICE
+    assert kf.session(person)["sent_since_customer"] == 5
+    assert kf.stats()["refusals"].get("95001", 0) == refused_before, "botgw never tried a 6th message"
+
+
+def test_95018_is_a_human_holding_the_session_not_an_error(kf: Kf) -> None:
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    dead_before = kf.redis.xlen(f"{kf.namespace}:dead")
+    state_calls_before = kf.calls("service_state_get")
+    send_calls_before = kf.calls("send_msg")
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg", "errcode": 95018, "times": 1})
+    kf.write(person, "/help")
+    wait_for(lambda: kf.calls("send_msg") > send_calls_before, 30, "the send that is refused")
+    time.sleep(3.0)
+    assert kf.calls("send_msg") - send_calls_before == 1, "a refused send was retried"
+    assert len(kf.sent(person)) == 1
+    assert kf.redis.xlen(f"{kf.namespace}:dead") == dead_before
+    assert kf.calls("service_state_get") > state_calls_before, "the state was not refreshed"
+    assert '"level": "ERROR"' not in kf.worker_log()
+
+
+def test_a_burst_within_the_merge_window_gets_one_answer(kf: Kf, live_engine: str) -> None:
+    person = customer()
+    for text in ("你好", "我想问一下", "你们几点开门？"):
+        kf.write(person, text)
+        time.sleep(0.4)
+    answer = kf.wait_sent(person, 1, timeout=90, settle=4.0)
+    assert len(answer) == 1, "three messages in two seconds are one question"
+    users = [turn["content"] for turn in kf.memory(person) if turn["role"] == "user"]
+    assert users == ["你好\n我想问一下\n你们几点开门？"]
+
+
+def test_1200_messages_between_two_callbacks_pulled_across_pages_answered_once_despite_a_crash(kf: Kf) -> None:
+    first, people = customer(), [customer() for _ in range(1200)]
+    kf.write(first, "/help")  # the callback before the 1,200
+    kf.wait_sent(first, 1)
+    cursor_key = f"{kf.namespace}:pull:cursor:kefu:{KFID}"
+    cursor_before = kf.redis.get(cursor_key)
+    assert cursor_before, "the first pull saved its cursor"
+
+    kf.procs.pop("worker-1").stop()
+    tokens = [kf.write(person, "/help", callback=False) for person in people]
+    # Page 2 hangs: the worker has queued page 1 (1,000 items) when it is killed.
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "sync_msg", "after": 1, "delay_s": 60, "times": 1})
+    pulls_before = kf.calls("sync_msg")
+    assert kf.callback(tokens[-1]).status_code == 200  # the callback after the 1,200
+    kf.procs["worker-2"] = start_worker(kf.path, kf.log_dir, f"{kf.namespace}-w2")
+    wait_for(lambda: kf.calls("sync_msg") - pulls_before >= 2, 60, "the pull of page 2")
+    kf.procs["worker-2"].kill(signal.SIGKILL)
+    kf.procs.pop("worker-2").popen.wait(5)
+    # What a crash between queueing page 1 and saving its cursor leaves: the old cursor.
+    kf.redis.set(cursor_key, cursor_before)
+    kf.procs["worker-3"] = start_worker(kf.path, kf.log_dir, f"{kf.namespace}-w3")
+
+    def answered() -> int:
+        return sum(1 for item in kf.sent("") if item["touser"] in set(people))
+
+    wait_for(lambda: answered() >= len(people), 240, "every customer answered")
+    time.sleep(3.0)
+    per_person: dict[str, int] = {}
+    for item in kf.sent(""):
+        per_person[item["touser"]] = per_person.get(item["touser"], 0) + 1
+    assert all(per_person.get(person) == 1 for person in people), "a customer got no answer or two"
