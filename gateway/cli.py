@@ -311,6 +311,66 @@ def _sim_dingtalk(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def _sim_wecom_kf(args: argparse.Namespace) -> int:
+    """A WeChat customer writes to a 微信客服 account: the simulator logs it, the gateway gets the signed "pull"
+    callback, and the answer is whatever the simulated Kefu API delivered to the customer."""
+    from bots.simulator.wecom_kf import WeComKfCallbackSigner
+    from bots.wecom_kf.config import WeComKfConfig
+
+    settings = load_settings(args.config)
+    bot = settings.bot(args.bot)
+    if not isinstance(bot, WeComKfConfig):
+        raise ConfigError(f"bot {args.bot!r} is not a wecom-kf bot")
+    gateway, simulator = args.gateway.rstrip("/"), bot.api_base
+    with httpx.Client(timeout=10) as http:
+        try:
+            open_kfid = args.open_kfid or (bot.open_kfids or [None])[0]
+            if not open_kfid:
+                accounts = http.get(f"{simulator}/__sim__/kf/accounts", params={"corp_id": bot.corp_id}).json()
+                if not accounts:
+                    print(f"botgw sim: the simulator at {simulator} has no account for {bot.corp_id}", file=sys.stderr)
+                    return 2
+                open_kfid = accounts[0]["open_kfid"]
+            since = time.time()
+            wrote = http.post(
+                f"{simulator}/__sim__/kf/customer",
+                json={"open_kfid": open_kfid, "external_userid": args.customer, "text": args.text},
+            )
+        except httpx.HTTPError as exc:
+            print(f"botgw sim: the simulator at {simulator} is not reachable ({type(exc).__name__})", file=sys.stderr)
+            return 2
+        if wrote.status_code != 200:
+            print(f"botgw sim: simulator answered {wrote.status_code}: {wrote.text}", file=sys.stderr)
+            return 1
+        callback = WeComKfCallbackSigner(bot).kf_msg_or_event(wrote.json()["token"], open_kfid)
+        try:
+            ack = http.post(f"{gateway}/callback/{bot.id}", params=callback.params, content=callback.body)
+        except httpx.HTTPError as exc:
+            print(f"botgw sim: the gateway at {gateway} is not reachable ({type(exc).__name__})", file=sys.stderr)
+            return 2
+        if ack.status_code != 200:
+            print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
+            return 1
+        print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+        deadline = time.monotonic() + args.timeout
+        seen: list[dict] = []
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            sent = http.get(f"{simulator}/__sim__/kf/sent", params={"external_userid": args.customer, "since": since})
+            mine = [item for item in sent.json() if item["open_kfid"] == open_kfid]
+            if len(mine) != len(seen):
+                seen, quiet_since = mine, time.monotonic()
+            elif seen and time.monotonic() - quiet_since > 1.0:
+                break
+            time.sleep(0.1)
+    if not seen:
+        print(f"botgw sim: no answer to {args.customer} within {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    for item in seen:
+        print(f"[{item['via']}] {item['content']}")
+    return 0
+
+
 def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
     """Poll the simulated WeCom for what it delivered to `user`; done once nothing new came for 1 s."""
     deadline = time.monotonic() + timeout
@@ -374,6 +434,36 @@ def _limits(args: argparse.Namespace) -> int:
             await redis.aclose()
 
     print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _kf_handoff(args: argparse.Namespace) -> int:
+    """`botgw kf handoff`: hand a 微信客服 customer to a human (a named agent, else the queue)."""
+    from redis.asyncio import Redis
+
+    from bots.wecom_kf.models import handoff_for
+    from gateway.keys import Keys
+    from gateway.push import enqueue_handoff
+    from gateway.scheduler import Scheduler
+
+    settings = load_settings(args.config)
+    try:
+        message = handoff_for(settings.bot(args.bot), args.open_kfid, args.customer)
+    except (ValueError, ConfigError) as exc:
+        print(f"botgw kf handoff: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        try:
+            scheduler = Scheduler(redis, Keys(settings.namespace))
+            await scheduler.load_scripts()
+            return await enqueue_handoff(scheduler, message, settings.memory.group, args.servicer or "")
+        finally:
+            await redis.aclose()
+
+    place = asyncio.run(main())
+    print(f"handoff of {args.customer} queued (place {place} in the conversation)")
     return 0
 
 
@@ -467,6 +557,16 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("text")
     push.set_defaults(run=_push)
 
+    kf = sub.add_parser("kf", help="微信客服: operators' actions")
+    kf_sub = kf.add_subparsers(dest="kf_command", required=True)
+    handoff = kf_sub.add_parser("handoff", help="hand a customer to a human agent (or the queue for one)")
+    handoff.add_argument("--config", required=True)
+    handoff.add_argument("--bot", required=True, help="the wecom-kf bot's id")
+    handoff.add_argument("--customer", required=True, help="the customer's external_userid")
+    handoff.add_argument("--servicer", default=None, help="an agent's userid (state 3); default: the queue")
+    handoff.add_argument("--open-kfid", default=None, help="the account (needed when the bot serves several)")
+    handoff.set_defaults(run=_kf_handoff)
+
     limits = sub.add_parser("limits", help="a user's or group's usage against its limits")
     limits_sub = limits.add_subparsers(dest="limits_command", required=True)
     for name, help_text in (("show", "usage, limits and reset times"), ("reset", "clear the windows and budgets")):
@@ -543,6 +643,15 @@ def _parser() -> argparse.ArgumentParser:
     sim_dt.add_argument("--timeout", type=float, default=120.0)
     sim_dt.add_argument("text")
     sim_dt.set_defaults(run=_sim_dingtalk)
+    sim_kf = sim_sub.add_parser("wecom-kf", help="write to a 微信客服 account as a WeChat customer, print the answer")
+    sim_kf.add_argument("--config", required=True)
+    sim_kf.add_argument("--bot", required=True)
+    sim_kf.add_argument("--customer", required=True, help="the customer's external_userid")
+    sim_kf.add_argument("--open-kfid", default=None, help="the account (default: the bot's first)")
+    sim_kf.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_kf.add_argument("--timeout", type=float, default=120.0)
+    sim_kf.add_argument("text")
+    sim_kf.set_defaults(run=_sim_wecom_kf)
     sim_ai = sim_sub.add_parser("wecom-ai", help="talk to a WeCom AI bot and watch the streamed answer grow")
     sim_ai.add_argument("--config", required=True)
     sim_ai.add_argument("--bot", required=True)
