@@ -178,14 +178,17 @@ def _stats_row(name: str, values: list[float]) -> list[str]:
 def report(args: argparse.Namespace, results: Results, wall_s: float) -> bool:
     """Print the table and the checks; returns True if something broke."""
     answers = results.answers
-    first = [a.view.first_text_s for a in answers if a.view.first_text_s is not None]
+    # A question that failed, or never showed text, stays in the figures as an infinite latency: dropping it would
+    # make them look better the more questions fail.
+    failed = [math.inf] * len(results.errors)
+    first = [a.view.first_text_s if a.view.first_text_s is not None else math.inf for a in answers] + failed
     refreshes = [value for a in answers for value in a.view.refresh_latencies_s]
     # Per question, callback 0 (the message) went to gateway-1, refresh k to GATEWAYS[(k + 1) % 2].
     by_gateway = {
         name: [v for a in answers for k, v in enumerate(a.view.refresh_latencies_s) if (k + 1) % 2 == slot]
         for slot, name in enumerate(GATEWAYS)
     }
-    totals = [a.total_s for a in answers]
+    totals = [a.total_s for a in answers] + failed
     vllm = results.vllm
     ttft = vllm.get("time_to_first_token_seconds_sum", math.nan) / max(
         1.0, vllm.get("time_to_first_token_seconds_count", 0)

@@ -341,7 +341,9 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
 
             phases: list[Phase] = []
             for number in range(1, args.rounds + 1):
-                for run in (baseline, flood):
+                # The order alternates (odd rounds baseline first, even rounds flood first), so that a drift of
+                # the machine over the run weighs on both phases alike.
+                for run in (baseline, flood) if number % 2 else (flood, baseline):
                     phase = await run(client, number, args.delay)
                     phases.append(phase)
                     await wait_idle(redis, stack)

@@ -112,6 +112,8 @@ REQUEST_TIMEOUT_S = 120.0
 FALLBACK_POLL_S = 0.5
 SETTLE_S = 1.5
 MAX_ERRORS = 20
+SAME_WORK_TOKEN_GAP = 0.02  # completion tokens per request may differ this much between the modes
+SAME_WORK_REPLIES = 0.9  # at least this share of botgw replies must equal the direct reply to the same prompt
 PROCESSES = ("engine", "gateway", "worker", "simulator", "redis", "bench")
 BOTGW_SIDE = ("gateway", "worker", "simulator", "redis")
 BOTGW_PROCS = ("gateway", "worker")  # botgw's own processes, for CPU per answered message
@@ -161,6 +163,8 @@ class Run:
     errors: list[str] = field(default_factory=list)
     replies: dict[int, str] = field(default_factory=dict)  # request index -> reply text
     tokens: int = 0
+    engine_tokens: float = 0.0  # completion tokens vLLM generated during the run (its own counter), either mode
+    engine_requests: float = 0.0  # requests vLLM finished during the run
     cpu: dict[str, float] = field(default_factory=dict)
     tree_cpu: dict[str, float] = field(default_factory=dict)  # user+sys of each process and its children
     vllm_e2e: tuple[float, float] = (0.0, 0.0)  # sum of seconds, count
@@ -169,6 +173,17 @@ class Run:
         self.errors.append(text)
         if len(self.errors) > MAX_ERRORS:
             raise Broken(f"{self.mode} at concurrency {self.concurrency}: too many errors: {self.errors[:3]}")
+
+    def failed(self, text: str) -> None:
+        """A request that got no (single, 200) answer: an error, and an infinite latency in the figures (a failure
+        is never dropped from them: it would make the percentiles look better the more requests fail)."""
+        self.latencies.append(math.inf)
+        self.error(text)
+
+    @property
+    def answered(self) -> int:
+        """Requests answered (200, one reply): only these count as capacity."""
+        return sum(1 for value in self.latencies if math.isfinite(value))
 
 
 class Direct:
@@ -197,7 +212,7 @@ class Direct:
             try:
                 async with self._http.stream("POST", self._url, json=body) as response:
                     if response.status_code != 200:
-                        run.error(f"engine answered HTTP {response.status_code}")
+                        run.failed(f"engine answered HTTP {response.status_code}")
                         return
                     async for line in sse_lines(response):
                         if not line.startswith("data:"):
@@ -211,7 +226,7 @@ class Direct:
                         for choice in chunk.get("choices", []):
                             parts.append((choice.get("delta") or {}).get("content") or "")
             except httpx.HTTPError as exc:
-                run.error(f"engine request failed: {exc!r}")
+                run.failed(f"engine request failed: {exc!r}")
                 return
             run.latencies.append(time.perf_counter() - started)
             run.replies[index] = "".join(parts)
@@ -370,8 +385,8 @@ class Botgw:
         for index, started_at in sent_at.items():
             item = prepared[index]
             replies = by_user.get(item.user, [])
-            if len(replies) != 1:
-                run.error(f"{item.user} got {len(replies)} replies")
+            if len(replies) != 1:  # no reply (its callback failed, or it timed out), or a doubled one
+                run.failed(f"{item.user} got {len(replies)} replies")
                 continue
             delivered_at = replies[0]["at"]
             run.latencies.append(delivered_at - started_at)
@@ -471,13 +486,21 @@ async def measured(
     """Run one closed loop with CPU and vLLM's e2e counters sampled around it."""
     tree = TreeCpuMeter(stack)
     e2e_before = await vllm_e2e(http, engine_url)
+    tokens_before = await vllm_histograms(http, engine_url, "request_generation_tokens")
     cpu_before = meter.sample()
     tree_before = tree.sample()
     await body
     run.tree_cpu = tree.since(tree_before)
     run.cpu = meter.since(cpu_before)
     e2e_after = await vllm_e2e(http, engine_url)
+    tokens_after = await vllm_histograms(http, engine_url, "request_generation_tokens")
     run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
+    run.engine_tokens = tokens_after.get("request_generation_tokens_sum", 0.0) - tokens_before.get(
+        "request_generation_tokens_sum", 0.0
+    )
+    run.engine_requests = tokens_after.get("request_generation_tokens_count", 0.0) - tokens_before.get(
+        "request_generation_tokens_count", 0.0
+    )
     stack.check_alive()
     return run
 
@@ -490,7 +513,7 @@ class Totals:
 
     @property
     def completed(self) -> int:
-        return sum(len(run.latencies) for run in self.runs)
+        return sum(run.answered for run in self.runs)
 
     @property
     def rate(self) -> float:
@@ -694,20 +717,28 @@ def report(
         print(f"  e.g. {dict(list(wrong.items())[:5])}")
     broken |= not ok
     same = total = 0
-    tokens = sent = 0
+    generated = {"direct": [0.0, 0.0], "botgw": [0.0, 0.0]}  # vLLM's completion tokens and requests, per mode
     for modes in results.values():
         for direct_run, via_run in zip(modes["direct"].runs, modes["botgw"].runs, strict=True):
-            tokens += direct_run.tokens
-            sent += len(direct_run.latencies)
+            for mode, run in (("direct", direct_run), ("botgw", via_run)):
+                generated[mode][0] += run.engine_tokens
+                generated[mode][1] += run.engine_requests
             for index, text in via_run.replies.items():
                 if index in direct_run.replies:
                     total += 1
                     same += text == direct_run.replies[index]
+    per_request = {mode: tokens / count if count else math.nan for mode, (tokens, count) in generated.items()}
+    token_gap = abs(per_request["botgw"] / per_request["direct"] - 1) if per_request["direct"] else math.nan
+    same_share = same / total if total else math.nan
+    same_ok = token_gap <= SAME_WORK_TOKEN_GAP and same_share >= SAME_WORK_REPLIES
     print(
-        f"same work: direct replies had {tokens / max(1, sent):.1f} completion tokens on average (max_tokens "
-        f"{args.max_tokens}); {same} of {total} botgw replies equal the direct reply to the same prompt "
-        "(temperature 0; batching on CPU can change a few)"
+        f"same work: vLLM generated {per_request['direct']:.1f} completion tokens per direct request and "
+        f"{per_request['botgw']:.1f} per botgw request (max_tokens {args.max_tokens}; gap {token_gap:.1%}, "
+        f"allowed {SAME_WORK_TOKEN_GAP:.0%}); {same} of {total} botgw replies equal the direct reply to the same "
+        f"prompt ({same_share:.0%}, at least {SAME_WORK_REPLIES:.0%} wanted: temperature 0, batching on CPU can "
+        f"change a few) -> {'OK' if same_ok else 'MISMATCH: the two modes did not do the same work'}"
     )
+    broken |= not same_ok
     print(f"botgw completion learnt via: {dict(botgw.seen_via)}")
     print(f"run time: {wall:.0f} s")
     return broken
@@ -862,13 +893,16 @@ async def _benchmark(
                 total = max(args.requests, 4 * level)
                 results[level] = {"direct": Totals([]), "botgw": Totals([])}
                 for round_no in range(1, args.rounds + 1):
-                    for mode, client in (("direct", direct), ("botgw", botgw)):
+                    # The order alternates: whatever the machine does over time (a cache warming, a thermal
+                    # drift) weighs on both modes alike.
+                    order = [("direct", direct), ("botgw", botgw)]
+                    for mode, client in order if round_no % 2 else order[::-1]:
                         run = Run(mode, level)
                         await measured(run, client.run(run, total), meter, stack, engine_http, engine_url)
                         results[level][mode].runs.append(run)
                         print(
-                            f"  concurrency {level:>2}, round {round_no}, {mode:6}: {len(run.latencies)}/{total} in "
-                            f"{run.elapsed:.1f} s = {len(run.latencies) / run.elapsed:.2f} req/s, "
+                            f"  concurrency {level:>2}, round {round_no}, {mode:6}: {run.answered}/{total} in "
+                            f"{run.elapsed:.1f} s = {run.answered / run.elapsed:.2f} req/s, "
                             f"p50 {ms(percentile(run.latencies, 50))} ms",
                             flush=True,
                         )

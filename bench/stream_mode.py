@@ -247,7 +247,9 @@ def report(
     latencies_all: list[float] = []
     intake: dict[int, float] = {}  # botgw's own pace: entries per second between the first and last enqueue time
     for number, batch in enumerate(batches, 1):
-        latencies = sorted(queued[msg_id][0] - pushed for msg_id, pushed in batch.pushed_at.items() if msg_id in queued)
+        # a message never queued stays in the figures as the worst latency, never dropped from them
+        latencies = sorted(queued[msg_id][0] - pushed if msg_id in queued else math.inf
+                           for msg_id, pushed in batch.pushed_at.items())
         latencies_all += latencies
         wall = batch.done_s
         enqueued = [queued[msg_id][0] for msg_id in batch.pushed_at if msg_id in queued]

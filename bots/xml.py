@@ -19,6 +19,6 @@ def parse_flat_xml(data: bytes | str) -> dict[str, str]:
         root: Element = fromstring(data, forbid_dtd=True)
     except DefusedXmlException as exc:
         raise CallbackRejected("xml_forbidden", 400, "XML with DTD or entities is refused") from exc
-    except (ParseError, ValueError) as exc:
+    except (ParseError, ValueError, LookupError) as exc:  # LookupError: an encoding="…" Python has no codec for
         raise CallbackRejected("malformed_xml", 400, "body is not well-formed XML") from exc
     return {child.tag: (child.text or "") for child in root}

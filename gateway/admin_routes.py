@@ -10,7 +10,12 @@ import hmac
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from bots.base import CallbackRejected
+from bots.safe_json import parse_json_object
+from bots.wecom_kf.models import handoff_for
 from gateway.limits import Budgets
+from gateway.push import enqueue_handoff
+from gateway.routes import BodyTooLarge, read_body
 
 router = APIRouter(prefix="/admin")
 
@@ -22,6 +27,13 @@ def _refused(request: Request) -> JSONResponse | None:
     expected = f"Bearer {token.get_secret_value()}".encode()
     if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
         return JSONResponse({"error": "missing or wrong admin token"}, status_code=401)
+    return None
+
+
+def _not_an_id(who: str) -> JSONResponse | None:
+    """An id is taken literally, and the reset SCANs with it: `*`, `?` or `[` would clear other users' budgets."""
+    if any(char in who for char in "*?[]\\"):
+        return JSONResponse({"error": "an id has no *, ?, [, ] or \\"}, status_code=400)
     return None
 
 
@@ -39,4 +51,27 @@ async def show_limits(who: str, request: Request) -> JSONResponse:
 @router.delete("/limits/{who}")
 async def reset_limits(who: str, request: Request) -> JSONResponse:
     """Clear a user's or group's windows and budgets (as `botgw limits reset`)."""
-    return _refused(request) or JSONResponse({"reset": who, "cleared": await _budgets(request).reset(who)})
+    refused = _refused(request) or _not_an_id(who)
+    return refused or JSONResponse({"reset": who, "cleared": await _budgets(request).reset(who)})
+
+
+@router.post("/kf/{bot_id}/handoff")
+async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
+    """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}."""
+    refused = _refused(request)
+    if refused:
+        return refused
+    runtime = request.app.state.runtime
+    try:
+        body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")
+        bot = next((b for b in runtime.settings.bots if b.id == bot_id), None)
+        message = handoff_for(bot, body.get("open_kfid"), str(body.get("customer") or ""))
+    except BodyTooLarge:
+        return JSONResponse({"error": "request body too large"}, status_code=413)
+    except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)
+        return JSONResponse({"error": exc.detail}, status_code=exc.status)
+    except ValueError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400 if bot_id else 404)
+    servicer = str(body.get("servicer") or "")
+    place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
+    return JSONResponse({"queued": True, "place": place}, status_code=202)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from redis.asyncio import Redis
 
-from bots.base import CallbackRejected
+from bots.base import CallbackRejected, InboundMessage
+from bots.safe_json import parse_json_object
 from bots.web.adapter import WebAdapter
 from gateway import metrics
 from gateway.routes import BodyTooLarge, read_body
@@ -30,6 +31,17 @@ MAX_OPEN_PER_USER = 3
 def _web_adapter(request: Request, bot_id: str) -> WebAdapter | None:
     adapter = request.app.state.runtime.adapters.get(bot_id)
     return adapter if isinstance(adapter, WebAdapter) else None
+
+
+def parse_message(adapter: WebAdapter, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage:
+    """adapter.parse, with the body held to what the platform adapters accept (bots.safe_json: nesting, NaN, lone
+    surrogates) and a field it cannot convert (a temperature that is not a number in range) refused as a 400."""
+    adapter.authorize(headers)  # first: no one learns anything of the body's checks without the key
+    parse_json_object(body, "body")
+    try:
+        return adapter.parse(headers, body, now)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise CallbackRejected("malformed_fields", 400, "a field has the wrong type or is out of range") from exc
 
 
 def _event(payload: dict) -> str:
@@ -69,7 +81,7 @@ async def web_chat(bot_id: str, request: Request) -> Response:
     runtime = request.app.state.runtime
     try:
         body = await read_body(request, runtime.settings.max_body_bytes)
-        message = adapter.parse(request.headers, body, time.time())
+        message = parse_message(adapter, request.headers, body, time.time())
     except BodyTooLarge:
         return JSONResponse({"error": "body_too_large"}, status_code=413)
     except CallbackRejected as exc:

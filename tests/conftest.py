@@ -95,6 +95,8 @@ class Stack:
     procs: dict[str, Proc] = field(default_factory=dict)
     engine_url: str = ""
     robot_burst_at: float = 0.0
+    member_burst_at: float = 0.0
+    member_burst_user: str = ""
 
     @property
     def admin_url(self) -> str:
@@ -248,6 +250,8 @@ def stack(redis_url: str, log_dir: Path, request: pytest.FixtureRequest) -> Iter
     made.engine_url = f"http://127.0.0.1:{engine_port}"
     if _wanted(request, "robot_burst"):
         start_robot_burst(made)
+    if _wanted(request, "member_burst"):
+        start_member_burst(made)
     yield made
     for proc in procs.values():
         proc.stop()
@@ -286,6 +290,45 @@ def start_robot_burst(stack: Stack) -> None:
 
     asyncio.run(burst())
     stack.robot_burst_at = time.time()
+
+
+MEMBER_BURST = 35
+
+
+def start_member_burst(stack: Stack) -> None:
+    """Queue MEMBER_BURST answers (as notices: no engine) for one WeCom member: more than the 30 a minute WeCom
+    lets an app send one member."""
+    from redis.asyncio import Redis
+
+    from bots.base import InboundMessage, ReplyTarget
+    from gateway.keys import Keys
+    from gateway.push import enqueue_notice
+    from gateway.scheduler import Scheduler
+
+    user = "burst" + secrets.token_hex(4)
+
+    async def burst() -> None:
+        client = Redis.from_url(stack.config["redis_url"])
+        scheduler = Scheduler(client, Keys(stack.namespace))
+        for i in range(MEMBER_BURST):
+            message = InboundMessage(
+                platform="wecom", bot_id="app", msg_id=f"burst-{user}-{i}", conversation_id=user, sender_id=user,
+                text="", reply_to=ReplyTarget(user_id=user),
+            )
+            await enqueue_notice(scheduler, message, f"notice {i} of the burst", rid="test")
+        await client.aclose()
+
+    stack.member_burst_user = user
+    asyncio.run(burst())
+    stack.member_burst_at = time.time()
+
+
+@pytest.fixture(scope="session")
+def member_burst(stack: Stack) -> tuple[str, float]:
+    """(the member, when the burst was queued): at the stack's start when a collected test asks for it."""
+    if not stack.member_burst_at:
+        start_member_burst(stack)
+    return stack.member_burst_user, stack.member_burst_at
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,9 @@ class HoldingProxy:
     def __enter__(self) -> HoldingProxy:
         self._thread.start()
         deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the holding proxy on port {self.port} did not start")
             time.sleep(0.05)
         return self
 

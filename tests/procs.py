@@ -98,11 +98,10 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, expect: int = 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     """Wait until `predicate()` is true; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_config(path: Path, data: dict) -> Path:
@@ -131,14 +130,6 @@ def start_simulator(config: Path, port: int, log_dir: Path) -> Proc:
     return proc
 
 
-def engine_requests_finished(engine_url: str) -> float:
-    """vllm:request_success_total summed over its labels: rises by one per answered request."""
-    text = httpx.get(f"{engine_url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{")
-    )
-
-
 class Listener:
     """A plain HTTP server standing for an address inside the company's network: it records what reaches it."""
 
@@ -165,3 +156,16 @@ class Listener:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus exposition at `url` (/metrics): the sum over series whose labels include
+    `labels` (0 when there is none)."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
+            continue
+        series, value = line.rsplit(" ", 1)
+        if all(f'{key}="{wanted}"' in series for key, wanted in labels.items()):
+            total += float(value)
+    return total

@@ -29,12 +29,13 @@ async def put(sched: Scheduler, lane: str, owner: str, text: str, weight: float 
     await sched.enqueue(lane, new_entry(owner, "chat", f'{{"text": "{text}"}}'), weight)
 
 
-async def drain_order(sched: Scheduler, cap: int = 0) -> list[str]:
-    """Take and finish one entry at a time, as a single worker slot would; the texts in the order served."""
+async def drain_order(sched: Scheduler, cap: int = 0, weights: dict[str, float] | None = None) -> list[str]:
+    """Take and finish one entry at a time, as a single worker slot would (releasing with the lane's weight, as the
+    worker does with its bot's); the texts in the order served."""
     served = []
     while (lease := await sched.take("w", 5000, cap)) is not None:
         served.append(lease.entry["msg"]["text"])
-        assert await sched.release(lease, "done")
+        assert await sched.release(lease, "done", weight=(weights or {}).get(lease.lane, 1.0))
     return served
 
 
@@ -53,8 +54,10 @@ async def test_weights_give_a_bot_more_turns_per_round(scheduler: Scheduler) -> 
     for i in range(6):
         await put(scheduler, "vip", "u:vip", f"v{i}", weight=2.0)
         await put(scheduler, "std", "u:std", f"s{i}", weight=1.0)
-    order = await drain_order(scheduler)
-    assert sum(t.startswith("v") for t in order[:9]) >= 5, order  # about two turns for one
+    order = await drain_order(scheduler, weights={"vip": 2.0, "std": 1.0})
+    # two turns for one, while both have work: weight 2 goes to the back of the round half as far
+    assert order[:9] == ["v0", "s0", "v1", "v2", "s1", "v3", "v4", "s2", "v5"], order
+    assert order[9:] == ["s3", "s4", "s5"]
 
 
 async def test_one_lane_is_never_leased_twice(scheduler: Scheduler) -> None:
@@ -127,6 +130,7 @@ async def test_retry_with_delay_keeps_the_entry_first_and_runs_it_later(schedule
     assert await scheduler.take("w", 5000, 0) is None
     started = time.monotonic()
     while (again := await scheduler.take("w", 5000, 0)) is None:
+        assert time.monotonic() - started < 5, "the delayed entry never became ready"
         await scheduler.sweep()
         await asyncio.sleep(0.02)
     assert time.monotonic() - started >= 0.2
@@ -157,3 +161,24 @@ async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> 
     assert letter["reason"] == "test" and letter["entry"]["msg"]["text"] == "doomed"
     depth, _ = await scheduler.stats()
     assert depth == 0
+
+
+async def test_the_stream_store_refuses_an_update_that_does_not_extend_the_text(scheduler: Scheduler) -> None:
+    """What the user was shown only grows: an update that is not an extension is refused inside Redis (the
+    text stays), so is any update after the finish; the refusal is 'not applied' (False), not a lost lease."""
+    redis, keys = scheduler._redis, scheduler._keys
+    streams = StreamStore(redis, keys)
+    await put(scheduler, "conv", "u:x", "hello")
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None
+    fence = Fence(keys.lease("conv"), lease.epoch)
+    assert await streams.open("bot", "x", "sid", limit=3, max_age_s=60)
+    assert await streams.update("sid", "Hello, wor", fence=fence) is True
+    for not_an_extension in ("Hello", "Hello, WORLD", "Jello, world", ""):
+        assert await streams.update("sid", not_an_extension, fence=fence) is False, not_an_extension
+        assert (await streams.get("sid")).content == "Hello, wor"
+    assert await streams.update("sid", "Hello, world", fence=fence) is True
+    assert await streams.update("sid", "Hello, world!", finish=True, fence=fence) is True
+    assert await streams.update("sid", "Hello, world! And more", fence=fence) is False, "a finished stream changed"
+    state = await streams.get("sid")
+    assert (state.content, state.finished) == ("Hello, world!", True)

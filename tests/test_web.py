@@ -172,17 +172,34 @@ def test_chat_page_streams_presets_reset_and_screenshot(web: WebStack, browser: 
     assert (ARTIFACTS / "web-chat.png").stat().st_size > 10_000
 
 
-def test_page_and_api_share_one_users_limits(web: WebStack, browser: object) -> None:
+def api_chat(web: WebStack, user: str, text: str) -> str:
+    """One message through the web API as `user`; the answer's text (the `done` event's)."""
     headers = {"Authorization": f"Bearer {WEB_KEY}"}
-    for i in range(6):  # the limit is 6 a minute
-        with httpx.stream("POST", f"{web.api_url}/chat", json={"user": "bob", "text": "/help"}, headers=headers,
-                          timeout=60) as response:
-            events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
-        assert events[-1].get("done"), f"message {i} was not answered: {events[-1]}"
+    with httpx.stream("POST", f"{web.api_url}/chat", json={"user": user, "text": text}, headers=headers,
+                      timeout=60) as response:
+        events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
+    assert events[-1].get("done"), f"not answered: {events[-1]}"
+    return events[-1]["text"]
+
+
+def test_page_and_api_count_against_one_users_limit(web: WebStack, browser: object) -> None:
+    """Bob's six messages a minute are spent half through the API and half on the page, in both orders: the
+    seventh is refused wherever it comes from; Alice, signed in at the same time, is not."""
+    for _ in range(3):  # the limit is 6 a minute
+        assert "/reset" in api_chat(web, "bob", "/help")
     page = sign_in(browser, web, "bob", PASSWORD)
     page.wait_for_selector("text=Engine ready", timeout=30000)
+    for _ in range(2):
+        states, _ = send(page, "/help")
+        assert "/reset" in states[-1] and "try again in" not in states[-1]
+    assert "/reset" in api_chat(web, "bob", "/help")  # the sixth, through the API again
     states, _ = send(page, "one more question")
-    assert "try again in" in states[-1]
+    assert "try again in" in states[-1], "the page's seventh message was answered"
+    assert "try again in" in api_chat(web, "bob", "and another"), "the API's eighth message was answered"
+    other = sign_in(browser, web, "alice", PASSWORD)
+    other.wait_for_selector("text=Engine ready", timeout=30000)
+    states, _ = send(other, "/help")
+    assert "/reset" in states[-1], "another user's limit was spent too"
 
 
 def test_api_refuses_a_wrong_key(web: WebStack) -> None:

@@ -10,16 +10,18 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from bots.base import InboundMessage, ReplyTarget
 from bots.simulator.wecom_ai import StreamView, WeComAIBotUser
-from bots.text import utf8_len
+from bots.text import utf8_len, utf8_prefix
 from bots.wecom.aibot import stream_id_for
 from bots.wecom.config import WeComAIBotConfig
 from gateway import commands
-from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
+from tests.conftest import ENGINE_MODEL, ROBOT_BURST, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
-from tests.procs import Listener, Proc, engine_requests_finished, free_port, start_gateway, start_worker, write_config
+from tests.procs import Listener, Proc, free_port, metric, start_gateway, start_worker, wait_for, write_config
+from tests.stub_engine import answer_for
 
 
 def ai_bot(stack: Stack) -> WeComAIBotConfig:
@@ -86,40 +88,44 @@ def test_streamed_answer_across_two_replicas(stack: Stack, live_engine: str, use
             text = "Tell me about the weather in Beijing"
             gateways = [f"http://127.0.0.1:{port}" for port in ports]
             view = run(ask(stack, gateways, user, text, interval=0.05))
+            served = [metric(proc.admin_url, "botgw_callbacks_total", platform="wecom-ai") for proc in procs[:2]]
         finally:
             for proc in procs:
                 proc.stop()
     assert view.finished
     assert_never_backwards(view)
     assert view.text == engine_answer(live_engine, text, stack.config["engine"]["max_tokens"])
-    assert len(view.refresh_latencies_s) >= 4, "the refreshes must have alternated between the two gateways"
+    # the first callback and every refresh, alternately to each replica (as WeCom's load balancer may)
+    callbacks = len(view.refresh_latencies_s) + 1
+    assert sorted(served) == [callbacks // 2, callbacks - callbacks // 2], served
+    assert len(view.refresh_latencies_s) >= 4
     assert len(view.shown) >= 3, "the answer should be seen growing"
 
 
-def test_duplicate_first_callback_one_stream_one_engine_call(stack: Stack, live_engine: str, user: str) -> None:
+def test_duplicate_first_callback_one_stream_one_engine_call(cluster, user: str) -> None:
+    c = cluster(0.3)
+    gateway = c.add_gateway()
+    c.add_worker("w")
+
     async def scenario() -> tuple[str, str, StreamView]:
         async with httpx.AsyncClient(timeout=30) as http:
-            sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            sim = WeComAIBotUser(ai_bot(c.stack), [gateway], c.stack.sim_url, http)
             payload = sim.message_payload(user, "hello twice", await sim.new_response_url())
             first = await sim.post(payload)
             again = await sim.post(payload)  # WeCom's retry of the same callback
-            view = StreamView(stream_id=first["stream"]["id"])
-            while not view.finished:
-                await asyncio.sleep(0.1)
-                reply = await sim.post(sim.refresh_payload(user, view.stream_id))
-                view.finished = reply["stream"]["finish"]
-                view.shown.append(reply["stream"]["content"])
+            view = await follow(sim, user, first["stream"]["id"])
             return first["stream"]["id"], again["stream"]["id"], view
 
-    before = engine_requests_finished(live_engine)
     first_id, retry_id, view = run(scenario())
     assert first_id == retry_id
-    assert view.text
+    assert view.finished and view.text == answer_for("hello twice")
     time.sleep(1.0)
-    assert engine_requests_finished(live_engine) - before == 1
+    assert [r["user"] for r in c.engine_requests()] == ["hello twice"], "the engine was asked once"
 
 
-async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: str) -> str:
+async def enqueue_ai_answer(
+    stack: Stack, user: str, answer: str, response_url: str, received_at: float | None = None
+) -> str:
     """Queue a finished answer for an AI-bot message (as a command's answer is), to test delivery alone."""
     from redis.asyncio import Redis
 
@@ -131,6 +137,7 @@ async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: 
     message = InboundMessage(
         platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(8), conversation_id=user, sender_id=user,
         text="", reply_to=ReplyTarget(user_id=user, webhook_url=response_url),
+        **({"received_at": received_at} if received_at is not None else {}),
     )
     stream_id = stream_id_for(message.dedup_key)
     message = message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
@@ -144,10 +151,11 @@ async def enqueue_ai_answer(stack: Stack, user: str, answer: str, response_url: 
 
 
 async def follow(sim: WeComAIBotUser, user: str, stream_id: str, timeout: float = 30) -> StreamView:
-    """Refresh a stream as WeCom does, until it is finished (or `timeout`)."""
+    """Refresh a stream as WeCom does, until it is finished; fails after `timeout`."""
     view = StreamView(stream_id=stream_id)
     deadline = time.monotonic() + timeout
-    while not view.finished and time.monotonic() < deadline:
+    while not view.finished:
+        assert time.monotonic() < deadline, f"stream {stream_id} not finished after {timeout} s: {view.text[-80:]!r}"
         await asyncio.sleep(0.2)
         reply = await sim.post(sim.refresh_payload(user, stream_id))
         view.finished = reply["stream"]["finish"]
@@ -172,13 +180,13 @@ def test_answer_over_the_stream_limit_rest_through_response_url_once(stack: Stac
     time.sleep(1.0)
     responses = httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
     shown, posted = view.text, responses[token]["content"]
-    assert utf8_len(shown) <= 20480 and utf8_len(posted) <= 20480 and responses[token]["msgtype"] == "markdown"
-    assert answer.startswith(shown) and not shown.endswith(commands.ANSWER_CUT_TEXT)
-    # the answer is longer than the stream and the one post together: the post says where it was cut
-    assert posted.endswith(commands.ANSWER_CUT_TEXT)
-    kept = shown + posted[: -len(commands.ANSWER_CUT_TEXT)]
-    assert answer.startswith(kept), "stream and post join back into the answer's beginning, nothing skipped"
-    assert utf8_len(kept) >= 2 * 20480 - utf8_len(commands.ANSWER_CUT_TEXT) - 64, "all that fits is shown"
+    assert responses[token]["msgtype"] == "markdown"
+    # The stream shows the answer's first 20,480 bytes; the one post carries what follows, up to where its own
+    # 20,480 bytes end with the note saying the answer was cut: joined, nothing skipped, nothing repeated.
+    assert shown == utf8_prefix(answer, 20480)
+    room = 20480 - utf8_len(commands.ANSWER_CUT_TEXT)
+    assert posted == utf8_prefix(answer[len(shown) :], room) + commands.ANSWER_CUT_TEXT
+    assert utf8_len(posted) <= 20480 and 20480 - utf8_len(posted) < 4, "the post is as full as it can be"
 
 
 def test_more_than_three_unfinished_messages_get_a_busy_notice(stack: Stack) -> None:
@@ -244,35 +252,25 @@ def test_worker_killed_mid_stream_another_finishes_never_backwards(
         slow.__exit__()
 
 
-def test_group_robot_burst_paced_to_twenty_a_minute(stack: Stack) -> None:
-    from redis.asyncio import Redis
-
-    from gateway.keys import Keys
-    from gateway.push import enqueue_push
-    from gateway.scheduler import Scheduler
-
+def test_group_robot_burst_paced_to_twenty_a_minute(stack: Stack, robot_burst: float) -> None:
+    """25 pushes queued at once (by the `robot_burst` fixture, when the session's stack started: the minute
+    WeCom's pacing makes this take passes while other tests run) arrive in order, 20 a minute, none refused."""
     key = next(b for b in stack.config["bots"] if b["id"] == "robot")["key"]
 
-    async def burst() -> None:
-        redis = Redis.from_url(stack.config["redis_url"])
-        scheduler = Scheduler(redis, Keys(stack.namespace))
-        for i in range(25):
-            await enqueue_push(scheduler, "robot", f"**alert {i}**", markdown=i % 2 == 0)
-        await redis.aclose()
+    def pushed() -> dict:
+        return httpx.get(f"{stack.sim_url}/__sim__/wecom/webhook", params={"key": key}, timeout=5).json()
 
-    run(burst())
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{stack.sim_url}/__sim__/wecom/webhook", params={"key": key}, timeout=5).json()
-        if len(state["messages"]) >= 25:
-            break
-        time.sleep(1)
+    left = max(5.0, robot_burst + 150 - time.time())
+    wait_for(lambda: len(pushed()["messages"]) >= ROBOT_BURST, left, f"the 25 pushes: {pushed()}")
+    time.sleep(1.0)  # room for a 26th to show
+    state = pushed()
     messages = state["messages"]
-    assert [m["content"] for m in messages] == [f"**alert {i}**" for i in range(25)]
+    assert [m["content"] for m in messages] == [f"**alert {i}**" for i in range(ROBOT_BURST)]
     assert [m["msgtype"] for m in messages[:2]] == ["markdown", "text"]
     assert state["refused"] == 0, "the robot was sent more than WeCom allows"
     times = [m["at"] for m in messages]
     assert all(times[i + 20] - times[i] >= 60 for i in range(len(times) - 20))
+    assert times[20] - times[0] < 75, "the 21st push waited for its minute, not much longer"
 
 
 def test_a_response_url_off_wecom_is_never_posted_to_and_the_cut_is_visible(stack: Stack, user: str) -> None:
@@ -295,3 +293,27 @@ def test_a_response_url_off_wecom_is_never_posted_to_and_the_cut_is_visible(stac
         assert listener.hits == []
     finally:
         listener.close()
+
+
+@pytest.mark.xfail(strict=True, reason="product bug: the stream is finished with its first 20,480 bytes before the "
+                   "overflow post, which an expired response_url refuses: the answer ends silently, dead-lettered")
+def test_an_expired_response_url_is_not_posted_to_and_the_cut_is_visible(stack: Stack, user: str) -> None:
+    """A response_url is good for an hour. An answer longer than the stream whose response_url has expired (its
+    message waited that long) cannot go on there: the stream must say where it was cut, as for a response_url
+    that cannot be used at all, instead of ending silently at 20,480 bytes."""
+    answer = "".join(f"第{i}段：企业微信智能机器人的回答内容。\n" for i in range(1200))
+
+    async def scenario() -> tuple[StreamView, str]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(stack), [stack.gateway_url], stack.sim_url, http)
+            response_url = await sim.new_response_url(ttl_s=0.5)
+            await asyncio.sleep(1.0)  # the hour has passed
+            received = time.time() - 3601  # its message came an hour ago, with the response_url
+            stream_id = await enqueue_ai_answer(stack, user, answer, response_url, received_at=received)
+            return await follow(sim, user, stream_id), response_url.rsplit("/", 1)[1]
+
+    view, token = run(scenario())
+    assert view.finished and utf8_len(view.text) <= 20480
+    time.sleep(1.0)
+    assert token not in httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
+    assert view.text.endswith(commands.ANSWER_CUT_TEXT), "the answer ended silently at the stream's limit"

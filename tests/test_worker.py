@@ -8,10 +8,8 @@ import asyncio
 import itertools
 import secrets
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -20,77 +18,8 @@ from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk_user import DingTalkUser
 from bots.simulator.wecom_ai import WeComAIBotUser
 from bots.wecom.config import WeComAIBotConfig
-from tests.conftest import Stack, stack_config
-from tests.procs import Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
-
-
-def start_stub_engine(log_dir: Path, delay_s: float, name: str) -> tuple[Proc, str]:
-    port = free_port()
-    proc = Proc(
-        [sys.executable, "-m", "tests.stub_engine", "--port", str(port), "--delay", str(delay_s)],
-        log_dir / f"{name}.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health", 30, proc)
-    return proc, url
-
-
-class Cluster:
-    """Gateways and workers of one namespace, on the shared Redis and simulator, with a stub engine."""
-
-    def __init__(self, stack: Stack, delay_s: float, **overrides: object) -> None:
-        self.namespace = "w" + secrets.token_hex(4)
-        self.log_dir = stack.log_dir
-        self.engine, self.engine_url = start_stub_engine(stack.log_dir, delay_s, f"stub-{self.namespace}")
-        config = stack_config(stack.config["redis_url"], self.engine_url, stack.sim_url, self.namespace, **overrides)
-        for bot in config["bots"]:  # the simulator knows the stack's bots: reuse their credentials
-            bot.update(next(b for b in stack.config["bots"] if b["id"] == bot["id"]))
-        self.config = config
-        self.path = write_config(stack.log_dir / f"{self.namespace}.yaml", config)
-        self.stack = Stack(config, self.path, "", stack.sim_url, stack.redis, self.namespace, stack.log_dir)
-        self.gateways: list[str] = []
-        self.procs: dict[str, Proc] = {}
-
-    def add_gateway(self) -> str:
-        port = free_port()
-        name = f"gw-{self.namespace}-{len(self.gateways)}"
-        self.procs[name] = start_gateway(self.path, port, self.log_dir, name=name)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(f"{self.procs[name].admin_url}/readyz", 30)
-        self.gateways.append(url)
-        self.stack.gateway_url = self.gateways[0]
-        return url
-
-    def add_worker(self, name: str, path: Path | None = None) -> Proc:
-        proc = start_worker(path or self.path, self.log_dir, f"{self.namespace}-{name}")
-        self.procs[name] = proc
-        deadline = time.monotonic() + 30
-        while b"worker started" not in proc.log_path.read_bytes():
-            assert time.monotonic() < deadline, proc.tail()
-            time.sleep(0.05)
-        return proc
-
-    def engine_requests(self) -> list[dict]:
-        return [r for r in httpx.get(f"{self.engine_url}/__stub__/requests", timeout=5).json() if not r["warmup"]]
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            proc.kill(signal.SIGCONT)
-            proc.stop()
-        self.engine.stop()
-
-
-@pytest.fixture
-def cluster(stack: Stack) -> Iterator[Callable[..., Cluster]]:
-    made: list[Cluster] = []
-
-    def make(delay_s: float = 0.5, **overrides: object) -> Cluster:
-        made.append(Cluster(stack, delay_s, **overrides))
-        return made[-1]
-
-    yield make
-    for item in made:
-        item.close()
+from tests.conftest import Cluster, Stack
+from tests.procs import wait_for
 
 
 def arrival_times(stack: Stack, user: str, count: int, timeout: float) -> list[tuple[float, str]]:

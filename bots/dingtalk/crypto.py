@@ -25,7 +25,11 @@ def verify_headers(headers: Mapping[str, str], app_secret: str, now: float, wind
         sent_ms = int(timestamp)
     except ValueError as exc:
         raise CallbackRejected("bad_timestamp", 400, "timestamp is not an integer") from exc
-    if window_s and abs(now * 1000 - sent_ms) > window_s * 1000:
+    if window_s and abs(int(now * 1000) - sent_ms) > window_s * 1000:  # integers: a 4000-digit timestamp is no float
         raise CallbackRejected("stale_timestamp", 403, "timestamp outside the replay window")
-    if not hmac.compare_digest(sign(timestamp, app_secret).encode(), signature.encode()):
+    try:
+        given = signature.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: no platform signed that
+        raise CallbackRejected("bad_encoding", 400, "sign is not valid Unicode") from exc
+    if not hmac.compare_digest(sign(timestamp, app_secret).encode(), given):
         raise CallbackRejected("bad_signature", 403, "sign does not match")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bots.base import CallbackRejected, InboundMessage, ReplyTarget
+from bots.safe_json import object_field
 
 PLATFORM = "dingtalk"
 GROUP = "2"
@@ -18,9 +20,8 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
     if not msg_id or not sender or not conversation:
         raise CallbackRejected("missing_fields", 400, "msgId, sender or conversationId missing")
     msg_type = str(payload.get("msgtype", ""))
-    text = str((payload.get("text") or {}).get("content", "")).strip() if msg_type == "text" else ""
+    text = str(object_field(payload, "text").get("content", "")).strip() if msg_type == "text" else ""
     group = str(payload.get("conversationType", "1")) == GROUP
-    expires_ms = payload.get("sessionWebhookExpiredTime") or 0
     return InboundMessage(
         platform=PLATFORM,
         bot_id=bot_id,
@@ -36,6 +37,18 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
             user_id=sender,
             chat_id=conversation if group else "",
             webhook_url=str(payload.get("sessionWebhook", "")),
-            webhook_expires_at=float(expires_ms) / 1000 if expires_ms else 0.0,
+            webhook_expires_at=_epoch_s(payload.get("sessionWebhookExpiredTime"), "sessionWebhookExpiredTime"),
         ),
     )
+
+
+def _epoch_s(value: Any, name: str) -> float:
+    """A time in epoch milliseconds (0 or absent: none) as seconds; anything that is not a finite number is refused,
+    since the queued message must be read back as a float."""
+    try:
+        seconds = float(value) / 1000 if value else 0.0
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CallbackRejected("malformed_fields", 400, f"{name} is not a time in milliseconds") from exc
+    if not math.isfinite(seconds):
+        raise CallbackRejected("malformed_fields", 400, f"{name} is not a time in milliseconds")
+    return seconds

@@ -28,6 +28,7 @@ from dingtalk_stream.frames import AckMessage, CallbackMessage, Headers, SystemM
 from bots.base import CallbackRejected, InboundMessage
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.models import parse_robot_message
+from bots.safe_json import parse_json_object
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,19 @@ USER_AGENT = "botgw-dingtalk-stream/1"
 def _frame(raw: str | bytes) -> dict[str, Any] | None:
     """A frame as a dict, or None (logged) for one that is not a JSON object: skipped, never fatal."""
     try:
-        frame = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        frame = None
-    if not isinstance(frame, dict):
-        log.warning("skipped a dingtalk stream frame that is not a JSON object", extra={"size": len(raw)})
+        return parse_json_object(raw, "frame")
+    except CallbackRejected as exc:
+        log.warning("skipped a dingtalk stream frame", extra={"size": len(raw), "reason": exc.reason})
         return None
-    return frame
+
+
+def _frame_data(data: Any) -> dict[str, Any]:
+    """A CALLBACK frame's data: a JSON string, as DingTalk sends it, or an object already decoded."""
+    if isinstance(data, dict):
+        return data
+    if isinstance(data, str):
+        return parse_json_object(data, "frame data")
+    raise CallbackRejected("malformed_frame", 400, "frame data is neither JSON text nor an object")
 
 
 class StreamOpenError(Exception):
@@ -150,15 +157,17 @@ class DingTalkStreamConnection:
     async def _route(self, frame: dict[str, Any]) -> str | None:
         """The frame's ack (or "disconnect"); a robot message is acked only once it is queued."""
         frame_type = frame.get("type")
-        headers = frame.get("headers") or {}
+        headers = frame.get("headers")
+        headers = headers if isinstance(headers, dict) else {}
         message_id = str(headers.get("messageId", ""))
         if frame_type == SystemMessage.TYPE:
             if headers.get("topic") == SystemMessage.TOPIC_DISCONNECT:
                 log.info("dingtalk asked to reconnect", extra={"bot_id": self.config.id})
                 return "disconnect"
             try:  # ping: echo the opaque data decoded, as the SDK does (to_dict encodes it once)
-                opaque = SystemMessage.from_dict(frame).data
-            except (ValueError, TypeError):
+                data = frame.get("data")
+                opaque = parse_json_object(data, "ping data") if isinstance(data, str) and data else {}
+            except CallbackRejected:
                 opaque = {}
             return ack_frame(message_id, opaque)
         if frame_type == CallbackMessage.TYPE and headers.get("topic") == ChatbotMessage.TOPIC:
@@ -167,8 +176,7 @@ class DingTalkStreamConnection:
 
     async def _robot_message(self, message_id: str, data: Any) -> str:
         try:
-            payload = json.loads(data) if isinstance(data, str) else dict(data or {})
-            message = parse_robot_message(self.config.id, payload, time.time())
+            message = parse_robot_message(self.config.id, _frame_data(data), time.time())
         except (ValueError, TypeError, CallbackRejected) as exc:
             log.warning("unreadable dingtalk stream message", extra={"error": str(exc)})
             return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")

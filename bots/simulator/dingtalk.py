@@ -7,7 +7,18 @@ and never again, ack or no ack: DingTalk's robot messages are "fire-forgot" ("�
 one pushed while the app has no connection at all (whether DingTalk holds it meanwhile is
 UNCONFIRMED: the harsher reading). Connections go through a TCP relay that can be frozen on
 demand: a "silent" connection, open but passing nothing, which only a keepalive that notices
-the missing pong can detect.
+the missing pong can detect. The gateway sends SYSTEM frames as DingTalk does: a `ping` every
+`system_ping_s` (its real interval is UNCONFIRMED), which must be acked with its data echoed,
+and, on demand, a `disconnect`, after which the connection is closed `grace_s` later (10 s at
+DingTalk) whatever the client does. A push can also be made to reach every live connection of
+the app (`to_all`), each copy under its own frame id: what a client's dedup must survive.
+
+Sending is checked as DingTalk checks it: the message types and fields of sessionWebhook, the
+OpenAPI (robotCode, msgKey, msgParam) and AI cards (create → deliver → update, string params).
+A conversation that is sent more than 20 messages in a minute is throttled for 10 minutes:
+every send in that time is refused with 130101 (S14 says so of custom robots; that the same
+holds per conversation for an enterprise robot is UNCONFIRMED, and the harsher reading is
+played: the throttle is not lifted early, whoever sent the excess).
 """
 
 from __future__ import annotations
@@ -28,6 +39,11 @@ from fastapi.responses import JSONResponse
 TOKEN_LIFETIME_S = 7200
 TICKET_LIFETIME_S = 90
 BOT_TOPIC = "/v1.0/im/bot/messages/get"
+SEND_PER_MINUTE = 20
+THROTTLE_S = 600.0
+SESSION_MSGTYPES = {"text", "markdown", "actionCard", "link", "feedCard"}
+OPENAPI_MSG_KEYS = {"sampleText": ("content",), "sampleMarkdown": ("title", "text")}
+BAD_PARAM = 40035  # DingTalk's "不合法的参数"; the exact code for each malformed field is UNCONFIRMED
 
 
 @dataclass
@@ -37,6 +53,7 @@ class PendingFrame:
     frame: str
     sent_at: float = 0.0
     deliveries: int = 0
+    socket: Any = None  # a copy for this one connection (to_all); None: any live connection
 
 
 @dataclass
@@ -55,6 +72,18 @@ class DingTalkState:
     acked: list[str] = field(default_factory=list)
     opened: int = 0
     dropped_offline: int = 0  # robot messages pushed while the app had no live connection
+    robots: set[str] = field(default_factory=set)  # robotCodes of the configured apps
+    sends: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # conversation -> delivery times
+    throttled_until: dict[tuple[str, str], float] = field(default_factory=dict)
+    throttle_s: float = THROTTLE_S
+    throttled: int = 0  # sends refused with 130101 by the throttle
+    session_posts: dict[str, list[int]] = field(default_factory=dict)  # session -> [posts, refused]
+    delivered_cards: set[str] = field(default_factory=set)
+    system_ping_s: float = 10.0
+    pings: dict[str, str] = field(default_factory=dict)  # ping frame id -> its data, until acked
+    pings_sent: int = 0
+    pings_acked: int = 0
+    disconnects_sent: int = 0
 
     def fault(self, endpoint: str) -> dict[str, Any] | None:
         for fault in self.faults:
@@ -120,17 +149,76 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         expires = state.tokens.get(request.headers.get("x-acs-dingtalk-access-token", ""))
         return bool(expires and expires > time.time())
 
-    def refuse_send(request: Request, *, needs_token: bool) -> JSONResponse | None:
-        """The answer DingTalk gives instead of sending: no valid token, or an injected fault (130101…)."""
+    async def refuse_send(request: Request, *, needs_token: bool) -> JSONResponse | None:
+        """The answer DingTalk gives instead of sending: no valid token, or an injected fault: an errcode (130101…),
+        `http_status` (a 5xx), or `delay_s` (slow: the send waits that long, then succeeds unless the fault also
+        names an errcode or a status)."""
         if needs_token and not token_ok(request):
             return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
         fault = state.fault("send")
         if fault:
+            if fault.get("delay_s"):
+                await asyncio.sleep(float(fault["delay_s"]))
+            if fault.get("http_status"):
+                body = {"code": "ServiceUnavailable", "message": fault.get("errmsg", "simulated")}
+                return JSONResponse(body, int(fault["http_status"]))
+            if fault.get("delay_s") and "errcode" not in fault:
+                return None
             return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
         return None
 
+    def throttle(conversation: tuple[str, str]) -> JSONResponse | None:
+        """130101 while the conversation is throttled; a send past 20 in a minute starts 10 minutes of it."""
+        now = time.time()
+        if state.throttled_until.get(conversation, 0.0) > now:
+            state.throttled += 1
+            return _error(130101, "send too fast")
+        recent = [at for at in state.sends.get(conversation, []) if now - at < 60]
+        state.sends[conversation] = recent
+        if len(recent) >= SEND_PER_MINUTE:
+            state.throttled_until[conversation] = now + state.throttle_s
+            state.sends[conversation] = []  # a new minute starts when the throttle ends
+            state.throttled += 1
+            return _error(130101, "send too fast")
+        return None
+
     def record(**fields: Any) -> None:
-        state.messages.append({**fields, "at": time.time()})
+        now = time.time()
+        state.messages.append({**fields, "at": now})
+        key = ("group", fields["conversation"]) if fields["group"] else ("user", fields["user"])
+        state.sends.setdefault(key, []).append(now)
+
+    def session_body_error(body: Any) -> JSONResponse | None:
+        """What sessionWebhook refuses: an unknown msgtype, or its content missing (S13 reply_text/markdown)."""
+        if not isinstance(body, dict) or body.get("msgtype") not in SESSION_MSGTYPES:
+            return _error(BAD_PARAM, "invalid msgtype")
+        part = body.get(body["msgtype"])
+        if body["msgtype"] == "text" and not (isinstance(part, dict) and isinstance(part.get("content"), str)
+                                              and part["content"]):
+            return _error(BAD_PARAM, "text.content missing")
+        if body["msgtype"] == "markdown" and not (isinstance(part, dict) and part.get("title") and part.get("text")):
+            return _error(BAD_PARAM, "markdown needs title and text")
+        at = body.get("at")
+        if at is not None and not (isinstance(at, dict) and isinstance(at.get("atUserIds", []), list)):
+            return _error(BAD_PARAM, "at.atUserIds must be a list")
+        return None
+
+    def openapi_error(body: Any, *fields: str) -> JSONResponse | None:
+        """What the robot OpenAPI refuses: another robotCode, a msgKey it does not know, a msgParam that is not
+        the JSON string of that key's fields. (The exact codes are UNCONFIRMED; DingTalk answers HTTP 400.)"""
+        if not isinstance(body, dict) or any(not body.get(name) for name in ("robotCode", "msgKey", "msgParam",
+                                                                                *fields)):
+            return JSONResponse({"code": "MissingParameter", "message": "required field missing"}, 400)
+        if body["robotCode"] not in state.robots:
+            return JSONResponse({"code": "invalidParameter.robotCode", "message": "robot not found"}, 400)
+        wanted = OPENAPI_MSG_KEYS.get(body["msgKey"])
+        try:
+            params = json.loads(body["msgParam"]) if isinstance(body["msgParam"], str) else None
+        except ValueError:
+            params = None
+        if wanted is None or not isinstance(params, dict) or any(not params.get(name) for name in wanted):
+            return JSONResponse({"code": "invalidParameter.msgParam", "message": "msgKey/msgParam"}, 400)
+        return None
 
     @router.post("/v1.0/oauth2/accessToken")
     async def access_token(request: Request) -> JSONResponse:
@@ -143,12 +231,20 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/robot/sendBySession")
     async def send_by_session(request: Request, session: str = "") -> JSONResponse:
+        posts = state.session_posts.setdefault(session, [0, 0])
+        posts[0] += 1
         info = state.sessions.get(session)
         if info is None or info["expires_at"] < time.time():
+            posts[1] += 1
             return _error(300001, "session expired")
-        if refusal := refuse_send(request, needs_token=False):
+        if refusal := await refuse_send(request, needs_token=False):
             return refusal
         body = await request.json()
+        if refusal := session_body_error(body):
+            return refusal
+        key = ("group", info["conversation"]) if info["group"] else ("user", info["user"])
+        if refusal := throttle(key):
+            return refusal
         record(
             via="session", conversation=info["conversation"], user=info["user"], group=info["group"],
             content=str((body.get("text") or body.get("markdown") or {}).get("content", body.get("text", ""))),
@@ -158,9 +254,11 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/v1.0/robot/groupMessages/send")
     async def group_send(request: Request) -> JSONResponse:
-        if refusal := refuse_send(request, needs_token=True):
+        if refusal := await refuse_send(request, needs_token=True):
             return refusal
         body = await request.json()
+        if refusal := openapi_error(body, "openConversationId") or throttle(("group", body["openConversationId"])):
+            return refusal
         content = json.loads(body["msgParam"]).get("content", "")
         record(via="openapi", conversation=body["openConversationId"], user="", group=True, content=content,
                at_user_ids=[])
@@ -168,24 +266,72 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/v1.0/robot/oToMessages/batchSend")
     async def single_send(request: Request) -> JSONResponse:
-        if refusal := refuse_send(request, needs_token=True):
+        if refusal := await refuse_send(request, needs_token=True):
             return refusal
         body = await request.json()
+        if refusal := openapi_error(body, "userIds"):
+            return refusal
+        if not isinstance(body["userIds"], list) or not all(isinstance(u, str) and u for u in body["userIds"]):
+            return JSONResponse({"code": "invalidParameter.userIds", "message": "userIds"}, 400)
+        for user in body["userIds"]:
+            if refusal := throttle(("user", user)):
+                return refusal
         content = json.loads(body["msgParam"]).get("content", "")
         for user in body["userIds"]:
             record(via="openapi", conversation="", user=user, group=False, content=content, at_user_ids=[])
         return JSONResponse({"processQueryKey": secrets.token_hex(8)})
 
+    def card_error(op: str, body: Any) -> str:
+        """Why DingTalk would refuse this card call ('' if it would not), following the SDK's AI card calls
+        (S13 card_replier.py, card_instance.py): create → deliver → status/stream updates on a delivered card;
+        cardParamMap values are strings; a streaming update carries guid, key, content and isFull/isFinalize."""
+        if not isinstance(body, dict) or not body.get("outTrackId"):
+            return "outTrackId missing"
+        track = body["outTrackId"]
+        params = (body.get("cardData") or {}).get("cardParamMap")
+        if op in ("create", "status") and (
+            not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values())
+        ):
+            return "cardData.cardParamMap must map names to strings"
+        if op == "create":
+            if not body.get("cardTemplateId") or body.get("callbackType") != "STREAM":
+                return "cardTemplateId and callbackType STREAM needed"
+            if not (body.get("imGroupOpenSpaceModel") or body.get("imRobotOpenSpaceModel")):
+                return "an open space model is needed"
+            return "card exists" if track in state.cards else ""
+        if track not in state.cards:
+            return "no such card"
+        if op == "deliver":
+            space = str(body.get("openSpaceId", ""))
+            if space.startswith("dtv1.card//IM_GROUP."):
+                ok = (body.get("imGroupOpenDeliverModel") or {}).get("robotCode") in state.robots
+            elif space.startswith("dtv1.card//IM_ROBOT."):
+                ok = (body.get("imRobotOpenDeliverModel") or {}).get("spaceType") == "IM_ROBOT"
+            else:
+                ok = False
+            return "" if ok and body.get("userIdType") == 1 else "openSpaceId and deliver model do not match"
+        if track not in state.delivered_cards:
+            return "card not delivered"
+        if op == "stream":
+            if not body.get("guid") or not body.get("key") or not isinstance(body.get("content"), str):
+                return "guid, key and content needed"
+            if not isinstance(body.get("isFull"), bool) or not isinstance(body.get("isFinalize"), bool):
+                return "isFull and isFinalize must be booleans"
+        return ""
+
     async def card_event(request: Request, op: str) -> JSONResponse:
         if not token_ok(request):
             return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
         body = await request.json()
+        if problem := card_error(op, body):
+            return JSONResponse({"code": "param.invalid", "message": problem}, 400)
         track = body.get("outTrackId", "")
         params = (body.get("cardData") or {}).get("cardParamMap") or {}
         event = {"op": op, "at": time.time(), "flowStatus": params.get("flowStatus"),
                  "content": body.get("content", params.get("msgContent")), "finalize": body.get("isFinalize")}
         if op == "deliver":
             event["openSpaceId"] = body.get("openSpaceId")
+            state.delivered_cards.add(track)
         state.cards.setdefault(track, []).append(event)
         return JSONResponse({"success": True, "result": {"outTrackId": track}})
 
@@ -229,7 +375,11 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             while True:
                 ack = json.loads(await socket.receive_text())
                 message_id = str((ack.get("headers") or {}).get("messageId", ""))
-                if ack.get("code") == 200 and state.pending.pop(message_id, None):
+                if message_id in state.pings:
+                    sent = state.pings.pop(message_id)
+                    if ack.get("code") == 200 and json.loads(ack.get("data") or "null") == json.loads(sent):
+                        state.pings_acked += 1
+                elif ack.get("code") == 200 and state.pending.pop(message_id, None):
                     state.acked.append(message_id)
         except (WebSocketDisconnect, RuntimeError, ValueError):
             pass
@@ -237,18 +387,47 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             state.connections[client_id].remove(socket)
 
     @router.post("/__sim__/dingtalk/stream/push")
-    async def push(request: Request) -> dict[str, str]:
+    async def push(request: Request) -> dict[str, Any]:
+        """Push a robot message (once, to one random live connection); `to_all`: a copy to every live one."""
         body = await request.json()
-        message_id = secrets.token_hex(12)
-        frame = {
-            "specVersion": "1.0",
-            "type": "CALLBACK",
-            "headers": {"topic": BOT_TOPIC, "messageId": message_id, "contentType": "application/json",
-                        "time": str(int(time.time() * 1000)), "appId": body["client_id"]},
-            "data": json.dumps(body["payload"], ensure_ascii=False),
-        }
-        state.pending[message_id] = PendingFrame(body["client_id"], message_id, json.dumps(frame, ensure_ascii=False))
-        return {"message_id": message_id}
+        targets = list(state.connections.get(body["client_id"]) or []) if body.get("to_all") else [None]
+        ids = []
+        for target in targets:
+            message_id = secrets.token_hex(12)
+            frame = {
+                "specVersion": "1.0",
+                "type": "CALLBACK",
+                "headers": {"topic": BOT_TOPIC, "messageId": message_id, "contentType": "application/json",
+                            "time": str(int(time.time() * 1000)), "appId": body["client_id"]},
+                "data": json.dumps(body["payload"], ensure_ascii=False),
+            }
+            text = json.dumps(frame, ensure_ascii=False)
+            state.pending[message_id] = PendingFrame(body["client_id"], message_id, text, socket=target)
+            ids.append(message_id)
+        return {"message_id": ids[0] if ids else "", "message_ids": ids}
+
+    @router.post("/__sim__/dingtalk/stream/disconnect")
+    async def disconnect(request: Request) -> dict[str, int]:
+        """SYSTEM disconnect to every live connection; each is closed `grace_s` later (DingTalk: 10 s)."""
+        grace_s = float((await request.json()).get("grace_s", 10.0))
+        sockets = [s for group in state.connections.values() for s in group]
+        for socket in sockets:
+            await send_system(socket, "disconnect", {"reason": "simulator"})
+            state.disconnects_sent += 1
+
+        async def close_later(socket: WebSocket) -> None:
+            await asyncio.sleep(grace_s)
+            with contextlib.suppress(Exception):
+                await socket.close(code=1000)
+
+        for socket in sockets:
+            asyncio.get_running_loop().create_task(close_later(socket))
+        return {"disconnected": len(sockets)}
+
+    @router.post("/__sim__/dingtalk/stream/system-ping")
+    async def set_ping(request: Request) -> dict[str, float]:
+        state.system_ping_s = float((await request.json()).get("interval_s", state.system_ping_s))
+        return {"interval_s": state.system_ping_s}
 
     @router.post("/__sim__/dingtalk/stream/drop")
     async def drop() -> dict[str, int]:
@@ -271,6 +450,9 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             "unacked": sum(1 for p in state.pending.values() if p.sent_at),  # pushed once, no ack: maybe lost
             "acked": len(state.acked),
             "dropped_offline": state.dropped_offline,
+            "pings_sent": state.pings_sent,
+            "pings_acked": state.pings_acked,
+            "disconnects_sent": state.disconnects_sent,
         }
 
     # -- playground and test controls ---------------------------------------------------------
@@ -285,6 +467,26 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             "expires_at": expires_at,
         }
         return {"url": f"{request.base_url}robot/sendBySession?session={session}", "expires_ms": int(expires_at * 1000)}
+
+    @router.post("/__sim__/dingtalk/session/expire")
+    async def expire_session(request: Request) -> dict[str, bool]:
+        """End a session before its sessionWebhookExpiredTime (DingTalk may: the webhook then answers 300001)."""
+        info = state.sessions.get(str((await request.json()).get("session", "")))
+        if info is not None:
+            info["expires_at"] = 0.0
+        return {"expired": info is not None}
+
+    @router.get("/__sim__/dingtalk/session-posts")
+    async def session_posts(session: str) -> dict[str, int]:
+        """How often a session's webhook was posted to, and how often it refused (expired)."""
+        posts, refused = state.session_posts.get(session, [0, 0])
+        return {"posts": posts, "refused": refused}
+
+    @router.post("/__sim__/dingtalk/throttle")
+    async def set_throttle(request: Request) -> dict[str, float]:
+        """How long a throttled conversation stays throttled (DingTalk: 10 minutes; tests shorten it)."""
+        state.throttle_s = float((await request.json()).get("throttle_s", THROTTLE_S))
+        return {"throttle_s": state.throttle_s, "throttled": state.throttled}
 
     @router.get("/__sim__/dingtalk/messages")
     async def messages(conversation: str = "", user: str = "") -> list[dict[str, Any]]:
@@ -305,8 +507,25 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
     return router
 
 
+async def send_system(socket: WebSocket, topic: str, data: dict[str, Any]) -> str:
+    """A SYSTEM frame (ping, disconnect) as DingTalk sends it; its frame id."""
+    message_id = secrets.token_hex(12)
+    frame = {
+        "specVersion": "1.0",
+        "type": "SYSTEM",
+        "headers": {"topic": topic, "messageId": message_id, "contentType": "application/json",
+                    "time": str(int(time.time() * 1000))},
+        "data": json.dumps(data),
+    }
+    with contextlib.suppress(Exception):
+        await socket.send_text(json.dumps(frame))
+    return message_id
+
+
 async def deliver_stream_frames(state: DingTalkState) -> None:
-    """Push each new frame once to a random live connection of its app; never push it again."""
+    """Push each new frame once to a random live connection of its app (or its own one); never push it again.
+    Every `system_ping_s`, ping every live connection with a SYSTEM frame."""
+    last_ping = time.monotonic()
     while True:
         await asyncio.sleep(0.05)
         now = time.time()
@@ -314,6 +533,8 @@ async def deliver_stream_frames(state: DingTalkState) -> None:
             if frame.sent_at:
                 continue  # fire and forget: an unacked robot message is not resent
             sockets = state.connections.get(frame.client_id) or []
+            if frame.socket is not None:
+                sockets = [frame.socket] if frame.socket in sockets else []
             if not sockets:
                 state.pending.pop(frame.message_id, None)
                 state.dropped_offline += 1
@@ -321,3 +542,9 @@ async def deliver_stream_frames(state: DingTalkState) -> None:
             frame.sent_at, frame.deliveries = now, frame.deliveries + 1
             with contextlib.suppress(Exception):
                 await random.choice(sockets).send_text(frame.frame)
+        if time.monotonic() - last_ping >= state.system_ping_s:
+            last_ping = time.monotonic()
+            for socket in [s for group in state.connections.values() for s in group]:
+                data = {"opaque": secrets.token_hex(8)}
+                state.pings[await send_system(socket, "ping", data)] = json.dumps(data)
+                state.pings_sent += 1

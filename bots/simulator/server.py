@@ -11,18 +11,24 @@ from fastapi import FastAPI
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
 from bots.simulator.wecom_api import WeComApiState, wecom_api_router
+from bots.simulator.wecom_kf import KfState, kf_router
 from bots.simulator.wecom_robots import RobotState, robots_router
 from bots.wecom.config import WeComAppConfig
+from bots.wecom_kf.config import WeComKfConfig
 
 
 def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
     """WeCom (apps, group robots, AI-bot response URLs) and DingTalk (OpenAPI, sessionWebhooks, Stream)
     for the configured bots; `port` is the simulator's own, behind the Stream relay."""
     apps = {(bot.corp_id, bot.secret.get_secret_value()) for bot in bots if isinstance(bot, WeComAppConfig)}
+    kf_bots = [bot for bot in bots if isinstance(bot, WeComKfConfig)]
+    apps |= {(bot.corp_id, bot.secret.get_secret_value()) for bot in kf_bots}  # gettoken for the 微信客服 secret
     wecom = WeComApiState(apps=apps)
+    kf = KfState.from_bots(kf_bots)
     robots = RobotState()
     dingtalk = DingTalkState(
-        apps={(bot.app_key, bot.app_secret.get_secret_value()) for bot in bots if isinstance(bot, DingTalkBotConfig)}
+        apps={(bot.app_key, bot.app_secret.get_secret_value()) for bot in bots if isinstance(bot, DingTalkBotConfig)},
+        robots={bot.robot for bot in bots if isinstance(bot, DingTalkBotConfig)},
     )
     relay = FreezableRelay(port)
 
@@ -36,7 +42,9 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
 
     app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.wecom = wecom
+    app.state.kf = kf
     app.include_router(wecom_api_router(wecom))
+    app.include_router(kf_router(kf, wecom))
     app.include_router(robots_router(robots))
     app.include_router(dingtalk_router(dingtalk, relay))
 

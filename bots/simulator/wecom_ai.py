@@ -22,6 +22,7 @@ from bots.wecom.config import WeComAIBotConfig
 from bots.wecom.crypto import WeComCrypto
 
 STREAM_LIMIT_S = 360.0
+STREAM_MAX_BYTES = 20480  # stream.content, UTF-8 (智能机器人 被动回复)
 
 
 @dataclass
@@ -64,25 +65,42 @@ class WeComAIBotUser:
         params = {"msg_signature": signature, "timestamp": ts, "nonce": nonce}
         return params, json.dumps({"encrypt": encrypted}).encode()
 
-    def open_reply(self, response: httpx.Response) -> dict[str, Any]:
-        """Verify the reply's signature and decrypt it, as WeCom would."""
+    def open_reply(self, response: httpx.Response, nonce: str | None = None) -> dict[str, Any]:
+        """Verify the reply's envelope and decrypt it, and refuse what WeCom would refuse: a reply whose nonce is
+        not the callback's own (the doc's envelope carries "the nonce from the callback URL"), a timestamp that
+        is not a number of seconds (the doc shows an integer; S3's sample writes a string: whether WeCom takes
+        both is UNCONFIRMED, so only the documented form passes), a stream over 20,480 bytes, or a stream reply
+        without its stream id."""
         if response.status_code != 200:
             raise AIBotReplyError(f"gateway answered {response.status_code}: {response.text[:200]}")
         if not response.content:
             return {}
         envelope = response.json()
+        if nonce is not None and envelope.get("nonce") != nonce:
+            raise AIBotReplyError(f"reply nonce {envelope.get('nonce')!r} is not the callback's {nonce!r}")
+        if not isinstance(envelope.get("timestamp"), int):
+            raise AIBotReplyError(f"reply timestamp {envelope.get('timestamp')!r} is not an integer")
         plaintext = self.crypto.verify_and_decrypt(
             envelope["msgsignature"], str(envelope["timestamp"]), envelope["nonce"], envelope["encrypt"]
         )
-        return json.loads(plaintext)
+        reply = json.loads(plaintext)
+        if reply.get("msgtype") == "stream":
+            stream = reply.get("stream") or {}
+            if not stream.get("id"):
+                raise AIBotReplyError("a stream reply without stream.id")
+            if len(str(stream.get("content", "")).encode("utf-8")) > STREAM_MAX_BYTES:
+                raise AIBotReplyError(f"stream content over {STREAM_MAX_BYTES} bytes")
+        return reply
 
     async def post(self, payload: dict[str, Any], gateway: str | None = None) -> dict[str, Any]:
         params, body = self.signed(payload)
         url = f"{gateway or next(self._gateways)}/callback/{self.bot.id}"
-        return self.open_reply(await self._http.post(url, params=params, content=body))
+        return self.open_reply(await self._http.post(url, params=params, content=body), nonce=params["nonce"])
 
-    async def new_response_url(self) -> str:
-        response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url")
+    async def new_response_url(self, ttl_s: float | None = None) -> str:
+        """A response_url as WeCom issues one with each message (valid an hour; `ttl_s` to test its expiry)."""
+        body = {} if ttl_s is None else {"ttl_s": ttl_s}
+        response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url", json=body)
         return response.json()["response_url"]
 
     def message_payload(self, user: str, text: str, response_url: str, msg_id: str = "", chat_id: str = "") -> dict:

@@ -2,7 +2,8 @@
 
 Group robots: WeCom accepts 20 messages a minute per robot and refuses the rest (45009);
 text is capped at 2048 bytes, markdown at 4096. An AI bot's response_url takes one message
-within an hour. Both record what a user would have seen.
+within an hour of being issued (a second post, or one after the hour, is refused; the errcodes
+are UNCONFIRMED), markdown up to 20,480 bytes. Both record what a user would have seen.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 ROBOT_PER_MINUTE = 20
 CAPS = {"text": 2048, "markdown": 4096}
 RESPONSE_URL_CAP = 20480
+RESPONSE_URL_LIFETIME_S = 3600.0
 
 
 @dataclass
@@ -26,8 +28,9 @@ class RobotState:
 
     pushed: list[dict[str, Any]] = field(default_factory=list)
     refused: int = 0
+    expired_posts: int = 0
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
-    response_urls_issued: set[str] = field(default_factory=set)
+    response_urls_issued: dict[str, float] = field(default_factory=dict)  # token -> expires at
 
     def reset(self) -> None:
         self.pushed.clear()
@@ -66,7 +69,8 @@ def robots_router(state: RobotState) -> APIRouter:
     async def issue_response_url(request: Request) -> dict[str, str]:
         """A fresh response_url, as WeCom puts one in each AI-bot message callback."""
         token = secrets.token_hex(12)
-        state.response_urls_issued.add(token)
+        body = await request.json() if await request.body() else {}
+        state.response_urls_issued[token] = time.time() + float(body.get("ttl_s", RESPONSE_URL_LIFETIME_S))
         return {"response_url": f"{request.base_url}__sim__/wecom-ai/response/{token}"}
 
     @router.post("/__sim__/wecom-ai/response/{token}")
@@ -75,8 +79,13 @@ def robots_router(state: RobotState) -> APIRouter:
             return _error(93000, "invalid response_url")
         if token in state.responses:
             return _error(60207, "response_url can only be used once")
+        if state.response_urls_issued[token] < time.time():
+            state.expired_posts += 1
+            return _error(60207, "response_url expired")
         body = await request.json()
-        content = str((body.get("markdown") or body.get("text") or {}).get("content", ""))
+        if body.get("msgtype") not in ("markdown", "template_card") or not isinstance(body.get(body["msgtype"]), dict):
+            return _error(40008, "invalid message type")
+        content = str((body.get("markdown") or {}).get("content", ""))
         if len(content.encode("utf-8")) > RESPONSE_URL_CAP:
             return _error(40058, "content exceed max length")
         state.responses[token] = {"msgtype": body.get("msgtype"), "content": content, "at": time.time()}

@@ -54,8 +54,12 @@ class WeComCrypto:
 
     def verify(self, msg_signature: str, timestamp: str, nonce: str, payload: str) -> None:
         """Constant-time signature check; raises CallbackRejected(403) on mismatch."""
-        expected = sign(self._token, timestamp, nonce, payload)
-        if not hmac.compare_digest(expected.encode(), (msg_signature or "").lower().encode()):
+        try:
+            expected = sign(self._token, timestamp, nonce, payload).encode()
+            given = (msg_signature or "").lower().encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no platform signed that
+            raise CallbackRejected("bad_encoding", 400, "signed values are not valid Unicode") from exc
+        if not hmac.compare_digest(expected, given):
             raise CallbackRejected("bad_signature", 403, "msg_signature does not match")
 
     def decrypt(self, encrypted: str) -> str:

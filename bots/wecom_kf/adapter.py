@@ -33,7 +33,7 @@ from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.crypto import kf_crypto
 from bots.wecom_kf.exceptions import AlreadySent
-from bots.wecom_kf.models import PLATFORM, parse_item, parse_pull_callback
+from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
 from bots.xml import parse_flat_xml
 
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
@@ -96,7 +96,7 @@ class KfSessions:
         if kind == "msg_send_fail":
             return EventEffect(label=f"{kind}:{event.get('fail_type', '')}")
         if kind == "session_status_change":
-            change = int(event.get("change_type") or 0)
+            change = int(number_or_zero(event.get("change_type")))
             return EventEffect(owner=_CHANGES.get(change), label=f"{kind}:{change}")
         return EventEffect(label=kind or "unknown")
 

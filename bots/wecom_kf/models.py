@@ -45,6 +45,15 @@ def parse_pull_callback(bot_id: str, plaintext: str, received_at: float) -> Inbo
     )
 
 
+def number_or_zero(value: object) -> float:
+    """A number from the platform's JSON; anything else (a string, null, a list) counts as 0."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return number if number == number and abs(number) != float("inf") else 0.0
+
+
 def _text_of(item: dict[str, Any]) -> str:
     msgtype = str(item.get("msgtype", ""))
     body = item.get(msgtype)
@@ -76,7 +85,7 @@ def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
         sender_id=customer,
         text=str(event.get("event_type", "")) if kind == "event" else text,
         msg_type=msg_type,
-        received_at=float(item.get("send_time") or 0),
+        received_at=number_or_zero(item.get("send_time")),
         reply_to=target_of(open_kfid, customer),
     )
     return PulledItem(kind=kind, message=message, event=event if kind == "event" else {})
