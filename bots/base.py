@@ -99,6 +99,12 @@ class PermanentSendError(SendError):
     retryable = False
 
 
+class Throttled(RetryableSendError):
+    """The platform refuses sends to this conversation for a while (DingTalk's 130101 lasts 10 minutes): the
+    message is handed back for `retry_after` seconds instead of retried in place, and no failure is counted,
+    so a long throttle delays the answer instead of dead-lettering it."""
+
+
 class ConversationTaken(PermanentSendError):
     """The platform will not let the bot speak here: a human agent owns the conversation (微信客服 95018) or
     its reply allowance is used up. The answer is withheld, not failed: no retry, no dead letter."""

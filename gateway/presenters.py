@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from bots.base import ConversationTaken, InboundMessage, SendError
+from bots.base import ConversationTaken, InboundMessage, SendError, Throttled
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED, FLOW_INPUTTING
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import commands
@@ -75,15 +75,18 @@ class Delivery:
     conversations: Conversations | None = None  # reply quotas, for platforms that have them
 
     async def retry_send(self, call) -> None:  # type: ignore[no-untyped-def]
-        await retry(
-            call,
-            attempts=self.settings.max_send_attempts,
-            base_s=self.settings.backoff_base_s,
-            cap_s=self.settings.backoff_max_s,
-            retryable=lambda exc: isinstance(exc, SendError) and exc.retryable,
-            hint=lambda exc: getattr(exc, "retry_after", 0.0),
-            what="send",
-        )
+        try:
+            await retry(
+                call,
+                attempts=self.settings.max_send_attempts,
+                base_s=self.settings.backoff_base_s,
+                cap_s=self.settings.backoff_max_s,
+                retryable=lambda exc: isinstance(exc, SendError) and exc.retryable and not isinstance(exc, Throttled),
+                hint=lambda exc: getattr(exc, "retry_after", 0.0),
+                what="send",
+            )
+        except Throttled as throttled:  # a throttle of minutes: hand the message back, count no failure
+            raise Paced(throttled.retry_after) from throttled
 
 
 class Presenter:
@@ -284,25 +287,36 @@ class StreamPresenter(_StoredStreamPresenter):
         await self._update(utf8_prefix(text, self.adapter.max_stream_bytes))
 
     async def deliver(self, text: str, state: ReplyState) -> None:
+        """The stream takes the first 20,480 bytes; the rest goes once through response_url, posted before the
+        stream is finished, so that when the post cannot be made (no usable URL, expired, refused) the stream
+        still ends with a note that says the answer was cut, never silently."""
         cap = self.adapter.max_stream_bytes
         visible = utf8_prefix(text, cap)
         rest = text[len(visible) :]
-        if rest and not state.overflow_sent and not self.adapter.overflow_allowed(self.message.reply_to):
-            # nowhere to put the rest: cut visibly, never silently
+        if rest and not state.overflow_sent and not await self._post_overflow(rest):
             visible = utf8_prefix(text, cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
-            rest = ""
         await self._finish_stored(visible)
-        if not rest or state.overflow_sent:
-            return
+
+    async def _post_overflow(self, rest: str) -> bool:
+        """Post what did not fit the stream through response_url; False when it could not be posted."""
+        target = self.message.reply_to
+        if not self.adapter.overflow_allowed(target):
+            return False
         overflow_cap = self.adapter.max_overflow_bytes
         if utf8_len(rest) > overflow_cap:  # longer than the stream and the one post together: say where it ends
             rest = utf8_prefix(rest, overflow_cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
         # response_url takes one message: never post twice, even if this worker dies right after posting.
         if not await self.record.claim("overflow_started", f"{time.time():.3f}"):
             log.warning("overflow post of an earlier attempt has an unknown outcome; not posting again")
-            return
-        await self.delivery.retry_send(lambda attempt: self.adapter.send_overflow(self.message.reply_to, rest))
+            return True
+        try:
+            await self.delivery.retry_send(lambda attempt: self.adapter.send_overflow(target, rest))
+        except SendError as exc:
+            log.warning("the rest of a long answer could not be posted; the stream says it was cut",
+                        extra={"error": str(exc)})  # fmt: skip
+            return False
         await self.record.mark(overflow_sent="1")
+        return True
 
 
 class CardPresenter(Presenter):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from bots.base import PermanentSendError, RetryableSendError, SendError
+from bots.base import PermanentSendError, RetryableSendError, SendError, Throttled
 
-SEND_TOO_FAST = 130101  # "send too fast": DingTalk throttles the robot
+SEND_TOO_FAST = 130101  # "send too fast": DingTalk throttles the robot (for 10 minutes)
+THROTTLE_PROBE_S = 15.0  # how often a throttled conversation is tried again (the throttle's end is not told)
 SESSION_EXPIRED_CODES = frozenset({300001, 310000})
 
 
@@ -14,7 +15,7 @@ class SessionWebhookExpired(SendError):
 
 def error_for(errcode: int, errmsg: str) -> SendError:
     if errcode == SEND_TOO_FAST:
-        return RetryableSendError("DingTalk says send too fast (130101)", code=errcode, retry_after=3.0)
+        return Throttled("DingTalk says send too fast (130101)", code=errcode, retry_after=THROTTLE_PROBE_S)
     if errcode in SESSION_EXPIRED_CODES:
         return SessionWebhookExpired(f"sessionWebhook refused ({errcode}): {errmsg}", code=errcode)
     if errcode == -1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,8 @@ from bots.wecom.crypto import WeComCrypto, sign
 PLATFORM = "wecom-ai"
 STREAM_MAX_BYTES = 20480
 RESPONSE_URL_MAX_BYTES = 20480
+RESPONSE_URL_TTL_S = 3600  # a response_url works for an hour after the message
+RESPONSE_URL_MARGIN_S = 60  # not used in its last minute: a post that arrives late is refused
 TEXT_LIKE = ("text", "voice", "mixed")
 
 
@@ -138,7 +141,12 @@ class WeComAIBotAdapter(ChannelDefaults):
             mentioned_bot=payload.get("chattype") == "group",
             group_id=chat_id if payload.get("chattype") == "group" else "",
             received_at=now,
-            reply_to=ReplyTarget(user_id=sender, chat_id=chat_id, webhook_url=str(payload.get("response_url", ""))),
+            reply_to=ReplyTarget(
+                user_id=sender,
+                chat_id=chat_id,
+                webhook_url=str(payload.get("response_url", "")),
+                webhook_expires_at=now + RESPONSE_URL_TTL_S - RESPONSE_URL_MARGIN_S,
+            ),
         )
         stream_id = stream_id_for(message.dedup_key)
         return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
@@ -164,9 +172,12 @@ class WeComAIBotAdapter(ChannelDefaults):
         return {"msgtype": "text", "text": {"content": text}}
 
     def overflow_allowed(self, target: ReplyTarget) -> bool:
-        """The message's response_url may be used: it points at WeCom's API origin (it came in the body)."""
+        """The message's response_url may be used: it points at WeCom's API origin (it came in the body), and its
+        hour is not over."""
         url = target.webhook_url
-        return bool(url) and trusted(url, self.config.api_base, self.platform, "response_url")
+        if not url or (target.webhook_expires_at and time.time() >= target.webhook_expires_at):
+            return False
+        return trusted(url, self.config.api_base, self.platform, "response_url")
 
     async def send_overflow(self, target: ReplyTarget, text: str) -> None:
         """POST the part of an answer that did not fit the stream to the message's response_url (usable once)."""
