@@ -206,9 +206,15 @@ def test_five_messages_in_48_hours_one_kept_for_the_handoff_and_renewed_when_the
     time.sleep(3.0)
     assert len(kf.sent(person)) == 4, "a 5th answer message would leave no slot for a handoff"
 
+    kf.write(person, "/help")  # the customer writes again: the allowance starts over
+    renewed = kf.wait_sent(person, 5)
+    assert renewed[4]["content"] == commands.HELP_TEXT and kf.session(person)["sent_since_customer"] == 1
+    kf.enqueue_notice(person, "又一个很长的回答。" * 1000)
+    assert len(kf.wait_sent(person, 8, settle=2.0)) == 8, "3 more answer messages, the 5th slot kept"
+
     assert main(["kf", "handoff", "--config", str(kf.path), "--bot", "kefu", "--customer", person]) == 0
-    handed = kf.wait_sent(person, 5)
-    assert handed[4]["via"] == "send_msg_on_event" and handed[4]["content"] == HANDOFF_NOTICE
+    handed = kf.wait_sent(person, 9)
+    assert handed[8]["via"] == "send_msg_on_event" and handed[8]["content"] == HANDOFF_NOTICE
     assert kf.session(person)["sent_since_customer"] == 5
     assert kf.stats()["refusals"].get("95001", 0) == refused_before, "botgw never tried a 6th message"
 

@@ -41,6 +41,21 @@ class Fault(BaseModel):
     after: int = 0  # let this many calls of the endpoint through first (hold the second send: after=1)
 
 
+
+def next_fault(faults: list, endpoint: str):  # type: ignore[no-untyped-def]
+    """The fault that applies to this call of `endpoint`, if any: the first pending one, once its `after` calls
+    have passed; it is used up after `times` calls."""
+    for fault in faults:
+        if fault.endpoint == endpoint:
+            if fault.after > 0:
+                fault.after -= 1
+                return None
+            fault.times -= 1
+            if fault.times <= 0:
+                faults.remove(fault)
+            return fault
+    return None
+
 @dataclass
 class Delivered:
     """A message WeCom would have shown to the user."""
@@ -78,16 +93,7 @@ class WeComApiState:
         self.release = asyncio.Event()
 
     def next_fault(self, endpoint: str) -> Fault | None:
-        for fault in self.faults:
-            if fault.endpoint == endpoint:
-                if fault.after > 0:
-                    fault.after -= 1
-                    return None
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.remove(fault)
-                return fault
-        return None
+        return next_fault(self.faults, endpoint)
 
 
 def _error(errcode: int, errmsg: str) -> JSONResponse:

@@ -41,28 +41,24 @@ def event_xml(bot: WeComAppConfig, user: str, event: str, create_time: int) -> s
     )
 
 
-class WeComCallbackSigner:
-    """Signs and encrypts callbacks with one app's token and AES key, as WeCom does."""
+class EnvelopeSigner:
+    """Signs and encrypts WeCom callbacks (receiver id: the corp id) as WeCom does; `agent_id` is in the
+    envelope of an app's callbacks, absent from 微信客服's."""
 
-    def __init__(self, bot: WeComAppConfig) -> None:
-        self.bot = bot
-        self.crypto = WeComCrypto(bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), bot.corp_id)
+    def __init__(self, token: str, encoding_aes_key: str, corp_id: str, agent_id: int | None = None) -> None:
+        self.crypto = WeComCrypto(token, encoding_aes_key, corp_id)
+        self._corp_id = corp_id
+        self._agent_id = agent_id
 
     def sign_plaintext(self, plaintext: str, timestamp: int | None = None, nonce: str | None = None) -> SignedCallback:
         ts = str(timestamp if timestamp is not None else int(time.time()))
         nonce = nonce or str(secrets.randbelow(10**9))
         encrypted, signature = self.crypto.signed_envelope(plaintext, ts, nonce)
-        body = (
-            f"<xml><ToUserName>{_cdata(self.bot.corp_id)}</ToUserName><AgentID>{_cdata(str(self.bot.agent_id))}"
-            f"</AgentID><Encrypt>{_cdata(encrypted)}</Encrypt></xml>"
-        )
+        agent = "" if self._agent_id is None else f"<AgentID>{_cdata(str(self._agent_id))}</AgentID>"
+        to_user = f"<ToUserName>{_cdata(self._corp_id)}</ToUserName>"
+        body = f"<xml>{to_user}{agent}<Encrypt>{_cdata(encrypted)}</Encrypt></xml>"
         params = {"msg_signature": signature, "timestamp": ts, "nonce": nonce}
         return SignedCallback(params, body.encode("utf-8"))
-
-    def text(self, user: str, text: str, msg_id: str | None = None, timestamp: int | None = None) -> SignedCallback:
-        ts = timestamp if timestamp is not None else int(time.time())
-        msg_id = msg_id or str(secrets.randbits(63))
-        return self.sign_plaintext(text_message_xml(self.bot, user, text, msg_id, ts), timestamp=ts)
 
     def url_verification(self, echo: str, timestamp: int | None = None) -> dict[str, str]:
         """Query of the GET WeCom sends when the operator saves the callback URL."""
@@ -70,3 +66,18 @@ class WeComCallbackSigner:
         nonce = str(secrets.randbelow(10**9))
         encrypted, signature = self.crypto.signed_envelope(echo, ts, nonce)
         return {"msg_signature": signature, "timestamp": ts, "nonce": nonce, "echostr": encrypted}
+
+
+class WeComCallbackSigner(EnvelopeSigner):
+    """Signs and encrypts callbacks with one app's token and AES key, as WeCom does."""
+
+    def __init__(self, bot: WeComAppConfig) -> None:
+        super().__init__(
+            bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), bot.corp_id, bot.agent_id
+        )
+        self.bot = bot
+
+    def text(self, user: str, text: str, msg_id: str | None = None, timestamp: int | None = None) -> SignedCallback:
+        ts = timestamp if timestamp is not None else int(time.time())
+        msg_id = msg_id or str(secrets.randbits(63))
+        return self.sign_plaintext(text_message_xml(self.bot, user, text, msg_id, ts), timestamp=ts)

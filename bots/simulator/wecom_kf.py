@@ -45,9 +45,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from bots.simulator.wecom_api import WeComApiState
-from bots.simulator.wecom_callback import SignedCallback, _cdata
-from bots.wecom.crypto import WeComCrypto
+from bots.simulator.wecom_api import WeComApiState, next_fault
+from bots.simulator.wecom_callback import EnvelopeSigner, SignedCallback, _cdata
 from bots.wecom_kf.config import WeComKfConfig
 
 SYNC_LIMIT_MAX = 1000  # "默认值和最大值都为1000" (silenceper/wechat work/kf/syncmsg.go)
@@ -218,16 +217,7 @@ class KfState:
         self.calls[what] = self.calls.get(what, 0) + 1
 
     def next_fault(self, endpoint: str) -> KfFault | None:
-        for fault in self.faults:
-            if fault.endpoint == endpoint:
-                if fault.after > 0:
-                    fault.after -= 1
-                    return None
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.remove(fault)
-                return fault
-        return None
+        return next_fault(self.faults, endpoint)
 
     def session(self, open_kfid: str, external_userid: str, now: float) -> KfSession:
         """The customer's session, ended first if its 48 hours ran out."""
@@ -741,28 +731,14 @@ def kf_msg_or_event_xml(corp_id: str, token: str, open_kfid: str, create_time: i
     )
 
 
-class WeComKfCallbackSigner:
-    """Signs and encrypts Kefu callbacks with the bot's token and AES key (receive id: the corp id), as WeCom does."""
+class WeComKfCallbackSigner(EnvelopeSigner):
+    """Signs and encrypts Kefu callbacks with the bot's token and AES key (receive id: the corp id), as WeCom does;
+    a Kefu callback belongs to no app, so its envelope has no AgentID."""
 
     def __init__(self, bot: WeComKfConfig) -> None:
+        super().__init__(bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), bot.corp_id)
         self.bot = bot
-        self.crypto = WeComCrypto(bot.token.get_secret_value(), bot.encoding_aes_key.get_secret_value(), bot.corp_id)
-
-    def sign_plaintext(self, plaintext: str, timestamp: int | None = None, nonce: str | None = None) -> SignedCallback:
-        ts = str(timestamp if timestamp is not None else int(time.time()))
-        nonce = nonce or str(secrets.randbelow(10**9))
-        encrypted, signature = self.crypto.signed_envelope(plaintext, ts, nonce)
-        # No AgentID: a Kefu callback belongs to no app.
-        body = f"<xml><ToUserName>{_cdata(self.bot.corp_id)}</ToUserName><Encrypt>{_cdata(encrypted)}</Encrypt></xml>"
-        return SignedCallback({"msg_signature": signature, "timestamp": ts, "nonce": nonce}, body.encode("utf-8"))
 
     def kf_msg_or_event(self, token: str, open_kfid: str, timestamp: int | None = None) -> SignedCallback:
         ts = timestamp if timestamp is not None else int(time.time())
         return self.sign_plaintext(kf_msg_or_event_xml(self.bot.corp_id, token, open_kfid, ts), timestamp=ts)
-
-    def url_verification(self, echo: str, timestamp: int | None = None) -> dict[str, str]:
-        """Query of the GET WeCom sends when the operator saves the callback URL."""
-        ts = str(timestamp if timestamp is not None else int(time.time()))
-        nonce = str(secrets.randbelow(10**9))
-        encrypted, signature = self.crypto.signed_envelope(echo, ts, nonce)
-        return {"msg_signature": signature, "timestamp": ts, "nonce": nonce, "echostr": encrypted}

@@ -51,6 +51,24 @@ def required_params(query: Mapping[str, str], *names: str) -> list[str]:
     return values
 
 
+def verified_echo(crypto: WeComCrypto, query: Mapping[str, str], now: float, window_s: int) -> str:
+    """GET URL verification of a WeCom callback URL (apps, 微信客服): the decrypted echostr."""
+    signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
+    check_timestamp(timestamp, now, window_s)
+    return crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+
+
+def verified_plaintext(crypto: WeComCrypto, query: Mapping[str, str], body: bytes, now: float, window_s: int) -> str:
+    """A WeCom XML callback's decrypted inner XML, in the security order: query, timestamp, signature, then
+    decryption (apps and 微信客服 share it)."""
+    signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
+    check_timestamp(timestamp, now, window_s)
+    encrypted = parse_flat_xml(body).get("Encrypt", "")
+    if not encrypted:
+        raise CallbackRejected("missing_encrypt", 400, "envelope has no Encrypt element")
+    return crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
+
+
 class WeComAppAdapter(ChannelDefaults):
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
@@ -68,18 +86,11 @@ class WeComAppAdapter(ChannelDefaults):
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         """GET URL verification: the decrypted echostr, to be answered bare."""
-        signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
-        check_timestamp(timestamp, now, self.config.replay_window_s)
-        return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+        return verified_echo(self.crypto, query, now, self.config.replay_window_s)
 
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
         """POST callback → InboundMessage (None for events that need no answer)."""
-        signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
-        check_timestamp(timestamp, now, self.config.replay_window_s)
-        encrypted = parse_flat_xml(body).get("Encrypt", "")
-        if not encrypted:
-            raise CallbackRejected("missing_encrypt", 400, "envelope has no Encrypt element")
-        plaintext = self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
+        plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
         return parse_app_message(self.bot_id, plaintext, now)
 
     def ack(self) -> tuple[int, str]:

@@ -16,7 +16,6 @@ import httpx
 
 from bots.base import (
     CallbackKind,
-    CallbackRejected,
     ChannelDefaults,
     EventEffect,
     InboundMessage,
@@ -28,13 +27,12 @@ from bots.base import (
     ReplyTarget,
     TokenStore,
 )
-from bots.wecom.adapter import check_timestamp, required_params
+from bots.wecom.adapter import verified_echo, verified_plaintext
 from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.crypto import kf_crypto
 from bots.wecom_kf.exceptions import AlreadySent
 from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
-from bots.xml import parse_flat_xml
 
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
@@ -119,18 +117,11 @@ class WeComKfAdapter(ChannelDefaults):
         self.skip_history = config.skip_history
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
-        signature, timestamp, nonce, echostr = required_params(query, "msg_signature", "timestamp", "nonce", "echostr")
-        check_timestamp(timestamp, now, self.config.replay_window_s)
-        return self.crypto.verify_and_decrypt(signature, timestamp, nonce, echostr)
+        return verified_echo(self.crypto, query, now, self.config.replay_window_s)
 
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
         """The callback → a pull request for its account (None: another event, or an account not served)."""
-        signature, timestamp, nonce = required_params(query, "msg_signature", "timestamp", "nonce")
-        check_timestamp(timestamp, now, self.config.replay_window_s)
-        encrypted = parse_flat_xml(body).get("Encrypt", "")
-        if not encrypted:
-            raise CallbackRejected("missing_encrypt", 400, "envelope has no Encrypt element")
-        plaintext = self.crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
+        plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
         pull = parse_pull_callback(self.bot_id, plaintext, now)
         served = self.config.open_kfids
         return None if pull is None or (served is not None and pull.conversation_id not in served) else pull
