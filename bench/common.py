@@ -77,6 +77,20 @@ def clean_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
 
 
+# Where the engine and its model live: machine facts, not configuration, so an engine child keeps them
+# (the same set as tests/procs.py's INHERITED_BOTGW_VARS).
+ENGINE_MACHINE_VARS = frozenset(
+    {"BOTGW_ENGINE_VENV", "BOTGW_ENGINE_PYTHON", "BOTGW_TINY_MODEL_DIR", "BOTGW_VLLM_PACKAGE"}
+)
+
+
+def start_engine(stack: Stack, name: str, port: int, profile: str = "tiny") -> Child:
+    """`botgw engine serve --profile PROFILE --port PORT` (vLLM), without the caller's BOTGW_* settings but for
+    where the engine venv and the tiny model live. Wait for `<url>/health` yourself: a CPU engine takes a minute."""
+    env = {**clean_env(), **{key: os.environ[key] for key in ENGINE_MACHINE_VARS if key in os.environ}}
+    return stack.start(name, [*BOTGW, "engine", "serve", "--profile", profile, "--port", str(port)], env)
+
+
 def _die_with_parent() -> None:
     """Children get SIGKILL if the benchmark itself is killed hard, so nothing (no engine) is left running."""
     with contextlib.suppress(Exception):
@@ -96,6 +110,8 @@ class Child:
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.args = args  # kept, so that a benchmark can start the same server again after killing it
+        self.env = env
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")  # closed in wait()
         self.popen = subprocess.Popen(

@@ -11,17 +11,22 @@ cannot change the record, and `LeaseLost` tells it to stop.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.keys import Keys
 from gateway.memory import Turn
 from gateway.redis_text import as_text
 
 State = Literal["new", "committed", "done", "failed"]
+MARK_RETRY_S = 10.0
 
 _FENCE = """
 local function fenced()
@@ -162,8 +167,21 @@ class ReplyRecord:
         return written
 
     async def mark(self, **values: str | int) -> None:
-        """Set fields (progress, state); raises LeaseLost when this worker no longer holds the message."""
-        await self._write("set", values)
+        """Set fields (progress, state); raises LeaseLost when this worker no longer holds the message.
+
+        Progress written after a send must not be lost to a Redis restart (the piece would be sent again,
+        and DingTalk has no duplicate check): the write is idempotent, so it is retried while Redis is away,
+        for up to MARK_RETRY_S (a takeover only happens after the lease runs out, which it cannot do sooner)."""
+        delay, deadline = 0.05, time.monotonic() + MARK_RETRY_S
+        while True:
+            try:
+                await self._write("set", values)
+                return
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def claim(self, name: str, value: str = "1") -> bool:
         """Set a field only if unset (a once-only step such as the overflow post); True if this call set it."""

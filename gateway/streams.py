@@ -20,6 +20,8 @@ from gateway.reply_record import Fence
 _OPEN = """
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
 if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+-- A finished stream opened again (WeCom retrying its first callback late) is rejoined, not counted again.
+if redis.call('HGET', KEYS[1], 'finish') == '1' then return 1 end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])

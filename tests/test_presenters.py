@@ -142,3 +142,16 @@ def test_max_tokens_is_lowered_to_what_the_platform_can_show() -> None:
     assert answer_token_cap(WeComAIBotAdapter, 100_000) == cap // MAX_BYTES_PER_TOKEN
     assert answer_token_cap(WeComAIBotAdapter, 512) == 512
     assert answer_token_cap(SimpleNamespace(max_answer_bytes=None), 100_000) == 100_000
+
+
+async def test_a_finished_stream_opened_again_does_not_hold_a_slot(delivery: Delivery) -> None:
+    """WeCom retries a message's first callback late: the finished stream is rejoined, and the user's three
+    slots stay free for new questions (found by the soak: the 4th question was refused as 'still answering')."""
+    streams, user = delivery.streams, "u" + secrets.token_hex(4)
+    for number in range(3):
+        stream_id = f"{delivery.keys.namespace}-s{number}"
+        assert await streams.open("ai", user, stream_id, limit=3, max_age_s=360)
+        assert await streams.update(stream_id, "done", finish=True)
+        assert await streams.open("ai", user, stream_id, limit=3, max_age_s=360)  # the late retry
+    assert await delivery.redis.zcard(delivery.keys.active_streams("ai", user)) == 0
+    assert await streams.open("ai", user, f"{delivery.keys.namespace}-new", limit=3, max_age_s=360)
