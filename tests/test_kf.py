@@ -260,7 +260,7 @@ def test_1200_messages_between_two_callbacks_pulled_across_pages_answered_once_d
     delivered_before = kf.stats()["delivered"]
     tokens = [kf.write(person, "/help", callback=False) for person in people]
     # Page 2 hangs: the worker has queued page 1 (1,000 items) when it is killed.
-    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "sync_msg", "after": 1, "delay_s": 60, "times": 1})
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "sync_msg", "after": 1, "delay_s": 15, "times": 1})
     pulls_before = kf.calls("sync_msg")
     assert kf.callback(tokens[-1]).status_code == 200  # the callback after the 1,200
     kf.procs["worker-2"] = start_worker(kf.path, kf.log_dir, f"{kf.namespace}-w2")
