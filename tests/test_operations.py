@@ -7,13 +7,14 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode
 
 import httpx
 import pytest
 
 from tests.conftest import Stack
-from tests.procs import free_port, start_gateway, write_config
+from tests.procs import BOTGW, Proc, free_port, start_gateway, wait_for, write_config
 
 ADMIN_TOKEN = "adm-" + secrets.token_hex(8)
 
@@ -84,3 +85,28 @@ def test_sigterm_finishes_the_callback_in_flight_then_stops_accepting(own_gatewa
     assert "Application shutdown complete" in gateway.tail()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{stack.gateway_url}/healthz", timeout=2)
+
+
+def test_stream_process_sigterm_queues_every_message_it_acknowledged(stack: Stack) -> None:
+    """DingTalk never resends a Stream push, so on SIGTERM the process must queue (and then ack) the frames
+    in hand before it closes: every frame DingTalk saw acknowledged is in the queue, and it exits cleanly."""
+    from tests.test_dingtalk import send, stream_stats
+
+    proc = Proc([*BOTGW, "dingtalk-stream", "--config", str(stack.config_path)], stack.log_dir / "dts-term.log")
+    try:
+        wait_for(lambda: "dingtalk stream connected" in proc.tail(20), 30, "the Stream connection")
+        entries_before, acked_before = stack.entries_added(), stream_stats(stack)["acked"]
+        users = [f"term{secrets.token_hex(3)}" for _ in range(12)]
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            sent = [pool.submit(send, stack, "ding-stream", user, "/help") for user in users]
+            wait_for(lambda: stream_stats(stack)["acked"] > acked_before, 10, "the first push to be acknowledged")
+            proc.kill(signal.SIGTERM)  # while the rest are arriving
+            for future in sent:
+                future.result()
+        proc.popen.wait(15)
+        assert proc.popen.returncode == 0, proc.tail()
+        acked = stream_stats(stack)["acked"] - acked_before
+        assert acked >= 1
+        assert stack.entries_added() - entries_before == acked, "a frame was acknowledged but not queued"
+    finally:
+        proc.stop()
