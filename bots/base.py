@@ -255,3 +255,7 @@ class ChannelDefaults:
     def system_prompt_for(self, message: InboundMessage) -> str | None:
         """A system prompt of this bot's own for the message (None: the configured default)."""
         return None
+
+    def knowledge_for(self, message: InboundMessage):  # type: ignore[no-untyped-def]
+        """The knowledge bases the message is answered from (the bot's `knowledge:`), or None."""
+        return getattr(getattr(self, "config", None), "knowledge", None)

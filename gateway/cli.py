@@ -519,6 +519,15 @@ def _dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kb(args: argparse.Namespace) -> int:
+    """`botgw kb add|list|remove|search`: the knowledge bases that bots answer from (knowledge/commands.py)."""
+    from knowledge.commands import run_kb_command
+
+    settings = load_settings(args.config)
+    setup_logging("WARNING")
+    return run_kb_command(settings.knowledge, args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="botgw", description="WeCom/DingTalk bots answered by ERNIE-4.5 on vLLM")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -589,6 +598,27 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (dlq_list, dlq_show, dlq_replay, dlq_purge):
         cmd.add_argument("--config", required=True)
         cmd.set_defaults(run=_dlq)
+
+    kb = sub.add_parser("kb", help="knowledge bases: add documents, list, remove, search")
+    kb_sub = kb.add_subparsers(dest="kb_command", required=True)
+    kb_add = kb_sub.add_parser("add", help="add (or update) files and folders; unchanged files are skipped")
+    kb_add.add_argument("kb", help="the knowledge base (created on first add)")
+    kb_add.add_argument("paths", nargs="+", help="files (.md .txt .html .pdf .docx .csv .xlsx) or folders")
+    kb_list = kb_sub.add_parser("list", help="the knowledge bases, or the documents of one")
+    kb_list.add_argument("kb", nargs="?", default=None)
+    kb_list.add_argument("--json", action="store_true")
+    kb_remove = kb_sub.add_parser("remove", help="remove a document (by the name `kb list` shows)")
+    kb_remove.add_argument("kb")
+    kb_remove.add_argument("doc")
+    kb_search = kb_sub.add_parser("search", help="what retrieval finds for a question, before the answer threshold")
+    kb_search.add_argument("kb")
+    kb_search.add_argument("question")
+    kb_search.add_argument("--top", type=int, default=5)
+    kb_search.add_argument("--json", action="store_true", help="a list of hits: doc, title, section, score, text")
+    kb_search.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid")
+    for cmd in (kb_add, kb_list, kb_remove, kb_search):
+        cmd.add_argument("--config", required=True)
+        cmd.set_defaults(run=_kb)
 
     engine = sub.add_parser("engine", help="the co-located vLLM engine")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True)

@@ -20,6 +20,7 @@ from bots.registry import PLATFORMS
 from engine.settings import EngineSettings
 from gateway.limits import LimitSettings
 from gateway.memory import GroupMemory
+from knowledge.config import KnowledgeSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -89,6 +90,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     bots: list[BotConfig] = Field(default_factory=list)
     alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 

@@ -96,6 +96,8 @@ class ReplyState:
     overflow_sent: str = ""
     experts: str = ""
     reason: str = ""  # why the answer failed, when state is failed
+    no_answer: str = ""  # the knowledge bases had nothing above the threshold (微信客服 hands over)
+    knowledge: str = ""  # which chunks the answer used (JSON), for an operator asking why it said that
     quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have
     variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
+from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
@@ -38,6 +40,8 @@ from gateway.reply_record import Fence, LeaseLost, ReplyRecord, ReplyRecords, Re
 from gateway.runtime import Adapter, Runtime
 from gateway.scheduler import Lease
 from gateway.streams import StreamStore
+from knowledge.errors import StoreLocked
+from knowledge.retrieval import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,9 @@ class Job:
     adapter: Adapter
     record: ReplyRecord
     presenter: Presenter
+    grounding: str = ""  # the knowledge base's passages for the system prompt
+    no_answer: bool = False
+    cite: Callable[[str], str] | None = None  # adds the sources line to the engine's answer
 
     @property
     def group_id(self) -> str | None:
@@ -113,6 +120,7 @@ class Worker:
         self._held: dict[str, tuple[Lease, asyncio.Task[None]]] = {}  # by lane
         self._slot_freed = asyncio.Event()
         self._system_tokens: dict[str, int] = {}
+        self._retriever: Retriever | None = None
 
     # -- the loops ---------------------------------------------------------------------------
 
@@ -132,6 +140,8 @@ class Worker:
         for task in keeping:
             task.cancel()
         await asyncio.gather(*keeping, return_exceptions=True)
+        if self._retriever is not None:
+            await self._retriever.aclose()  # lets go of an embedded knowledge store's folder
         log.info("worker stopped", extra={"consumer": self._consumer, "handed_back": handed_back})
 
     async def _hand_back(self) -> int:
@@ -367,6 +377,9 @@ class Worker:
             return "nothing_to_send"
         await job.presenter.finish(text, state)
         metrics.REPLIES.labels(job.message.platform, "sent").inc()
+        if (job.no_answer or state.no_answer) and job.adapter.sessions is not None:
+            await self._pulled.conversations.hand_off(job.adapter, job.message)  # the documents are silent
+            return "sent; handed off (no answer)"
         return "sent"
 
     async def _commit(self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None) -> str:
@@ -431,14 +444,20 @@ class Worker:
         if not await engine.wait_ready(settings.max_wait_s):
             raise EngineUnavailable("no engine became ready")
 
-    def _system_prompt(self, job: Job) -> str:
+    def _base_prompt(self, job: Job) -> str:
         return job.adapter.system_prompt_for(job.message) or self._settings.system_prompt
 
-    async def _count_system_tokens(self, prompt: str) -> int:
-        """The system prompt's size in the engine's tokens, counted once per prompt (a bot's own, or the default)."""
-        if prompt not in self._system_tokens:
-            self._system_tokens[prompt] = await self._rt.engine.count_tokens(prompt)
-        return self._system_tokens[prompt]
+    def _system_prompt(self, job: Job) -> str:
+        base = self._base_prompt(job)
+        return f"{base}\n\n{job.grounding}" if job.grounding else base
+
+    async def _count_system_tokens(self, job: Job) -> int:
+        """The system prompt's size in the engine's tokens: the bot's prompt counted once per process, the
+        knowledge passages bounded by their UTF-8 length (they change with every question)."""
+        base = self._base_prompt(job)
+        if base not in self._system_tokens:
+            self._system_tokens[base] = await self._rt.engine.count_tokens(base)
+        return self._system_tokens[base] + (utf8_len(job.grounding) + 2 if job.grounding else 0)
 
     async def _plan(self, job: Job, turns: list[Turn]) -> PromptPlan | Refusal:
         """Fit system prompt + history + message + max_tokens into the engine's context window and the
@@ -448,7 +467,7 @@ class Worker:
         max_tokens = answer_token_cap(job.adapter, self._settings.engine.max_tokens)
         context = self._rt.engine.max_model_len
         max_prompt = self._budgets.max_prompt_tokens(job.message.sender_id, job.group_id)
-        system = await self._count_system_tokens(self._system_prompt(job))
+        system = await self._count_system_tokens(job)
         room = [limit for limit in (context and context - max_tokens, max_prompt) if limit]
         prompt_room = min(room) if room else None
         message_tokens: int | None = None
@@ -472,8 +491,35 @@ class Worker:
         original = turns[len(turns) - len(history) :]
         return PromptPlan(original, max_tokens, bound, message_tokens)
 
+    async def _ground(self, job: Job) -> str | None:
+        """Look the question up in the bot's knowledge bases: the passages go into the system prompt, or the
+        reply needs no engine (nothing found: `no_answer_text`, flagged; a Q&A row that matches closely)."""
+        use = job.adapter.knowledge_for(job.message)
+        if use is None:
+            return None
+        try:
+            retrieval = await self._knowledge().retrieve(use, job.message.text, job.message.bot_id)
+        except StoreLocked as exc:  # a `botgw kb` command holds the embedded store: try again shortly
+            log.info("knowledge store busy; the message waits", extra={"error": str(exc)})
+            raise Paced(2.0) from exc
+        job.no_answer = retrieval.no_answer
+        used = json.dumps(retrieval.record(), ensure_ascii=False)
+        await job.record.mark(knowledge=used, **({"no_answer": "1"} if job.no_answer else {}))
+        job.grounding = retrieval.system_prompt()
+        job.cite = retrieval.with_sources
+        return retrieval.reply()
+
+    def _knowledge(self) -> Retriever:
+        if self._retriever is None:
+            self._retriever = Retriever(self._settings.knowledge, self._rt.http)
+        return self._retriever
+
     async def _ask_engine(self, job: Job, state: ReplyState) -> str:
         message = job.message
+        ready = await self._ground(job)
+        if ready is not None:
+            user = Turn("user", message.text, utf8_len(message.text))
+            return await self._commit(job, ready, (user, Turn("assistant", ready, utf8_len(ready))))
         await self._await_engine(job)
         turns = await self._memory.load(job.scope.lane)
         plan = await self._plan(job, turns)
@@ -494,10 +540,12 @@ class Worker:
         metrics.ENGINE_TOKENS.labels(message.platform, "prompt").inc(completion.prompt_tokens)
         metrics.ENGINE_TOKENS.labels(message.platform, "completion").inc(completion.completion_tokens)
         answer = completion.text if completion.text.strip() else commands.EMPTY_ANSWER_TEXT
+        if job.cite is not None:
+            answer = job.cite(answer)
         if completion.routed_experts:
             answer = await self._record_experts(job, completion.routed_experts, answer)
         history_tokens = sum(turn.tokens for turn in plan.history)
-        system = self._system_tokens.get(self._system_prompt(job), 0)
+        system = self._system_tokens.get(self._base_prompt(job), 0) + (utf8_len(job.grounding) if job.grounding else 0)
         user_tokens = plan.message_tokens or max(1, completion.prompt_tokens - history_tokens - system)
         exchange = (
             Turn("user", message.text, user_tokens),

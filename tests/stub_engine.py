@@ -82,8 +82,9 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
         continued = messages[-1]["content"] if body.get("continue_final_message") and messages else None
         prompt_tokens = max(1, len(json.dumps(messages, ensure_ascii=False).encode()) // 3)
         warmup = body.get("max_tokens") == 1
+        system = next((m["content"] for m in messages if m.get("role") == "system"), "")
         record = {"user": last_user, "max_tokens": body.get("max_tokens"), "start": time.time(), "warmup": warmup,
-                  "continued": continued}
+                  "continued": continued, "system": system}
         requests.append(record)
         answer = answer_for(last_user)
         if continued is not None:

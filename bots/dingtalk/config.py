@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from knowledge.config import KnowledgeUse
+
 DINGTALK_API_BASE = "https://api.dingtalk.com"
 DINGTALK_OAPI_BASE = "https://oapi.dingtalk.com"
 AI_CARD_TEMPLATE = "382e4302-551d-4880-bf29-a30acfab2e71.schema"
@@ -38,6 +40,7 @@ class DingTalkBotConfig(BaseModel):
     replay_window_s: int = Field(default=3600, ge=0)
     per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
     ai_card: AICardSettings = Field(default_factory=AICardSettings)
+    knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
     # a silently dead connection (open, passing nothing) is noticed within interval + timeout: 10 s
     stream_ping_interval_s: float = Field(default=5.0, gt=0)
     stream_ping_timeout_s: float = Field(default=5.0, gt=0)

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from knowledge.config import KnowledgeUse
+
 PRESETS = {"code and documents": 0.1, "creative writing": 0.7, "logic and maths": 0.0}
 
 
@@ -81,6 +83,7 @@ class WebBotConfig(BaseModel):
     gateway_url: str = "http://127.0.0.1:8080"
     auth_secret: SecretStr | None = Field(default=None, description="Chainlit's session signing secret")
     answer_timeout_s: float = Field(default=300.0, gt=0)
+    knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     def user(self, name: str, password: str) -> WebUser | None:
         for user in self.users:

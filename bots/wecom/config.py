@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from bots.wecom.crypto import decode_aes_key
+from knowledge.config import KnowledgeUse
 
 WECOM_API_BASE = "https://qyapi.weixin.qq.com"
 BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -44,6 +45,7 @@ class WeComAppConfig(_CallbackSecrets):
     duplicate_check_interval_s: int = Field(
         default=1800, ge=60, le=14400, description="WeCom drops a repeated send within this window (max 4 h)"
     )
+    knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     _api_base = field_validator("api_base")(_strip_slash)
 
@@ -55,6 +57,7 @@ class WeComAIBotConfig(_CallbackSecrets):
     welcome_text: str = "你好，我是智能助手，有什么可以帮你？ Hello, how can I help?"
     api_base: str = Field(default=WECOM_API_BASE, description="WeCom's API origin: a response_url must point there")
     stream_limit_s: float = Field(default=330.0, gt=0, le=360, description="WeCom stops polling after 6 minutes")
+    knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     _api_base = field_validator("api_base")(_strip_slash)
 

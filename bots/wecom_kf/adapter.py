@@ -139,6 +139,11 @@ class WeComKfAdapter(ChannelDefaults):
         account = self.config.accounts.get(message.reply_to.chat_id)
         return account.system_prompt if account else None
 
+    def knowledge_for(self, message: InboundMessage):  # type: ignore[no-untyped-def]
+        """An account's own knowledge bases, else the bot's."""
+        account = self.config.accounts.get(message.reply_to.chat_id)
+        return account.knowledge if account and account.knowledge else self.config.knowledge
+
     async def send_piece(
         self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
     ) -> None:

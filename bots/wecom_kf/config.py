@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from bots.wecom.config import WECOM_API_BASE, _CallbackSecrets, _strip_slash
+from knowledge.config import KnowledgeUse
 
 DEFAULT_HANDOFF_KEYWORDS = ["人工", "转人工", "人工客服"]
 
@@ -18,6 +19,7 @@ class KfAccountSettings(BaseModel):
 
     system_prompt: str | None = None
     welcome_text: str | None = None
+    knowledge: KnowledgeUse | None = Field(default=None, description="instead of the bot's knowledge bases")
 
 
 class HandoffSettings(BaseModel):
@@ -43,5 +45,6 @@ class WeComKfConfig(_CallbackSecrets):
     merge_window_s: float = Field(default=2.0, ge=0, le=30, description="a customer's burst answered together")
     skip_history: bool = Field(default=True, description="on a first start, skip messages sent before it")
     handoff: HandoffSettings = Field(default_factory=HandoffSettings)
+    knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     _api_base = field_validator("api_base")(_strip_slash)

@@ -1,0 +1,114 @@
+"""The `botgw kb` commands: open the store, do one thing, print it for an operator (or as JSON for a script).
+
+Each works on its own with the default configuration: the embedded store and the offline embedder need no
+other process. When a worker holds the embedded folder, the command waits for it (`store.lock_wait_s`), then
+says what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from dataclasses import asdict
+
+from knowledge.config import KB_NAME_PATTERN, KnowledgeSettings
+from knowledge.errors import KnowledgeError, StoreLocked
+from knowledge.ingest import Outcome
+from knowledge.service import Knowledge
+
+
+def run_kb_command(settings: KnowledgeSettings, args: argparse.Namespace) -> int:
+    commands = {"add": kb_add, "list": kb_list, "remove": kb_remove, "search": kb_search}
+
+    async def main() -> int:
+        try:
+            knowledge = await Knowledge.open(settings)
+        except StoreLocked:
+            wait_s = settings.store.lock_wait_s
+            print(f"botgw kb: the knowledge store is in use; waiting up to {wait_s:g} s for it", file=sys.stderr)
+            knowledge = await Knowledge.open(settings, wait_s=wait_s)
+        try:
+            return await commands[args.kb_command](knowledge, args)
+        finally:
+            await knowledge.aclose()
+
+    try:
+        return asyncio.run(main())
+    except KnowledgeError as exc:
+        print(f"botgw kb: {exc}", file=sys.stderr)
+        return 1
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def kb_add(knowledge: Knowledge, args: argparse.Namespace) -> int:
+    if not re.match(KB_NAME_PATTERN, args.kb):
+        _say("botgw kb: a knowledge base name is letters, digits, '_', '.' or '-' (at most 64)")
+        return 2
+
+    def progress(number: int, total: int, outcome: Outcome) -> None:
+        detail = outcome.reason or f"{outcome.chunks} chunks"
+        _say(f"[{number}/{total}] {outcome.doc}: {outcome.status} ({detail}, {outcome.seconds:.1f} s)")
+
+    outcomes = await knowledge.add(args.kb, args.paths, progress)
+    counts = {status: sum(o.status == status for o in outcomes) for status in ("added", "replaced", "unchanged")}
+    failed = [o for o in outcomes if o.status == "failed"]
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    print(f"{args.kb}: {summary}, {len(failed)} failed, {skipped} skipped")
+    for outcome in failed:
+        _say(f"failed: {outcome.path}: {outcome.reason}")
+    if failed:
+        _say("botgw kb: nothing of the failed files was written; the others were added. Fix them and run again.")
+    return 1 if failed else 0
+
+
+async def kb_list(knowledge: Knowledge, args: argparse.Namespace) -> int:
+    records = await knowledge.documents(args.kb)
+    if args.json:
+        print(json.dumps([asdict(record) for record in records], ensure_ascii=False, indent=2))
+        return 0
+    if args.kb is None:
+        bases: dict[str, list[int]] = {}
+        for record in records:
+            bases.setdefault(record.kb, []).append(record.chunks)
+        for kb, chunks in bases.items():
+            print(f"{kb}\t{len(chunks)} documents\t{sum(chunks)} chunks")
+        if not bases:
+            _say("botgw kb: no knowledge bases yet (`botgw kb add --config FILE KB PATH...`)")
+        return 0
+    for record in records:
+        added = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.added_at))
+        print(f"{record.doc}\t{record.chunks} chunks\t{record.bytes / 1024:.1f} KB\t{added}\t{record.title}")
+    if not records:
+        _say(f"botgw kb: no documents in {args.kb}")
+    return 0
+
+
+async def kb_remove(knowledge: Knowledge, args: argparse.Namespace) -> int:
+    record = await knowledge.remove(args.kb, args.doc)
+    if record is None:
+        _say(f"botgw kb: no document {args.doc!r} in {args.kb} (`botgw kb list` shows the names)")
+        return 1
+    print(f"removed {record.doc} from {args.kb} ({record.chunks} chunks)")
+    return 0
+
+
+async def kb_search(knowledge: Knowledge, args: argparse.Namespace) -> int:
+    """What retrieval finds, best first, before the answer threshold (the score it applies to is shown)."""
+    hits = await knowledge.search([args.kb], args.question, limit=args.top, mode=args.mode)
+    if args.json:
+        print(json.dumps([hit.as_json() for hit in hits], ensure_ascii=False, indent=2))
+        return 0
+    for rank, hit in enumerate(hits, start=1):
+        print(f"{rank}. {hit.score:.3f} ({hit.scale}) 《{hit.doc}》{hit.section_path}")
+        print(f"   {' '.join(hit.display.split())[:200]}")
+    if not hits:
+        _say(f"botgw kb: nothing found in {args.kb}")
+    return 0

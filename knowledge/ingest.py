@@ -1,0 +1,177 @@
+"""Adding files to a knowledge base: read, fingerprint, parse, chunk, embed, write, flip, prune.
+
+A file is the unit of work: everything up to the embeddings happens in memory, so a file that fails (empty,
+too large, unreadable) writes nothing, and the others go on. A file whose content (and chunking) is unchanged
+is skipped by its fingerprint, which is also how an interrupted folder resumes: run the same command again and
+the files already added are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from knowledge.chunking import CHUNKER_VERSION, Chunk, chunk_document
+from knowledge.config import KnowledgeSettings
+from knowledge.embed import Embedder
+from knowledge.errors import FileRejected
+from knowledge.formats import PARSERS, parse
+from knowledge.lexical import document_vector
+from knowledge.search import embedding_text
+from knowledge.store import ChunkPoint, DocRecord, KnowledgeStore
+
+log = logging.getLogger("botgw.knowledge")
+Status = Literal["added", "replaced", "unchanged", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one file."""
+
+    path: str
+    doc: str
+    status: Status
+    chunks: int = 0
+    reason: str = ""
+    seconds: float = 0.0
+
+
+Progress = Callable[[int, int, Outcome], None]
+
+
+def collect(paths: Iterable[str | Path]) -> list[tuple[Path, str]]:
+    """(file, document name) for each file given and each file under each folder given. A file's name is its
+    file name; under a folder, its path relative to that folder (so that two folders' 说明.md stay apart)."""
+    found: list[tuple[Path, str]] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            for file in sorted(path.rglob("*")):
+                relative = file.relative_to(path)
+                if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+                    found.append((file, relative.as_posix()))
+        else:
+            found.append((path, path.name))
+    return found
+
+
+class Ingestor:
+    def __init__(self, store: KnowledgeStore, embedder: Embedder, settings: KnowledgeSettings) -> None:
+        self._store = store
+        self._embedder = embedder
+        self._settings = settings
+
+    def fingerprint(self, data: bytes) -> str:
+        """The content and how it is cut: changing the chunking re-adds a file that did not change."""
+        chunking = self._settings.chunking
+        digest = hashlib.sha256(data)
+        digest.update(f"\0chunker{CHUNKER_VERSION}:{chunking.size}:{chunking.overlap}".encode())
+        return digest.hexdigest()
+
+    async def add(self, kb: str, paths: Iterable[str | Path], progress: Progress | None = None) -> list[Outcome]:
+        """Add files and folders to `kb`, one file at a time; return what became of each."""
+        files = collect(paths)
+        outcomes: list[Outcome] = []
+        for number, (file, doc) in enumerate(files, start=1):
+            outcome = await self._add_file(kb, file, doc)
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(number, len(files), outcome)
+        return outcomes
+
+    async def _add_file(self, kb: str, file: Path, doc: str) -> Outcome:
+        started = time.monotonic()
+
+        def done(status: Status, chunks: int = 0, reason: str = "") -> Outcome:
+            return Outcome(str(file), doc, status, chunks, reason, time.monotonic() - started)
+
+        if file.is_dir() or not file.exists():
+            return done("failed", reason="no such file or folder")
+        if file.suffix.lower() not in PARSERS:
+            return done("skipped", reason=f"unsupported format {file.suffix or '(no extension)'}")
+        try:
+            data = self._read(file)
+            fingerprint = self.fingerprint(data)
+            existing = await asyncio.to_thread(self._store.document, kb, doc)
+            if existing is not None and existing.fingerprint == fingerprint:
+                return done("unchanged", existing.chunks)
+            document = await asyncio.to_thread(parse, file.name, data)
+            chunks = chunk_document(document, self._settings.chunking.size, self._settings.chunking.overlap)
+            if not chunks:
+                raise FileRejected("no text found in the file")
+            points = await self._points(kb, doc, document.title, chunks)
+        except FileRejected as exc:
+            return done("failed", reason=str(exc))
+        except OSError as exc:
+            return done("failed", reason=f"cannot read it: {exc.strerror or exc}")
+        record = DocRecord(
+            kb=kb,
+            doc=doc,
+            version=points[0].version,
+            fingerprint=fingerprint,
+            title=document.title,
+            chunks=len(points),
+            bytes=len(data),
+            source=str(file.resolve()),
+            added_at=time.time(),
+        )
+        await asyncio.to_thread(self._publish, record, points)
+        return done("replaced" if existing is not None else "added", len(points))
+
+    def _read(self, file: Path) -> bytes:
+        cap = self._settings.max_file_mb * 1024 * 1024
+        size = file.stat().st_size
+        if size > cap:
+            raise FileRejected(
+                f"{size / 1024 / 1024:.1f} MB is over knowledge.max_file_mb ({self._settings.max_file_mb:g} MB)"
+            )
+        if size == 0:
+            raise FileRejected("empty file")
+        return file.read_bytes()
+
+    async def _points(self, kb: str, doc: str, title: str, chunks: list[Chunk]) -> list[ChunkPoint]:
+        texts = [embedding_text(title, chunk.section, chunk.text, chunk.question) for chunk in chunks]
+        batch = self._settings.embedding.batch_size
+        vectors = []
+        for start in range(0, len(texts), batch):
+            vectors.extend(await self._embedder.passages(texts[start : start + batch]))
+        asked = [chunk.question for chunk in chunks if chunk.question]
+        question_vectors = iter(await self._embedder.queries(asked) if asked else [])
+        version = uuid.uuid4().hex
+        return [
+            ChunkPoint(
+                kb=kb,
+                doc=doc,
+                version=version,
+                index=chunk.index,
+                title=title,
+                section=chunk.section,
+                text=chunk.text,
+                question=chunk.question,
+                dense=vector,
+                lexical=document_vector(text),
+                question_vector=next(question_vectors) if chunk.question else None,
+            )
+            for chunk, text, vector in zip(chunks, texts, vectors, strict=True)
+        ]
+
+    def _publish(self, record: DocRecord, points: list[ChunkPoint]) -> None:
+        """New chunks, then the flip, then the old chunks out. A failure before the flip removes what it wrote."""
+        self._store.ensure(self._embedder.identity, int(points[0].dense.shape[0]))
+        try:
+            self._store.write(points)
+        except BaseException:
+            try:
+                self._store.drop_version(record.kb, record.doc, record.version)
+            except Exception:  # unreachable (not current) chunks: the next add of this document deletes them
+                log.warning("knowledge: could not remove the partly written %s/%s", record.kb, record.doc)
+            raise
+        self._store.publish(record)
+        self._store.prune(record.kb, record.doc, keep=record.version)

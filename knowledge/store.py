@@ -1,0 +1,423 @@
+"""The store: Qdrant through qdrant-client, embedded (a local folder) or a server (`knowledge.store.qdrant_url`),
+with the same calls either way.
+
+Two collections: `<name>` holds the chunks (a dense vector, a sparse lexical vector and the payload), and
+`<name>_docs` one record per document, plus one that records the embedding model and dimension the store was
+built with. A document's record names its current version, and search asks only for chunks of current versions.
+A re-added document's chunks are written under a new version first, then its record is switched to it in one
+point write (the flip), then the old version's chunks are deleted: a search sees the old version or the new one,
+never half of each, and a crash leaves only unreachable chunks that the next add of that document deletes.
+
+The embedded store lets one process open its folder (Qdrant's local mode locks it); see `open`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from knowledge.config import StoreSettings
+from knowledge.errors import EmbeddingMismatch, KnowledgeError, StoreLocked
+from knowledge.lexical import LEXICAL_SCHEME
+from knowledge.local_index import LocalIndex, Row
+
+_NS = uuid.UUID("6b8e5b0e-3f0c-4a53-9a57-2f4d0b1c9e21")
+META_ID = str(uuid.uuid5(_NS, "meta"))
+DENSE, LEXICAL, QUESTION = "dense", "lexical", "question"
+WRITE_BATCH = 256
+
+
+@dataclass(frozen=True)
+class DocRecord:
+    """A document as `kb list` shows it; `doc` is its name in the knowledge base."""
+
+    kb: str
+    doc: str
+    version: str
+    fingerprint: str
+    title: str
+    chunks: int
+    bytes: int
+    source: str
+    added_at: float
+
+    @staticmethod
+    def point_id(kb: str, doc: str) -> str:
+        return str(uuid.uuid5(_NS, f"doc\0{kb}\0{doc}"))
+
+
+@dataclass(frozen=True)
+class ChunkPoint:
+    kb: str
+    doc: str
+    version: str
+    index: int
+    title: str
+    section: tuple[str, ...]
+    text: str
+    question: str | None
+    dense: np.ndarray
+    lexical: tuple[list[int], list[float]]
+    question_vector: np.ndarray | None = None  # a Q&A row's question embedded as a query: question-to-question
+
+    @property
+    def point_id(self) -> str:
+        return str(uuid.uuid5(_NS, f"chunk\0{self.kb}\0{self.doc}\0{self.version}\0{self.index}"))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A chunk a query found: its payload, the query's score and its dense vector."""
+
+    id: str
+    payload: dict[str, Any]
+    score: float
+    dense: np.ndarray
+    question: np.ndarray | None
+
+
+def _locked_message(folder: str) -> str:
+    return (
+        f"the knowledge store {folder} is in use by another process: most likely a running `botgw worker`, "
+        "which holds the embedded store while it answers (and store.idle_release_s after). Stop the worker and "
+        "run the command again, or run a Qdrant server and set knowledge.store.qdrant_url so that the worker and "
+        "these commands share it."
+    )
+
+
+class KnowledgeStore:
+    """Qdrant, embedded or served. Every call is synchronous: callers on an event loop use a thread."""
+
+    def __init__(self, client: Any, settings: StoreSettings, where: str) -> None:
+        self._client = client
+        self._settings = settings
+        self.where = where
+        self.embedded = settings.qdrant_url is None
+        self.chunks = settings.collection
+        self.docs = f"{settings.collection}_docs"
+        self._lock = threading.RLock()  # the local mode is not made for concurrent calls
+        self._index: LocalIndex | None = None  # embedded only: what search reads (see local_index.py)
+
+    @classmethod
+    def open(cls, settings: StoreSettings, wait_s: float = 0.0) -> KnowledgeStore:
+        """Open the store. The embedded folder is locked by whoever has it open; wait up to `wait_s` for it."""
+        from qdrant_client import QdrantClient
+
+        if settings.qdrant_url:
+            api_key = settings.api_key.get_secret_value() if settings.api_key else None
+            client = QdrantClient(url=settings.qdrant_url, api_key=api_key, timeout=int(settings.timeout_s))
+            return cls(client, settings, settings.qdrant_url)
+        folder = settings.folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return cls(QdrantClient(path=str(folder)), settings, str(folder))
+            except RuntimeError as exc:
+                if "already accessed" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreLocked(_locked_message(str(folder))) from None
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        with self._lock:
+            self._client.close()
+
+    @contextmanager
+    def _call(self) -> Iterator[Any]:
+        """One client call: serialised, and a server that cannot be reached said plainly."""
+        with self._lock:
+            try:
+                yield self._client
+            except KnowledgeError:
+                raise
+            except Exception as exc:
+                if self.embedded:
+                    raise
+                raise KnowledgeError(f"the Qdrant server at {self.where} failed: {type(exc).__name__}: {exc}") from None
+
+    # --- the model the store was built with
+
+    def meta(self) -> dict[str, Any] | None:
+        with self._call() as client:
+            if not client.collection_exists(self.docs):
+                return None
+            found = client.retrieve(self.docs, [META_ID], with_payload=True)
+        return dict(found[0].payload or {}) if found else None
+
+    def check_model(self, identity: str, dim: int | None = None) -> None:
+        """Refuse to mix vectors of two models: their scores would be garbage, not errors."""
+        meta = self.meta()
+        if meta is None:
+            return
+        if meta.get("embedding_model") != identity or (dim is not None and meta.get("dim") != dim):
+            raise EmbeddingMismatch(
+                f"the knowledge store {self.where} was built with the embedding model {meta.get('embedding_model')} "
+                f"({meta.get('dim')} dimensions), but the configuration now embeds with {identity}"
+                f"{f' ({dim} dimensions)' if dim else ''}. Set knowledge.embedding back, or point "
+                "knowledge.store at a new path (or collection) and add the documents again."
+            )
+        if meta.get("lexical") != LEXICAL_SCHEME:
+            raise EmbeddingMismatch(
+                f"the knowledge store {self.where} was indexed with the lexical scheme {meta.get('lexical')}, this "
+                f"botgw uses {LEXICAL_SCHEME}: point knowledge.store at a new path and add the documents again."
+            )
+
+    def ensure(self, identity: str, dim: int) -> None:
+        """Create the collections for this model on first use; otherwise check that they match it."""
+        from qdrant_client import models
+
+        self.check_model(identity, dim)
+        with self._call() as client:
+            if not client.collection_exists(self.chunks):
+                client.create_collection(
+                    self.chunks,
+                    vectors_config={
+                        name: models.VectorParams(size=dim, distance=models.Distance.COSINE)
+                        for name in (DENSE, QUESTION)
+                    },
+                    sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+                )
+                if not self.embedded:  # the local mode has no payload indexes (it scans)
+                    for field in ("kb", "doc", "version"):
+                        client.create_payload_index(self.chunks, field, models.PayloadSchemaType.KEYWORD)
+            if not client.collection_exists(self.docs):
+                client.create_collection(self.docs, vectors_config={})
+                if not self.embedded:
+                    for field in ("kind", "kb"):
+                        client.create_payload_index(self.docs, field, models.PayloadSchemaType.KEYWORD)
+            if not client.retrieve(self.docs, [META_ID]):
+                payload = {"kind": "meta", "embedding_model": identity, "dim": dim, "lexical": LEXICAL_SCHEME}
+                client.upsert(self.docs, [models.PointStruct(id=META_ID, vector={}, payload=payload)])
+
+    # --- documents
+
+    def documents(self, kbs: Sequence[str] | None = None) -> list[DocRecord]:
+        from qdrant_client import models
+
+        must: list[Any] = [models.FieldCondition(key="kind", match=models.MatchValue(value="doc"))]
+        if kbs is not None:
+            must.append(models.FieldCondition(key="kb", match=models.MatchAny(any=list(kbs))))
+        records: list[DocRecord] = []
+        with self._call() as client:
+            if not client.collection_exists(self.docs):
+                return []
+            offset = None
+            while True:
+                points, offset = client.scroll(
+                    self.docs, scroll_filter=models.Filter(must=must), limit=1000, offset=offset, with_payload=True
+                )
+                records += [_record(point.payload or {}) for point in points]
+                if offset is None:
+                    break
+        return sorted(records, key=lambda record: (record.kb, record.doc))
+
+    def document(self, kb: str, doc: str) -> DocRecord | None:
+        with self._call() as client:
+            if not client.collection_exists(self.docs):
+                return None
+            found = client.retrieve(self.docs, [DocRecord.point_id(kb, doc)], with_payload=True)
+        return _record(found[0].payload or {}) if found else None
+
+    def publish(self, record: DocRecord) -> None:
+        """The flip: one point write makes `record.version` the version search sees."""
+        from qdrant_client import models
+
+        point = models.PointStruct(
+            id=DocRecord.point_id(record.kb, record.doc), vector={}, payload={"kind": "doc", **asdict(record)}
+        )
+        with self._call() as client:
+            client.upsert(self.docs, [point], wait=True)
+
+    def unpublish(self, kb: str, doc: str) -> None:
+        from qdrant_client import models
+
+        with self._call() as client:
+            if client.collection_exists(self.docs):
+                selector = models.PointIdsList(points=[DocRecord.point_id(kb, doc)])
+                client.delete(self.docs, points_selector=selector, wait=True)
+
+    # --- chunks
+
+    def write(self, points: Sequence[ChunkPoint]) -> None:
+        from qdrant_client import models
+
+        with self._call() as client:
+            for start in range(0, len(points), WRITE_BATCH):
+                rows = [_row(point) for point in points[start : start + WRITE_BATCH]]
+                batch = [
+                    models.PointStruct(id=row.id, vector=_vectors(point), payload=row.payload)
+                    for row, point in zip(rows, points[start : start + WRITE_BATCH], strict=True)
+                ]
+                client.upsert(self.chunks, batch, wait=True)
+                if self._index is not None:
+                    self._index.add(rows)
+
+    def prune(self, kb: str, doc: str, keep: str | None = None) -> None:
+        """Delete the document's chunks of every version but `keep` (all of them when `keep` is None)."""
+        from qdrant_client import models
+
+        must = [
+            models.FieldCondition(key="kb", match=models.MatchValue(value=kb)),
+            models.FieldCondition(key="doc", match=models.MatchValue(value=doc)),
+        ]
+        must_not = [models.FieldCondition(key="version", match=models.MatchValue(value=keep))] if keep else []
+        with self._call() as client:
+            if client.collection_exists(self.chunks):
+                selector = models.FilterSelector(filter=models.Filter(must=must, must_not=must_not))
+                client.delete(self.chunks, points_selector=selector, wait=True)
+                if self._index is not None:
+                    self._index.remove_where(kb, doc, keep=keep)
+
+    def drop_version(self, kb: str, doc: str, version: str) -> None:
+        """Delete the chunks of one version (one that was being written when its add failed)."""
+        from qdrant_client import models
+
+        must = [
+            models.FieldCondition(key=key, match=models.MatchValue(value=value))
+            for key, value in (("kb", kb), ("doc", doc), ("version", version))
+        ]
+        with self._call() as client:
+            if client.collection_exists(self.chunks):
+                selector = models.FilterSelector(filter=models.Filter(must=must))
+                client.delete(self.chunks, points_selector=selector, wait=True)
+                if self._index is not None:
+                    self._index.remove_where(kb, doc, version=version)
+
+    def count(self, kb: str | None = None, doc: str | None = None) -> int:
+        """Chunks stored, current or not (a check that nothing was left behind)."""
+        from qdrant_client import models
+
+        must = [
+            models.FieldCondition(key=key, match=models.MatchValue(value=value))
+            for key, value in (("kb", kb), ("doc", doc))
+            if value is not None
+        ]
+        with self._call() as client:
+            if not client.collection_exists(self.chunks):
+                return 0
+            return client.count(self.chunks, count_filter=models.Filter(must=must), exact=True).count
+
+    def _query(self, query: Any, using: str, versions: Sequence[str], limit: int) -> list[Found]:
+        from qdrant_client import models
+
+        if not versions:
+            return []
+        only = models.Filter(must=[models.FieldCondition(key="version", match=models.MatchAny(any=list(versions)))])
+        with self._call() as client:
+            if not client.collection_exists(self.chunks):
+                return []
+            result = client.query_points(
+                self.chunks,
+                query=query,
+                using=using,
+                query_filter=only,
+                limit=limit,
+                with_payload=True,
+                with_vectors=[DENSE, QUESTION],
+            )
+        found = []
+        for point in result.points:
+            vectors = point.vector if isinstance(point.vector, dict) else {}
+            question = vectors.get(QUESTION)
+            found.append(
+                Found(
+                    str(point.id),
+                    dict(point.payload or {}),
+                    float(point.score),
+                    np.asarray(vectors[DENSE]),
+                    None if question is None else np.asarray(question),
+                )
+            )
+        return found
+
+    def dense(self, vector: np.ndarray, versions: Sequence[str], limit: int) -> list[Found]:
+        if self.embedded:
+            with self._lock:
+                return [_found(row, score) for row, score in self._local().dense(vector, versions, limit)]
+        return self._query(vector.tolist(), DENSE, versions, limit)
+
+    def lexical(self, vector: tuple[list[int], list[float]], versions: Sequence[str], limit: int) -> list[Found]:
+        from qdrant_client import models
+
+        if not vector[0]:
+            return []
+        if self.embedded:
+            with self._lock:
+                return [_found(row, score) for row, score in self._local().lexical(vector, versions, limit)]
+        return self._query(models.SparseVector(indices=vector[0], values=vector[1]), LEXICAL, versions, limit)
+
+    def _local(self) -> LocalIndex:
+        """The embedded store's chunks in memory, read once from the folder and kept in step by every write."""
+        if self._index is None:
+            index = LocalIndex()
+            with self._call() as client:
+                if client.collection_exists(self.chunks):
+                    offset = None
+                    while True:
+                        points, offset = client.scroll(
+                            self.chunks, limit=1000, offset=offset, with_payload=True, with_vectors=True
+                        )
+                        index.add(_row_of_record(point) for point in points)
+                        if offset is None:
+                            break
+            self._index = index
+        return self._index
+
+
+def _row(point: ChunkPoint) -> Row:
+    payload = {
+        "kb": point.kb,
+        "doc": point.doc,
+        "version": point.version,
+        "index": point.index,
+        "title": point.title,
+        "section": list(point.section),
+        "text": point.text,
+        "question": point.question,
+    }
+    terms = dict(zip(*point.lexical, strict=True))
+    return Row(point.point_id, payload, point.dense.astype(np.float32), point.question_vector, terms)
+
+
+def _row_of_record(record: Any) -> Row:
+    vectors = record.vector or {}
+    sparse = vectors.get(LEXICAL)
+    terms = dict(zip(sparse.indices, sparse.values, strict=True)) if sparse is not None else {}
+    question = vectors.get(QUESTION)
+    return Row(
+        str(record.id),
+        dict(record.payload or {}),
+        np.asarray(vectors[DENSE], dtype=np.float32),
+        None if question is None else np.asarray(question, dtype=np.float32),
+        terms,
+    )
+
+
+def _found(row: Row, score: float) -> Found:
+    return Found(row.id, row.payload, score, row.dense, row.question)
+
+
+def _vectors(point: ChunkPoint) -> dict[str, Any]:
+    from qdrant_client import models
+
+    vectors: dict[str, Any] = {
+        DENSE: point.dense.tolist(),
+        LEXICAL: models.SparseVector(indices=point.lexical[0], values=point.lexical[1]),
+    }
+    if point.question_vector is not None:
+        vectors[QUESTION] = point.question_vector.tolist()
+    return vectors
+
+
+def _record(payload: dict[str, Any]) -> DocRecord:
+    fields = DocRecord.__dataclass_fields__
+    return DocRecord(**{key: payload[key] for key in fields})
