@@ -59,11 +59,16 @@ class PulledWork:
         # First start: what was written before the bot was configured is history, not questions to answer.
         since = requested_at - HISTORY_GRACE_S if saved is None and adapter.skip_history else 0.0
         queued = skipped = pages = 0
+        newest: PulledItem | None = None  # the log's latest customer message so far
         while pages < MAX_PAGES:
             pages += 1
             page = await self._page(adapter, channel, cursor, token)
             fresh = [item for item in page.items if item.message.received_at >= since]
             skipped += len(page.items) - len(fresh)
+            newest = next((item for item in reversed(page.items) if item.kind == "message"), newest)
+            if since and not page.has_more and newest is not None and newest.message.received_at < since:
+                # The message that made WeCom call back is never history, however late the callback came.
+                fresh, skipped = [*fresh, newest], skipped - 1
             queued += await self._enqueue(fresh)
             if page.next_cursor:
                 await self._redis.set(cursor_key, page.next_cursor)  # only now: every item is queued

@@ -248,6 +248,16 @@ def test_a_burst_within_the_merge_window_gets_one_answer(kf: Kf, live_engine: st
     assert users == ["你好\n我想问一下\n你们几点开门？"]
 
 
+def test_a_first_start_skips_history_but_never_the_message_that_called_back(kf: Kf) -> None:
+    kf.redis.delete(f"{kf.namespace}:pull:cursor:kefu:{KFID}")  # as on the day the bot is configured
+    earlier, caller = customer(), customer()
+    kf.write(earlier, "/help", callback=False, send_time=time.time() - 600)
+    token = kf.write(caller, "/help", callback=False, send_time=time.time() - 300)  # its callback came late
+    assert kf.callback(token).status_code == 200
+    assert [item["content"] for item in kf.wait_sent(caller, 1, settle=2.0)] == [commands.HELP_TEXT]
+    assert kf.sent(earlier) == [], "history was answered on a first start"
+
+
 def test_1200_messages_between_two_callbacks_pulled_across_pages_answered_once_despite_a_crash(kf: Kf) -> None:
     first, people = customer(), [customer() for _ in range(1200)]
     kf.write(first, "/help")  # the callback before the 1,200
