@@ -143,7 +143,7 @@ class Searcher:
                     hit.dense_rank = rank
                 else:
                     hit.lexical_rank, hit.bm25 = rank, found.score
-        return sorted(hits.values(), key=lambda hit: (-hit.rrf, -hit.cosine))
+        return sorted(hits.values(), key=lambda hit: (-hit.rrf, -hit.cosine, hit.kb, hit.doc, hit.id))
 
     async def _rerank(self, question: str, hits: list[Hit]) -> list[Hit]:
         assert self._reranker is not None

@@ -8,7 +8,9 @@ A re-added document's chunks are written under a new version first, then its rec
 point write (the flip), then the old version's chunks are deleted: a search sees the old version or the new one,
 never half of each, and a crash leaves only unreachable chunks that the next add of that document deletes.
 
-The embedded store lets one process open its folder (Qdrant's local mode locks it); see `open`.
+The embedded store lets one process open its folder (Qdrant's local mode locks it); see `open`. That process
+searches an in-memory copy of the chunks and keeps the document records in memory too (local_index.py says why);
+a server is searched by Qdrant.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class KnowledgeStore:
         self.docs = f"{settings.collection}_docs"
         self._lock = threading.RLock()  # the local mode is not made for concurrent calls
         self._index: LocalIndex | None = None  # embedded only: what search reads (see local_index.py)
+        self._records: dict[tuple[str, str], DocRecord] | None = None  # embedded only: the documents, likewise
 
     @classmethod
     def open(cls, settings: StoreSettings, wait_s: float = 0.0) -> KnowledgeStore:
@@ -201,6 +204,19 @@ class KnowledgeStore:
     # --- documents
 
     def documents(self, kbs: Sequence[str] | None = None) -> list[DocRecord]:
+        if self.embedded:
+            with self._lock:
+                records = list(self._local_records().values())
+            return sorted((r for r in records if kbs is None or r.kb in kbs), key=lambda r: (r.kb, r.doc))
+        return self._scroll_documents(kbs)
+
+    def _local_records(self) -> dict[tuple[str, str], DocRecord]:
+        """Embedded: the document records in memory (this process is the only one with the folder open)."""
+        if self._records is None:
+            self._records = {(record.kb, record.doc): record for record in self._scroll_documents(None)}
+        return self._records
+
+    def _scroll_documents(self, kbs: Sequence[str] | None) -> list[DocRecord]:
         from qdrant_client import models
 
         must: list[Any] = [models.FieldCondition(key="kind", match=models.MatchValue(value="doc"))]
@@ -221,6 +237,9 @@ class KnowledgeStore:
         return sorted(records, key=lambda record: (record.kb, record.doc))
 
     def document(self, kb: str, doc: str) -> DocRecord | None:
+        if self.embedded:
+            with self._lock:
+                return self._local_records().get((kb, doc))
         with self._call() as client:
             if not client.collection_exists(self.docs):
                 return None
@@ -236,6 +255,8 @@ class KnowledgeStore:
         )
         with self._call() as client:
             client.upsert(self.docs, [point], wait=True)
+            if self._records is not None:
+                self._records[(record.kb, record.doc)] = record
 
     def unpublish(self, kb: str, doc: str) -> None:
         from qdrant_client import models
@@ -244,6 +265,8 @@ class KnowledgeStore:
             if client.collection_exists(self.docs):
                 selector = models.PointIdsList(points=[DocRecord.point_id(kb, doc)])
                 client.delete(self.docs, points_selector=selector, wait=True)
+            if self._records is not None:
+                self._records.pop((kb, doc), None)
 
     # --- chunks
 

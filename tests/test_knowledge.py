@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -152,6 +153,33 @@ async def test_codes_match_as_whole_words(sample_store: Path) -> None:
         assert hits[0].doc == "KX-300使用说明.html" and "6 个月" in hits[0].text
     finally:
         await knowledge.aclose()
+
+
+def test_the_embedded_fast_path_ranks_as_qdrant_does(sample_store: Path) -> None:
+    """Embedded search reads an in-memory copy (knowledge/local_index.py); Qdrant's own query must agree."""
+    from qdrant_client import models
+
+    from knowledge.embed import normalise
+    from knowledge.lexical import query_vector
+
+    store = KnowledgeStore.open(settings_at(sample_store).store)
+    try:
+        versions = [record.version for record in store.documents(["demo"])]
+        rng = np.random.default_rng(7)
+        for label in LABELS[:12]:
+            sparse = query_vector(label["q"])
+            ours = [(f.id, round(f.score, 4)) for f in store.lexical(sparse, versions, 10)]
+            query = models.SparseVector(indices=sparse[0], values=sparse[1])
+            theirs = [(f.id, round(f.score, 4)) for f in store._query(query, "lexical", versions, 10)]
+            assert [score for _, score in ours] == [score for _, score in theirs], label["q"]
+            last = ours[-1][1] if ours else 0
+            assert {i for i, score in ours if score > last} == {i for i, score in theirs if score > last}  # ties aside
+            vector = normalise(rng.normal(size=384).astype(np.float32))
+            assert [f.id for f in store.dense(vector, versions, 10)] == [
+                f.id for f in store._query(vector.tolist(), "dense", versions, 10)
+            ]
+    finally:
+        store.close()
 
 
 # --- versions: edit, remove, unchanged, failures
@@ -317,8 +345,9 @@ async def test_retriever_lets_go_of_the_embedded_store_when_idle(sample_store: P
         await retriever.retrieve(KnowledgeUse(bases=["demo"]), "年假有几天")
         with pytest.raises(StoreLocked, match="botgw worker"):
             KnowledgeStore.open(settings.store)  # held while it is in use
-        await asyncio.sleep(0.8)
-        KnowledgeStore.open(settings.store).close()  # released: a `botgw kb` command can open it now
+        await asyncio.sleep(0.3)
+        # released soon after: a `botgw kb` command (waiting as it does) can open it now
+        (await asyncio.to_thread(KnowledgeStore.open, settings.store, 10.0)).close()
         again = await retriever.retrieve(KnowledgeUse(bases=["demo"]), "年假有几天")  # and it opens it again
         assert again.passages[0].doc == "员工手册.docx"
     finally:
