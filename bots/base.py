@@ -211,7 +211,16 @@ CallbackKind = Literal["wecom-app", "wecom-aibot", "dingtalk-http", "wecom-kf"]
 """Which callback handler answers this bot's HTTP callbacks (None: it receives none over HTTP)."""
 
 Pacing = list[tuple[str, str]]
-"""Send allowances a reply must fit, shared by every worker: (key, window such as "30/minute")."""
+"""Send allowances a reply must fit, shared by every worker: (key, window such as "30/61 seconds")."""
+
+PACING_MARGIN_S = 1
+"""Windows are a second longer than the platform's: a send counts when it leaves and the platform counts it when
+it arrives, so with the exact window the 31st could arrive within the 1st's minute and be dropped (seen)."""
+
+
+def per_window(count: int, seconds: int) -> str:
+    """The allowance `count` per `seconds`, with the margin, as the limits library writes it."""
+    return f"{count}/{seconds + PACING_MARGIN_S} seconds"
 
 
 class ReplyChannel(Protocol):

@@ -23,6 +23,7 @@ from bots.base import (
     ReplyStyle,
     ReplyTarget,
     TokenStore,
+    per_window,
 )
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
@@ -81,7 +82,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
 
     def pacing(self, target: ReplyTarget) -> Pacing:
         """At most `per_minute` sends per conversation, shared by every worker."""
-        return [(f"{self.bot_id}:{target.chat_id or target.user_id}", f"{self.config.per_minute}/minute")]
+        return [(f"{self.bot_id}:{target.chat_id or target.user_id}", per_window(self.config.per_minute, 60))]
 
     async def send_piece(
         self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""

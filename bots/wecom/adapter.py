@@ -20,6 +20,7 @@ from bots.base import (
     ReplyStyle,
     ReplyTarget,
     TokenStore,
+    per_window,
 )
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
@@ -29,7 +30,7 @@ from bots.xml import parse_flat_xml
 
 TEXT_MAX_BYTES = 2048
 # WeCom: an app may send one member at most 30 messages a minute and 1000 an hour; the excess is dropped.
-MEMBER_PACING = ("30/minute", "1000/hour")
+MEMBER_PACING = (per_window(30, 60), per_window(1000, 3600))
 
 
 def check_timestamp(timestamp: str, now: float, window_s: int) -> None:

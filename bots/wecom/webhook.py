@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from bots.base import CallbackKind, ChannelDefaults, Pacing, ReplyStyle, ReplyTarget
+from bots.base import CallbackKind, ChannelDefaults, Pacing, ReplyStyle, ReplyTarget, per_window
 from bots.http import request_json
 from bots.wecom.config import WeComWebhookConfig
 from bots.wecom.exceptions import error_for
@@ -31,7 +31,7 @@ class WeComWebhookAdapter(ChannelDefaults):
 
     def pacing(self, target: ReplyTarget) -> Pacing:
         """WeCom drops what a robot sends beyond 20 a minute: pace every worker's sends together."""
-        return [(self.bot_id, f"{self.config.per_minute}/minute")]
+        return [(self.bot_id, per_window(self.config.per_minute, 60))]
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES
