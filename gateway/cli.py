@@ -234,15 +234,9 @@ def _sim_wecom(args: argparse.Namespace) -> int:
     callback = WeComCallbackSigner(bot).text(args.user, args.text)
     gateway = args.gateway.rstrip("/")
     with httpx.Client(timeout=10) as http:
-        try:
-            ack = http.post(f"{gateway}/callback/{bot.id}", params=callback.params, content=callback.body)
-        except httpx.HTTPError as exc:
-            print(f"botgw sim: the gateway at {gateway} is not reachable ({type(exc).__name__})", file=sys.stderr)
-            return 2
-        if ack.status_code != 200:
-            print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
-            return 1
-        print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+        failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
+        if failed is not None:
+            return failed
         pieces = _wait_for_reply(http, bot.api_base, args.user, since, args.timeout)
     if not pieces:
         print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
@@ -343,15 +337,9 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
             print(f"botgw sim: simulator answered {wrote.status_code}: {wrote.text}", file=sys.stderr)
             return 1
         callback = WeComKfCallbackSigner(bot).kf_msg_or_event(wrote.json()["token"], open_kfid)
-        try:
-            ack = http.post(f"{gateway}/callback/{bot.id}", params=callback.params, content=callback.body)
-        except httpx.HTTPError as exc:
-            print(f"botgw sim: the gateway at {gateway} is not reachable ({type(exc).__name__})", file=sys.stderr)
-            return 2
-        if ack.status_code != 200:
-            print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
-            return 1
-        print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+        failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
+        if failed is not None:
+            return failed
         deadline = time.monotonic() + args.timeout
         seen: list[dict] = []
         quiet_since = time.monotonic()
@@ -369,6 +357,20 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
     for item in seen:
         print(f"[{item['via']}] {item['content']}")
     return 0
+
+
+def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # type: ignore[no-untyped-def]
+    """POST a signed callback as the platform would; None when acknowledged, else the exit status (said why)."""
+    try:
+        ack = http.post(url, params=callback.params, content=callback.body)
+    except httpx.HTTPError as exc:
+        print(f"botgw sim: the gateway at {url} is not reachable ({type(exc).__name__})", file=sys.stderr)
+        return 2
+    if ack.status_code != 200:
+        print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
+        return 1
+    print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+    return None
 
 
 def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
