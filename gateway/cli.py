@@ -104,6 +104,10 @@ def _dingtalk_stream(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
     return _until_signal(lambda stop: run_stream_mode(settings, stop))
 
 
@@ -559,6 +563,7 @@ def _parser() -> argparse.ArgumentParser:
 
     stream = sub.add_parser("dingtalk-stream", help="hold the Stream-mode connection of every DingTalk stream bot")
     stream.add_argument("--config", required=True)
+    stream.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     stream.set_defaults(run=_dingtalk_stream)
 
     push = sub.add_parser("push", help="queue a message for a WeCom group robot (paced to 20 a minute)")
