@@ -793,7 +793,7 @@ class Faults:
 
 # --------------------------------------------------------------------------- the run
 
-LEASES_KEY = f"{NAMESPACE}:sched:leases"  # the scheduler's set of held leases (gateway/scheduler.py)
+LEASES_KEY = Keys(NAMESPACE).scheduler_leases  # the scheduler's set of held leases (gateway/scheduler.py)
 
 
 @dataclass

@@ -8,9 +8,9 @@ What: redis-server, the simulator (`botgw sim serve`, whose Stream gateway deliv
 `botgw dingtalk-stream`; no worker, no engine. After a warm-up, `--messages` robot messages, each with its own msgId,
 are POSTed to the simulator's push endpoint as fast as `--concurrency` keep-alive connections allow. The clock runs
 from the first push until the simulator counts every frame acked and the work queue counts every message enqueued
-(the scheduler's `enqueued` counter in `<namespace>:sched:stats`). Per message, push answered -> enqueued (the
+(the scheduler's `enqueued` counter in `{<namespace>}:sched:stats`). Per message, push answered -> enqueued (the
 queue entry's `t`, enqueue time in ms on the same clock) is reported too; with no worker running, every entry stays
-in its lane (`<namespace>:sched:lane:*`), where the duplicate check reads them.
+in its lane (`{<namespace>}:sched:lane:*`), where the duplicate check reads them.
 
 Caveat: the simulator is one Python process doing the push endpoint, the frame delivery loop (a 50 ms tick over
 every pending frame), the WebSocket server and a TCP relay in front of it; it may well be the bottleneck, so the CPU

@@ -394,10 +394,9 @@ def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, 
 
 
 def _push(args: argparse.Namespace) -> int:
-    from redis.asyncio import Redis
-
     from gateway.keys import Keys
     from gateway.push import enqueue_push
+    from gateway.redis_client import open_redis
     from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
@@ -405,7 +404,7 @@ def _push(args: argparse.Namespace) -> int:
         raise ConfigError(f"bot {args.bot!r} is not a wecom-webhook group robot")
 
     async def main() -> int:
-        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        redis = open_redis(settings.redis_url, **settings.redis_options())
         try:
             return await enqueue_push(
                 Scheduler(redis, Keys(settings.namespace)), args.bot, args.text, markdown=args.markdown
@@ -422,15 +421,14 @@ def _limits(args: argparse.Namespace) -> int:
     """`botgw limits show|reset ID`: a user's or group's usage against its limits, or a fresh start."""
     import json
 
-    from redis.asyncio import Redis
-
     from gateway.keys import Keys
     from gateway.limits import Budgets
+    from gateway.redis_client import open_redis
 
     settings = load_settings(args.config)
 
     async def main() -> dict:
-        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        redis = open_redis(settings.redis_url, **settings.redis_options())
         try:
             budgets = Budgets(redis, settings.redis_url, Keys(settings.namespace), settings.limits)
             if args.limits_command == "reset":
@@ -445,11 +443,10 @@ def _limits(args: argparse.Namespace) -> int:
 
 def _kf_handoff(args: argparse.Namespace) -> int:
     """`botgw kf handoff`: hand a 微信客服 customer to a human (a named agent, else the queue)."""
-    from redis.asyncio import Redis
-
     from bots.wecom_kf.models import handoff_for
     from gateway.keys import Keys
     from gateway.push import enqueue_handoff
+    from gateway.redis_client import open_redis
     from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
@@ -460,7 +457,7 @@ def _kf_handoff(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> int:
-        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        redis = open_redis(settings.redis_url, **settings.redis_options())
         try:
             scheduler = Scheduler(redis, Keys(settings.namespace))
             await scheduler.load_scripts()
@@ -491,16 +488,15 @@ def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
 
-    from redis.asyncio import Redis
-
     from gateway.dead_letters import DeadLetters, NoSuchDeadLetter
     from gateway.keys import Keys
+    from gateway.redis_client import open_redis
     from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
 
     async def main() -> object:
-        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        redis = open_redis(settings.redis_url, **settings.redis_options())
         keys = Keys(settings.namespace)
         letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
         try:
@@ -702,10 +698,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gateway.redis_client import RedisConfigError
+
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, RedisConfigError) as exc:
         print(f"botgw: configuration error: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -2,6 +2,13 @@
 
 Keys that hold a conversation or session embed the normalized keys of InboundMessage,
 so that any replica computes the same name.
+
+Redis Cluster: a script (or MULTI) may only touch keys of one hash slot. Every key that a
+script touches together with the queue (the scheduler's keys, dedup marks, signature
+bindings, dead letters, reply records, memory, streams) starts with the hash tag `{<ns>}`
+(`core`), so they share one slot; the token budgets, which one script checks for a user
+and their group together, share `{<ns>:budget}`. Every other key stands alone and spreads
+over the cluster.
 """
 
 from __future__ import annotations
@@ -16,53 +23,64 @@ class Keys:
 
     namespace: str = "botgw"
 
-    # The scheduler's keys. Its Lua scripts build the same names from the namespace (`<ns>:sched:…`).
+    @property
+    def core(self) -> str:
+        """The hash-tagged prefix of every key that the queue's, the reply record's and the streams' scripts
+        touch together (one slot in a Redis Cluster). The scheduler's Lua scripts build names from it."""
+        return "{" + self.namespace + "}"
+
+    # The scheduler's keys. Its Lua scripts build the same names from `core` (`{<ns>}:sched:…`).
 
     @property
     def scheduler_stats(self) -> str:
         """Counters: entries enqueued, handled, leases taken over."""
-        return f"{self.namespace}:sched:stats"
+        return f"{self.core}:sched:stats"
 
     @property
     def scheduler_wake(self) -> str:
         """A list workers block on (BLPOP); one item is pushed whenever a lane becomes ready."""
-        return f"{self.namespace}:sched:wake"
+        return f"{self.core}:sched:wake"
 
     @property
     def scheduler_lanes(self) -> str:
         """Every lane holding work, scored by its oldest entry's enqueue time (ms): the queue's age."""
-        return f"{self.namespace}:sched:lanes"
+        return f"{self.core}:sched:lanes"
 
     @property
     def scheduler_ready(self) -> str:
         """Lanes that can run now, scored by virtual time (round-robin across users, weighted per bot)."""
-        return f"{self.namespace}:sched:ready"
+        return f"{self.core}:sched:ready"
+
+    @property
+    def scheduler_leases(self) -> str:
+        """Lanes leased now, scored by when their lease runs out (the sweep hands on the expired ones)."""
+        return f"{self.core}:sched:leases"
 
     def lane(self, lane: str) -> str:
         """One conversation's (or session's) queued entries, oldest first (a list of JSON objects)."""
-        return f"{self.namespace}:sched:lane:{lane}"
+        return f"{self.core}:sched:lane:{lane}"
 
     def lease(self, lane: str) -> str:
         """Who works on a lane's head entry now, and at which epoch (a hash: owner, epoch, u)."""
-        return f"{self.namespace}:sched:lease:{lane}"
+        return f"{self.core}:sched:lease:{lane}"
 
     def active_lanes(self, user: str) -> str:
         """The lanes of one user being worked on now (a set), for max_concurrent_per_user."""
-        return f"{self.namespace}:sched:active:{user}"
+        return f"{self.core}:sched:active:{user}"
 
     @property
     def dead_letters(self) -> str:
         """Messages that could not be answered after every retry, kept for an operator."""
-        return f"{self.namespace}:dead"
+        return f"{self.core}:dead"
 
     def dedup(self, dedup_key: str) -> str:
         """Marks a platform delivery as seen (SET NX with TTL)."""
-        return f"{self.namespace}:dedup:{dedup_key}"
+        return f"{self.core}:dedup:{dedup_key}"
 
     def signature_binding(self, bot_id: str, signature: str) -> str:
         """The message a (timestamp, sign) pair first came with: a reuse with another one is a replay."""
         digest = hashlib.sha1(signature.encode()).hexdigest()[:24]
-        return f"{self.namespace}:sigbind:{bot_id}:{digest}"
+        return f"{self.core}:sigbind:{bot_id}:{digest}"
 
     def pull_cursor(self, bot_id: str, channel: str) -> str:
         """Where the next pull of a pulled channel (a 微信客服 account) starts; saved only after enqueueing."""
@@ -78,7 +96,7 @@ class Keys:
 
     def reply(self, dedup_key: str) -> str:
         """The answer of one message and how much of it has been delivered (a hash)."""
-        return f"{self.namespace}:reply:{dedup_key}"
+        return f"{self.core}:reply:{dedup_key}"
 
     def entry_failures(self, entry_id: str) -> str:
         """How many times handling one queue entry has failed unexpectedly."""
@@ -90,7 +108,7 @@ class Keys:
 
     def stream(self, stream_id: str) -> str:
         """A streamed answer: the text shown so far and whether it is finished (a hash)."""
-        return f"{self.namespace}:stream:{stream_id}"
+        return f"{self.core}:stream:{stream_id}"
 
     def stream_events(self, stream_id: str) -> str:
         """Pub/sub channel told of every update of one stream (the web page's SSE waits on it)."""
@@ -98,7 +116,7 @@ class Keys:
 
     def active_streams(self, bot_id: str, user: str) -> str:
         """A user's unfinished streams with one bot (a sorted set by start time)."""
-        return f"{self.namespace}:streams:{bot_id}:{user}"
+        return f"{self.core}:streams:{bot_id}:{user}"
 
     @property
     def send_pace_prefix(self) -> str:
@@ -107,7 +125,7 @@ class Keys:
 
     def memory(self, session_key: str) -> str:
         """The turns of one session (a list of JSON objects)."""
-        return f"{self.namespace}:mem:{session_key}"
+        return f"{self.core}:mem:{session_key}"
 
     def limit_notice(self, user_key: str) -> str:
         """Set while an over-limit user has been told when to come back."""
@@ -123,7 +141,12 @@ class Keys:
 
     def token_budget(self, who: str, bucket: str) -> str:
         """Tokens used by a user or group in one minute or day bucket (a counter)."""
-        return f"{self.namespace}:tok:{who}:{bucket}"
+        return f"{self.budget}:tok:{who}:{bucket}"
+
+    @property
+    def budget(self) -> str:
+        """The hash-tagged prefix of the token budgets: one script checks a user's and their group's together."""
+        return "{" + self.namespace + ":budget}"
 
     @property
     def limits_prefix(self) -> str:

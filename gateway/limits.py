@@ -18,12 +18,13 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 from limits import RateLimitItem, parse, parse_many
-from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from redis.asyncio import Redis
 
 from gateway.keys import Keys
+from gateway.redis_client import limits_uri
 
 LimitKind = Literal["messages", "tokens_per_minute", "tokens_per_day", "prompt"]
 
@@ -167,11 +168,6 @@ def describe_wait(seconds: int) -> str:
     return f"{math.ceil(seconds / 3600)} 小时"
 
 
-def _limits_uri(redis_url: str) -> str:
-    """redis://… → async+redis://… as the limits library names its async Redis storage."""
-    return redis_url if redis_url.startswith("async+") else f"async+{redis_url}"
-
-
 @dataclass(frozen=True)
 class LimitDecision:
     """Whether a hit was allowed, and if not, in how many seconds it could be."""
@@ -184,8 +180,8 @@ class MovingWindowLimiter:
     """Hits per key in moving windows shared by all replicas (a user's messages, a robot's sends)."""
 
     def __init__(self, redis_url: str, key_prefix: str, **redis_options: float) -> None:
-        self._storage = RedisStorage(
-            _limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix, **redis_options
+        self._storage = storage_from_string(
+            limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix, **redis_options
         )
         self._limiter = MovingWindowRateLimiter(self._storage)
 

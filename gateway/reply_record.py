@@ -30,11 +30,12 @@ MARK_RETRY_S = 10.0
 
 _FENCE = """
 local function fenced()
-  return KEYS[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1]
+  return ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1]
 end
 """
 
-# KEYS: lease (or ''), record. ARGV: epoch, ttl, mode ('set' | 'setnx'), field, value, ...
+# KEYS: lease (the record itself when unfenced), record.
+# ARGV: epoch ('' = unfenced), ttl, mode ('set' | 'setnx'), field, value, ...
 # Returns -1 if fenced, else the number of fields written.
 _WRITE = (
     _FENCE
@@ -54,7 +55,8 @@ return written
 """
 )
 
-# KEYS: lease (or ''), record, memory (or ''). ARGV: epoch, ttl, text, created, state, memory ttl,
+# KEYS: lease (the record when unfenced), record, then memory if the exchange is kept.
+# ARGV: epoch ('' = unfenced), ttl, text, created, state, memory ttl,
 # max memory items (0 = unbounded), then memory items. Returns {status, text}: status -1 fenced,
 # 0 another worker committed first (its text is returned), 1 committed.
 _COMMIT = (
@@ -65,7 +67,7 @@ local existing = redis.call('HGET', KEYS[2], 'text')
 if existing then return {0, existing} end
 redis.call('HSET', KEYS[2], 'text', ARGV[3], 'created', ARGV[4], 'state', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-if KEYS[3] ~= '' and #ARGV > 7 then
+if KEYS[3] and #ARGV > 7 then
   for i = 8, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
   if tonumber(ARGV[7]) > 0 then redis.call('LTRIM', KEYS[3], -tonumber(ARGV[7]), -1) end
   redis.call('EXPIRE', KEYS[3], ARGV[6])
@@ -153,7 +155,9 @@ class ReplyRecord:
     _scripts: dict = field(default_factory=dict, repr=False)
 
     def _fence_args(self) -> tuple[str, str]:
-        return (self.fence.lease_key, self.fence.epoch) if self.fence else ("", "")
+        """(lease key, epoch); unfenced, the record's own key stands in (every key given to a script must be of
+        its one cluster slot) and the empty epoch says there is no lease to check."""
+        return (self.fence.lease_key, self.fence.epoch) if self.fence else (self.key, "")
 
     async def load(self) -> ReplyState:
         return ReplyState.from_hash(await self.redis.hgetall(self.key))
@@ -202,7 +206,7 @@ class ReplyRecord:
         lease_key, epoch = self._fence_args()
         items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
         argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, *items]
-        keys = [lease_key, self.key, memory_key if exchange else ""]
+        keys = [lease_key, self.key, *([memory_key] if exchange else [])]
         status, stored = await self._scripts["commit"](keys=keys, args=argv)
         if int(status) < 0:
             raise LeaseLost(self.key)

@@ -19,6 +19,7 @@ from engine.observability import export_endpoint
 from engine.pool import EnginePool
 from gateway.config import Settings
 from gateway.keys import Keys
+from gateway.redis_client import RedisConfigError, check_redis, open_redis
 from gateway.scheduler import Scheduler
 from gateway.tokens import RedisTokenStore
 
@@ -41,7 +42,12 @@ class Runtime:
 
 @asynccontextmanager
 async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
-    redis = Redis.from_url(settings.redis_url, health_check_interval=30, **settings.redis_options())
+    redis = open_redis(settings.redis_url, health_check_interval=30, **settings.redis_options())
+    try:
+        await check_redis(redis, settings.redis_url)
+    except RedisConfigError:
+        await redis.aclose()
+        raise
     http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
     engine_http = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),

@@ -70,15 +70,15 @@ local function end_lease(ns, lane)
 end
 """
 
-# KEYS: dedup key (or any key when ARGV[2] == '0'), signature binding key (or '' for none).
-# ARGV: ns, dedup ttl, lane, entry json, weight, message id, binding ttl.
+# KEYS: dedup key (or any key of the slot when ARGV[2] == '0'), then the signature binding key if there is one.
+# ARGV: core prefix, dedup ttl, lane, entry json, weight, message id, binding ttl.
 # Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
 # 0 for a duplicate delivery, else the lane's length after the append.
 _ENQUEUE = (
     _COMMON
     + """
 local ns, lane = ARGV[1], ARGV[3]
-if KEYS[2] ~= '' then
+if KEYS[2] then
   local bound = redis.call('GET', KEYS[2])
   if bound and bound ~= ARGV[6] then return -1 end
   if not bound then redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7]) end
@@ -95,7 +95,8 @@ return n
 """
 )
 
-# ARGV: ns, owner, lease ms, max concurrent per user (0 = no cap).
+# KEYS: the ready set (so that a cluster routes the script to the queue's slot).
+# ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
 # Returns {lane, epoch, head entry} or false when nothing can run now.
 _TAKE = (
     _COMMON
@@ -128,7 +129,8 @@ return false
 """
 )
 
-# ARGV: ns, lane, epoch, entry id, outcome ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
+# KEYS: the ready set.
+# ARGV: core prefix, lane, epoch, entry id, outcome ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
 # Returns 1, or 0 when the lease is no longer held at this epoch (nothing is changed then).
 _RELEASE = (
     _COMMON
@@ -164,7 +166,8 @@ return 1
 """
 )
 
-# ARGV: ns, lease ms, then lane, epoch pairs. Returns the lanes whose lease is no longer held.
+# KEYS: the ready set. ARGV: core prefix, lease ms, then lane, epoch pairs.
+# Returns the lanes whose lease is no longer held.
 _RENEW = (
     _COMMON
     + """
@@ -183,7 +186,8 @@ return lost
 """
 )
 
-# ARGV: ns. Expired leases are ended (their lane goes to the front of the round, with a new epoch
+# KEYS: the ready set. ARGV: core prefix.
+# Expired leases are ended (their lane goes to the front of the round, with a new epoch
 # so the stalled owner is fenced) and delayed lanes that are due become ready.
 # Returns {expired lanes..., '|', ms until the next lease or delay falls due (-1 = none)}.
 _SWEEP = (
@@ -218,7 +222,8 @@ return expired
 )
 
 
-# ARGV: ns, lane, epoch, merged head entry json, then the ids of the head and of the entries after it
+# KEYS: the ready set.
+# ARGV: core prefix, lane, epoch, merged head entry json, then the ids of the head and of the entries after it
 # that it absorbs, in lane order. Returns 1, or 0 when the lease is not held at this epoch or the lane
 # no longer starts with those entries (nothing is changed then).
 _ABSORB = """
@@ -276,7 +281,8 @@ class Scheduler:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
-        self._ns = keys.namespace
+        self._ns = keys.core  # the scripts build every name from the hash-tagged prefix (one cluster slot)
+        self._routing = [keys.scheduler_ready]
         self._scripts = {
             name: redis.register_script(source)
             for name, source in {
@@ -298,7 +304,7 @@ class Scheduler:
     def _enqueue_args(
         self, lane: str, entry: str, dedup_key: str, dedup_ttl_s: int, weight: float, binding: Binding | None = None
     ) -> list:
-        keys = [dedup_key or self._keys.scheduler_stats, binding.key if binding else ""]
+        keys = [dedup_key or self._keys.scheduler_stats, *([binding.key] if binding else [])]
         argv = [self._ns, dedup_ttl_s if dedup_key else 0, lane, entry, weight]
         argv += [binding.message_id, binding.ttl_s] if binding else ["", 0]
         return [len(keys), *keys, *argv]
@@ -318,7 +324,7 @@ class Scheduler:
         The pipeline's result is -1 for a replayed signature, 0 for a duplicate delivery, else the lane's length.
         """
         args = self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight, binding)
-        pipe.evalsha(self._scripts["enqueue"].sha, *args)
+        pipe.execute_command("EVALSHA", self._scripts["enqueue"].sha, *args)  # a cluster pipeline blocks .evalsha()
 
     async def enqueue(self, lane: str, entry: str, weight: float = 1.0) -> int:
         """Append an entry to its lane (no dedup); returns the lane's length."""
@@ -329,7 +335,7 @@ class Scheduler:
 
     async def take(self, owner: str, lease_ms: int, max_per_user: int) -> Lease | None:
         """Lease the next ready lane's head (fair across users), or None when nothing can run now."""
-        result = await self._scripts["take"](args=[self._ns, owner, lease_ms, max_per_user])
+        result = await self._scripts["take"](keys=self._routing, args=[self._ns, owner, lease_ms, max_per_user])
         if not result:
             return None
         lane, epoch, head = (as_text(item) for item in result)
@@ -352,7 +358,7 @@ class Scheduler:
         head, to run again after `delay_s`. False when the lease was lost meanwhile (nothing changed)."""
         dead = json.dumps({**dead_letter, "entry": lease.entry}, ensure_ascii=False) if dead_letter else ""
         args = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome, int(delay_s * 1000), weight, dead]
-        return bool(await self._scripts["release"](args=args))
+        return bool(await self._scripts["release"](keys=self._routing, args=args))
 
     async def following(self, lease: Lease, count: int) -> list[dict]:
         """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge)."""
@@ -364,7 +370,7 @@ class Scheduler:
         script, so that a worker dying after it leaves the merged message queued, not the parts lost."""
         ids = [lease.entry_id, *(str(entry["id"]) for entry in absorbed)]
         args = [self._ns, lease.lane, lease.epoch, json.dumps(merged, ensure_ascii=False), *ids]
-        return bool(await self._scripts["absorb"](args=args))
+        return bool(await self._scripts["absorb"](keys=self._routing, args=args))
 
     async def renew(self, leases: list[Lease], lease_ms: int) -> set[str]:
         """Extend every lease still held; returns the lanes whose lease was lost."""
@@ -373,11 +379,11 @@ class Scheduler:
         args: list[str | int] = [self._ns, lease_ms]
         for lease in leases:
             args += [lease.lane, lease.epoch]
-        return {as_text(lane) for lane in await self._scripts["renew"](args=args)}
+        return {as_text(lane) for lane in await self._scripts["renew"](keys=self._routing, args=args)}
 
     async def sweep(self) -> tuple[list[str], float]:
         """Hand on expired leases and wake delayed lanes that are due; (expired lanes, seconds to next due)."""
-        result = [as_text(item) for item in await self._scripts["sweep"](args=[self._ns])]
+        result = [as_text(item) for item in await self._scripts["sweep"](keys=self._routing, args=[self._ns])]
         next_ms = int(result[-1])
         return result[:-2], (next_ms / 1000 if next_ms >= 0 else -1.0)
 

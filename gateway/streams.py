@@ -33,11 +33,11 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
 
-# KEYS: stream hash, the writer's lease ('' = unfenced), the stream's notification channel.
-# ARGV: new content, finish ('1' or '0'), now, stream id, lease epoch.
+# KEYS: stream hash, the writer's lease (the stream hash again when unfenced).
+# ARGV: new content, finish ('1' or '0'), now, stream id, lease epoch ('' = unfenced), notification channel.
 # Returns 1 if applied, 0 if refused (finished, or not extending what was shown), -1 if the lease is lost.
 _UPDATE = """
-if KEYS[2] ~= '' and redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[5] then return -1 end
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[5] then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'finish') == '1' then return 0 end
 local old = redis.call('HGET', KEYS[1], 'content') or ''
 local new = ARGV[1]
@@ -48,7 +48,7 @@ if ARGV[2] == '1' then
   local active = redis.call('HGET', KEYS[1], 'active')
   if active then redis.call('ZREM', active, ARGV[4]) end
 end
-redis.call('PUBLISH', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[6], ARGV[2])
 return 1
 """
 
@@ -93,11 +93,9 @@ class StreamStore:
         self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
     ) -> bool | None:
         """Show `content` (which must extend what is shown); True if applied, None if `fence` is no longer held."""
-        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else ("", "")
-        keys = [self._keys.stream(stream_id), lease_key, self._keys.stream_events(stream_id)]
-        result = int(
-            await self._update(
-                keys=keys, args=[content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch]
-            )
-        )
+        stream_key = self._keys.stream(stream_id)
+        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (stream_key, "")
+        channel = self._keys.stream_events(stream_id)  # a channel, not a key: in ARGV (no cluster slot)
+        args = [content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch, channel]
+        result = int(await self._update(keys=[stream_key, lease_key], args=args))
         return None if result < 0 else bool(result)

@@ -30,6 +30,7 @@ import redis
 
 from bots.simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
+from gateway.keys import Keys
 from tests.procs import (
     BOTGW,
     ROOT,
@@ -42,6 +43,7 @@ from tests.procs import (
     wait_http,
     write_config,
 )
+from tests.redis_cluster import start_redis_cluster, sync_client
 
 ARTIFACTS = Path(os.environ.get("BOTGW_TEST_ARTIFACTS") or ROOT / "test-artifacts")
 ENGINE_MODEL = "ernie-tiny"
@@ -99,6 +101,10 @@ class Stack:
     member_burst_user: str = ""
 
     @property
+    def keys(self) -> Keys:
+        return Keys(self.namespace)
+
+    @property
     def admin_url(self) -> str:
         """The gateway's admin listener (/readyz, /metrics)."""
         return self.procs["gateway"].admin_url
@@ -137,7 +143,7 @@ class Stack:
         return [item["content"].replace("\u200b", "") for item in self.delivered(user)]
 
     def dead_letters(self) -> int:
-        return int(self.redis.xlen(f"{self.namespace}:dead"))
+        return int(self.redis.xlen(self.keys.dead_letters))
 
     def sim_stats(self) -> dict:
         return httpx.get(f"{self.sim_url}/__sim__/wecom/stats", timeout=5).json()
@@ -147,16 +153,16 @@ class Stack:
 
     def entries_added(self) -> int:
         """Entries ever added to the work queue (the scheduler's counter): rises only on enqueue."""
-        return int(self.redis.hget(f"{self.namespace}:sched:stats", "enqueued") or 0)
+        return int(self.redis.hget(self.keys.scheduler_stats, "enqueued") or 0)
 
     def queue_depth(self) -> int:
         """Entries enqueued and not yet handled."""
-        stats = self.redis.hgetall(f"{self.namespace}:sched:stats")
+        stats = self.redis.hgetall(self.keys.scheduler_stats)
         return int(stats.get(b"enqueued", 0)) - int(stats.get(b"handled", 0))
 
     def leased(self) -> int:
         """Messages a worker holds a lease on right now."""
-        return int(self.redis.zcard(f"{self.namespace}:sched:leases"))
+        return int(self.redis.zcard(self.keys.scheduler_leases))
 
 
 def dingtalk_bot(bot_id: str, mode: str, sim_url: str) -> dict:
@@ -219,6 +225,18 @@ def stack_config(redis_url: str, engine_url: str, sim_url: str, namespace: str, 
 def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
     """Whether a collected test of this session uses `fixture`."""
     return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real three-master Redis Cluster on loopback (cluster mode, joined by `redis-cli --cluster create`)."""
+    try:
+        procs, url = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), log_dir)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield url
+    for proc in procs:
+        proc.stop()
 
 
 @pytest.fixture(scope="session")
@@ -394,7 +412,7 @@ class Cluster:
                 bot.update(next(b for b in stack.config["bots"] if b["id"] == bot["id"]))
         self.config = config
         self.path = write_config(stack.log_dir / f"{self.namespace}.yaml", config)
-        client = stack.redis if redis_url == stack.config["redis_url"] else redis.Redis.from_url(redis_url)
+        client = stack.redis if redis_url == stack.config["redis_url"] else sync_client(redis_url)
         self.stack = Stack(config, self.path, "", stack.sim_url, client, self.namespace, stack.log_dir)
         self.gateways: list[str] = []
         self.procs: dict[str, Proc] = {}

@@ -84,7 +84,8 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
         warmup = body.get("max_tokens") == 1
         system = next((m["content"] for m in messages if m.get("role") == "system"), "")
         record = {"user": last_user, "max_tokens": body.get("max_tokens"), "start": time.time(), "warmup": warmup,
-                  "continued": continued, "system": system}
+                  "continued": continued, "system": system,
+                  "history": [m["content"] for m in messages[:-1] if m.get("role") != "system"]}
         requests.append(record)
         answer = answer_for(last_user)
         if continued is not None:

@@ -30,6 +30,7 @@ from bots.simulator.wecom_callback import SignedCallback, WeComCallbackSigner, e
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
 from bots.wecom.crypto import WeComCrypto, decode_aes_key
 from bots.wecom.crypto import sign as wecom_sign
+from gateway.keys import Keys
 from tests.conftest import Stack
 from tests.procs import free_port, start_gateway, write_config
 
@@ -590,7 +591,7 @@ def test_a_body_cut_off_on_the_wire_changes_nothing(gw: Gateway, user: str, path
 def test_admin_reset_of_a_pattern_clears_no_one(gw: Gateway, user: str) -> None:
     """`who` is an id, not a pattern: a reset of `*` must not clear every user's token budgets."""
     victim = gw.stack.redis
-    key = f"{gw.stack.namespace}:tok:user:{user}:d20990101"
+    key = Keys(gw.stack.namespace).token_budget(f"user:{user}", "d20990101")
     victim.set(key, 123, ex=600)
     for who in ("*", "?*", "[a-z]*", user[:3] + "*"):
         url = f"{gw.stack.gateway_url}/admin/limits/{quote(who, safe='')}"

@@ -125,11 +125,11 @@ CASES = [
 def test_bad_input_refused_and_nothing_enqueued(stack: Stack, user: str, case: str) -> None:
     callback, expected_status = _bad_requests(stack, user)[case]
     before = stack.entries_added()
-    dedup_keys_before = len(stack.redis.keys(f"{stack.namespace}:dedup:*"))
+    dedup_keys_before = len(stack.redis.keys(stack.keys.dedup("*")))
     response = stack.post_callback(callback)
     assert response.status_code == expected_status, response.text
     assert stack.entries_added() == before
-    assert len(stack.redis.keys(f"{stack.namespace}:dedup:*")) == dedup_keys_before
+    assert len(stack.redis.keys(stack.keys.dedup("*"))) == dedup_keys_before
 
 
 def test_same_callback_four_times_gives_one_reply(stack: Stack, user: str) -> None:

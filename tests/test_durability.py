@@ -51,7 +51,7 @@ def enqueue_notice(stack: Stack, user: str, text: str) -> None:
 
 
 def takeovers(stack: Stack) -> int:
-    return int(stack.redis.hget(f"{stack.namespace}:sched:stats", "takeovers") or 0)
+    return int(stack.redis.hget(stack.keys.scheduler_stats, "takeovers") or 0)
 
 
 def asked(c: Cluster, text: str) -> int:
@@ -94,7 +94,7 @@ def test_worker_killed_while_generating_reply_delivered_once(cluster: Callable[.
     stack.wait_delivered(user, 1, timeout=30, settle=2.0)
     assert stack.texts(user) == [answer_for("Write a long essay")]
     assert asked(c, "Write a long essay") == 2, "nothing was committed: worker B asks the engine again"
-    record = stack.redis.hgetall(next(iter(stack.redis.scan_iter(f"{stack.namespace}:reply:wecom:*"))))
+    record = stack.redis.hgetall(next(iter(stack.redis.scan_iter(stack.keys.reply("wecom:*")))))
     assert record[b"state"] == b"done"
     assert takeovers(stack) == 1
 

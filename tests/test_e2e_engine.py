@@ -7,6 +7,7 @@ import json
 
 import httpx
 
+from gateway.keys import Keys
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.stub_engine import answer_for
 
@@ -23,7 +24,7 @@ def engine_answer(engine_url: str, messages: list[dict[str, str]], max_tokens: i
 
 
 def memory_turns(stack: Stack, user: str) -> list[dict]:
-    key = f"{stack.namespace}:mem:wecom:app:{user}:{user}"
+    key = Keys(stack.namespace).memory(f"wecom:app:{user}:{user}")
     return [json.loads(item) for item in stack.redis.lrange(key, 0, -1)]
 
 

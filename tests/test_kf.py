@@ -223,7 +223,7 @@ def test_95018_is_a_human_holding_the_session_not_an_error(kf: Kf) -> None:
     person = customer()
     kf.write(person, "/help")
     kf.wait_sent(person, 1)
-    dead_before = kf.redis.xlen(f"{kf.namespace}:dead")
+    dead_before = kf.redis.xlen(Keys(kf.namespace).dead_letters)
     state_calls_before = kf.calls("service_state_get")
     send_calls_before = kf.calls("send_msg")
     kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg", "errcode": 95018, "times": 1})
@@ -232,7 +232,7 @@ def test_95018_is_a_human_holding_the_session_not_an_error(kf: Kf) -> None:
     time.sleep(3.0)
     assert kf.calls("send_msg") - send_calls_before == 1, "a refused send was retried"
     assert len(kf.sent(person)) == 1
-    assert kf.redis.xlen(f"{kf.namespace}:dead") == dead_before
+    assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before
     assert kf.calls("service_state_get") > state_calls_before, "the state was not refreshed"
     assert '"level": "ERROR"' not in kf.worker_log()
 

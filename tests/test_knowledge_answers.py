@@ -46,7 +46,7 @@ def test_a_wecom_answer_is_grounded_and_cited_and_an_uncovered_question_gets_no_
     uncovered = c.stack.wait_delivered(user, 2)[1]["content"]
     assert uncovered == DEFAULT_NO_ANSWER
     assert not any("火星" in r["user"] for r in stub_requests(c.engine_url)), "the engine was asked anyway"
-    records = [c.stack.redis.hgetall(key) for key in c.stack.redis.scan_iter(f"{c.namespace}:reply:*")]
+    records = [c.stack.redis.hgetall(key) for key in c.stack.redis.scan_iter(c.stack.keys.reply("*"))]
     flagged = [r for r in records if r.get(b"no_answer") == b"1"]
     assert len(flagged) == 1 and json.loads(flagged[0][b"knowledge"])["no_answer"] is True
     used = [json.loads(r[b"knowledge"]) for r in records if r.get(b"knowledge") and not r.get(b"no_answer")]

@@ -73,14 +73,14 @@ def test_throttling_and_server_errors_are_retried_with_backoff(stack: Stack, use
 
 def test_untrusted_ip_is_not_retried(stack: Stack, user: str) -> None:
     stats = stack.sim_stats()
-    dead_before = stack.redis.xlen(f"{stack.namespace}:dead")
+    dead_before = stack.redis.xlen(stack.keys.dead_letters)
     stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
     enqueue_notice(stack, user, "never arrives")
-    wait_for(lambda: stack.redis.xlen(f"{stack.namespace}:dead") > dead_before, 20, "the message to be dead-lettered")
+    wait_for(lambda: stack.redis.xlen(stack.keys.dead_letters) > dead_before, 20, "the message to be dead-lettered")
     time.sleep(1.0)  # room for a retry to show
     assert stack.sim_stats()["send_calls"] - stats["send_calls"] == 1
     assert stack.delivered(user) == []
-    dead = json.loads(stack.redis.xrevrange(f"{stack.namespace}:dead", count=1)[0][1][b"entry"])
+    dead = json.loads(stack.redis.xrevrange(stack.keys.dead_letters, count=1)[0][1][b"entry"])
     assert "可信IP" in dead["reason"] and dead["entry"]["msg"]["sender_id"] == user
     log = stack.procs["worker"].tail(200)
     assert "60020" in log and stack.bot.secret.get_secret_value() not in log
@@ -90,11 +90,11 @@ def test_dead_letter_listed_replayed_once_and_purged(stack: Stack, user: str, ca
     from gateway.cli import main
 
     config = ["--config", str(stack.config_path)]
-    dead_before = stack.redis.xlen(f"{stack.namespace}:dead")
+    dead_before = stack.redis.xlen(stack.keys.dead_letters)
     stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
     enqueue_notice(stack, user, "arrives after a replay")
     deadline = time.monotonic() + 20
-    while stack.redis.xlen(f"{stack.namespace}:dead") == dead_before:
+    while stack.redis.xlen(stack.keys.dead_letters) == dead_before:
         assert time.monotonic() < deadline, "the message was not dead-lettered"
         time.sleep(0.1)
     capsys.readouterr()
@@ -113,7 +113,7 @@ def test_dead_letter_listed_replayed_once_and_purged(stack: Stack, user: str, ca
     assert all(item["user"] != user for item in json.loads(capsys.readouterr().out))
     assert main(["dlq", "purge", *config]) == 2, "purge needs ids or --all"
     assert main(["dlq", "purge", "--all", *config]) == 0
-    assert stack.redis.xlen(f"{stack.namespace}:dead") == 0
+    assert stack.redis.xlen(stack.keys.dead_letters) == 0
 
 
 def test_a_members_burst_is_paced_to_thirty_a_minute_and_none_dropped(

@@ -148,7 +148,7 @@ def test_chat_page_streams_presets_reset_and_screenshot(web: WebStack, browser: 
     states, first_text_s = send(page, text)
     assert len(states) >= 3, f"the answer should grow on the page, saw {len(states)} states"
     assert all(b.startswith(a[: len(a) - 2]) for a, b in itertools.pairwise(states))
-    record = next(iter(web.stack.redis.scan_iter(f"{web.stack.namespace}:reply:web:*")))
+    record = next(iter(web.stack.redis.scan_iter(web.stack.keys.reply("web:*"))))
     assert states[-1].strip() == web.stack.redis.hget(record, "text").decode().strip()
     assert web.proxy.chat_bodies[-1]["temperature"] == 0.1  # the default preset: code and documents
     direct_ttft = engine_ttft(live_engine, text)
@@ -161,7 +161,7 @@ def test_chat_page_streams_presets_reset_and_screenshot(web: WebStack, browser: 
     send(page, "Write a poem")
     assert web.proxy.chat_bodies[-1]["temperature"] == 0.7
 
-    memory = f"{web.stack.namespace}:mem:web:web:alice:alice"
+    memory = web.stack.keys.memory("web:web:alice:alice")
     assert web.stack.redis.llen(memory) == 4
     states, _ = send(page, "/reset")
     assert "forgotten" in states[-1]

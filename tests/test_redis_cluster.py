@@ -1,0 +1,106 @@
+"""botgw on a real Redis Cluster (three masters on loopback): the message path, dedup, memory, limits, budgets
+and streams, with gateways and workers as separate processes.
+
+The tests imported below run here a second time, with `cluster` (this module's fixture) putting their
+gateways and workers on the Redis Cluster instead of the single server: the same assertions, a different
+Redis. Every script would fail there with CROSSSLOT if its keys did not share a hash slot.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from redis.cluster import key_slot
+
+from gateway.keys import Keys
+from tests.conftest import Cluster, Stack, stub_requests
+from tests.procs import BOTGW, write_config
+from tests.stub_engine import answer_for
+from tests.test_durability import (  # noqa: F401 - collected here again, on the cluster
+    test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer,
+    test_worker_killed_while_generating_reply_delivered_once,
+)
+from tests.test_wecom_ai import test_duplicate_first_callback_one_stream_one_engine_call  # noqa: F401
+from tests.test_worker import (  # noqa: F401
+    test_budgets_hold_across_two_gateways_and_two_workers,
+    test_over_limit_ai_bot_streams_are_finished_with_the_notice,
+)
+
+
+@pytest.fixture
+def cluster(stack: Stack, redis_cluster_url: str) -> Iterator[Callable[..., Cluster]]:
+    """conftest's `cluster`, on the Redis Cluster."""
+    made: list[Cluster] = []
+
+    def make(delay_s: float = 0.5, **overrides: object) -> Cluster:
+        made.append(Cluster(stack, delay_s, redis_url=redis_cluster_url, **overrides))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def test_the_keys_each_script_touches_share_one_slot() -> None:
+    """The names, as keys.py builds them: what the scripts touch together lands in one slot."""
+    keys = Keys("botgw")
+    together = [
+        # the scheduler (enqueue, take, release, sweep, renew, absorb) with dedup and signature bindings
+        [keys.scheduler_ready, keys.scheduler_lanes, keys.scheduler_wake, keys.scheduler_stats, keys.scheduler_leases,
+         keys.lane("wecom:app:u1:u1"), keys.lease("wecom:app:u2:u2"), keys.active_lanes("u3"), keys.dead_letters,
+         keys.dedup("wecom:app:m1"), keys.signature_binding("ding", "sig")],
+        # a reply record's commit, fenced by the lease, with the conversation's memory; a stream's update
+        [keys.lease("x"), keys.reply("wecom:app:m1"), keys.memory("wecom:app:u1:u1"), keys.stream("s1"),
+         keys.active_streams("ai", "u1")],
+        # one user's and their group's token budgets, checked by one script
+        [keys.token_budget("user:u1", "d20261201"), keys.token_budget("group:g1", "m202612011200")],
+    ]  # fmt: skip
+    for names in together:
+        assert len({key_slot(name.encode()) for name in names}) == 1, names
+    spread = {key_slot(keys.token(f"app{i}").encode()) for i in range(20)}
+    assert len(spread) > 10, "keys that no script shares are not all forced into one slot"
+
+
+def test_memory_and_dedup_on_the_cluster(cluster: Callable[..., Cluster], user: str) -> None:
+    """Two questions: the second is asked with the first exchange in its history; the first's callback
+    replayed is not queued again."""
+    c = cluster(0.1)
+    c.add_gateway()
+    c.add_worker("a")
+    stack = c.stack
+    first = stack.signer().text(user, "what is the capital of France")
+    assert stack.post_callback(first).status_code == 200
+    stack.wait_delivered(user, 1, settle=0.5)
+    added = stack.entries_added()
+    assert stack.post_callback(first).status_code == 200  # WeCom's retry of the same delivery
+    assert stack.entries_added() == added, "a replayed callback is a duplicate on the cluster too"
+    assert stack.post_callback(stack.signer().text(user, "and of Spain")).status_code == 200
+    stack.wait_delivered(user, 2, settle=1.0)
+    assert stack.texts(user) == [answer_for("what is the capital of France"), answer_for("and of Spain")]
+    second = next(r for r in stub_requests(c.engine_url) if r["user"] == "and of Spain")
+    assert second["history"] == ["what is the capital of France", answer_for("what is the capital of France")]
+    assert stack.redis.llen(stack.keys.memory(f"wecom:app:{user}:{user}")) == 4
+
+
+def test_a_plain_url_at_a_cluster_node_fails_at_start(stack: Stack, redis_cluster_url: str, log_dir) -> None:  # type: ignore[no-untyped-def]
+    """`redis://node` of a cluster would answer MOVED for most keys: the worker refuses to start, saying what to
+    write instead."""
+    node = redis_cluster_url.removeprefix("redis+cluster://").split(",")[0]
+    config = write_config(log_dir / "plain-url-at-cluster.yaml", {**stack.config, "redis_url": f"redis://{node}/0"})
+    done = subprocess.run([*BOTGW, "worker", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "redis+cluster://" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_unsafe_redis_settings_are_warned_about_at_start(stack: Stack, cluster: Callable[..., Cluster]) -> None:
+    """The tests' single server runs without persistence: its gateway says so. The cluster's nodes run with AOF
+    and noeviction: their gateway does not."""
+    httpx.get(f"{stack.admin_url}/readyz", timeout=5)
+    assert "Redis persistence is off" in stack.procs["gateway"].log_path.read_text()
+    c = cluster(0.1)
+    c.add_gateway()
+    log = c.stack.procs["gateway"].log_path.read_text()
+    assert "maxmemory-policy" not in log and "persistence is off" not in log and "AOF is off" not in log
