@@ -1,4 +1,5 @@
-"""The operators' HTTP API: the same operations as the `botgw limits` commands, behind a bearer token.
+"""The operators' HTTP API: the same operations as the `botgw limits` commands, behind a bearer token (the
+knowledge bases' are in gateway/kb_routes.py).
 
 Off (404) unless `admin.token` is configured; a wrong or missing token gets 401 and changes nothing.
 """
@@ -20,7 +21,8 @@ from gateway.routes import BodyTooLarge, read_body
 router = APIRouter(prefix="/admin")
 
 
-def _refused(request: Request) -> JSONResponse | None:
+def refused(request: Request) -> JSONResponse | None:
+    """None when the request carries the admin token; otherwise the answer (404 with no token configured, 401)."""
     token = request.app.state.runtime.settings.admin.token
     if token is None:
         return JSONResponse({"error": "admin API disabled: set admin.token"}, status_code=404)
@@ -45,22 +47,22 @@ def _budgets(request: Request) -> Budgets:
 @router.get("/limits/{who}")
 async def show_limits(who: str, request: Request) -> JSONResponse:
     """A user's or group's usage against its limits (as `botgw limits show`)."""
-    return _refused(request) or JSONResponse(await _budgets(request).show(who))
+    return refused(request) or JSONResponse(await _budgets(request).show(who))
 
 
 @router.delete("/limits/{who}")
 async def reset_limits(who: str, request: Request) -> JSONResponse:
     """Clear a user's or group's windows and budgets (as `botgw limits reset`)."""
-    refused = _refused(request) or _not_an_id(who)
-    return refused or JSONResponse({"reset": who, "cleared": await _budgets(request).reset(who)})
+    refusal = refused(request) or _not_an_id(who)
+    return refusal or JSONResponse({"reset": who, "cleared": await _budgets(request).reset(who)})
 
 
 @router.post("/kf/{bot_id}/handoff")
 async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
     """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}."""
-    refused = _refused(request)
-    if refused:
-        return refused
+    refusal = refused(request)
+    if refusal:
+        return refusal
     runtime = request.app.state.runtime
     try:
         body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")

@@ -17,6 +17,7 @@ from gateway.batching import RedisBatcher
 from gateway.callbacks import callback_handlers
 from gateway.config import Settings
 from gateway.ingest import Ingest
+from gateway.kb_routes import router as kb_router
 from gateway.routes import router
 from gateway.runtime import open_runtime
 from gateway.streams import StreamStore
@@ -39,10 +40,13 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
             app.state.ingest = ingest
             app.state.streams = StreamStore(runtime.redis, runtime.keys)
             app.state.callbacks = callback_handlers(runtime.adapters, ingest, app.state.streams)
+            app.state.knowledge = None  # the admin API's knowledge store, opened on first use (gateway.kb_routes)
             try:
                 yield
             finally:
                 await batcher.aclose()
+                if app.state.knowledge is not None:
+                    await app.state.knowledge.aclose()
 
     app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Flood guard at the HTTP layer; per-user fairness is MovingWindowLimiter's job, after decryption.
@@ -59,4 +63,5 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(web_router)
     app.include_router(admin_router)
+    app.include_router(kb_router)
     return app

@@ -149,6 +149,7 @@ class KnowledgeSettings(BaseModel):
     thresholds: ThresholdSettings = Field(default_factory=ThresholdSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     max_file_mb: float = Field(default=20.0, gt=0, description="larger files are refused, not half-read")
+    max_upload_mb: float = Field(default=100.0, gt=0, description="an admin API upload's whole body at most")
 
 
 class KnowledgeUse(BaseModel):

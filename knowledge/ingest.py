@@ -13,7 +13,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,6 +44,26 @@ class Outcome:
 
 
 Progress = Callable[[int, int, Outcome], None]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file sent to the admin API: its document name (a bare file name, already checked) and its bytes."""
+
+    doc: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A file read and cut in memory, not yet embedded (`chunks` None: unchanged, nothing to do)."""
+
+    doc: str
+    fingerprint: str
+    size: int
+    title: str
+    chunks: list[Chunk] | None
+    existing: DocRecord | None
 
 
 def collect(paths: Iterable[str | Path]) -> list[tuple[Path, str]]:
@@ -97,43 +117,85 @@ class Ingestor:
         if file.suffix.lower() not in PARSERS:
             return done("skipped", reason=f"unsupported format {file.suffix or '(no extension)'}")
         try:
-            data = self._read(file)
-            fingerprint = self.fingerprint(data)
-            existing = await asyncio.to_thread(self._store.document, kb, doc)
-            if existing is not None and existing.fingerprint == fingerprint:
-                return done("unchanged", existing.chunks)
-            document = await asyncio.to_thread(parse, file.name, data)
-            chunks = chunk_document(document, self._settings.chunking.size, self._settings.chunking.overlap)
-            if not chunks:
-                raise FileRejected("no text found in the file")
-            points = await self._points(kb, doc, document.title, chunks)
+            cut = await self._cut(kb, doc, file.name, self._read(file))
         except FileRejected as exc:
             return done("failed", reason=str(exc))
         except OSError as exc:
             return done("failed", reason=f"cannot read it: {exc.strerror or exc}")
+        if cut.chunks is None:
+            return done("unchanged", cut.existing.chunks if cut.existing else 0)
+        chunks = await self._write(kb, cut, str(file.resolve()))  # a failed write raises: it is not the file's fault
+        return done("replaced" if cut.existing is not None else "added", chunks)
+
+    async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
+        """Add files held in memory (an admin upload). Every file is read and cut before anything is written: one
+        that cannot be (`FileRejected`, naming it) leaves the knowledge base as it was."""
+        names = [upload.doc for upload in uploads]
+        if len(set(names)) != len(names):
+            raise FileRejected("two uploaded files have the same name")
+        cuts: list[tuple[Upload, _Cut, float]] = []
+        for upload in uploads:
+            started = time.monotonic()
+            suffix = Path(upload.doc).suffix.lower()
+            try:
+                if suffix not in PARSERS:
+                    raise FileRejected(f"unsupported format {suffix or '(no extension)'}")
+                self._check_size(len(upload.data))
+                cuts.append((upload, await self._cut(kb, upload.doc, upload.doc, upload.data), started))
+            except FileRejected as exc:
+                raise FileRejected(f"{upload.doc}: {exc}") from None
+        outcomes = []
+        for upload, cut, started in cuts:
+            if cut.chunks is None:
+                status: Status = "unchanged"
+                chunks = cut.existing.chunks if cut.existing else 0
+            else:
+                chunks = await self._write(kb, cut, f"upload:{upload.doc}")
+                status = "replaced" if cut.existing is not None else "added"
+            outcomes.append(Outcome(upload.doc, upload.doc, status, chunks, "", time.monotonic() - started))
+        return outcomes
+
+    async def _cut(self, kb: str, doc: str, name: str, data: bytes) -> _Cut:
+        """Fingerprint, parse and chunk a file in memory; `chunks` is None when it is unchanged."""
+        fingerprint = self.fingerprint(data)
+        existing = await asyncio.to_thread(self._store.document, kb, doc)
+        if existing is not None and existing.fingerprint == fingerprint:
+            return _Cut(doc, fingerprint, len(data), "", None, existing)
+        document = await asyncio.to_thread(parse, name, data)
+        chunks = chunk_document(document, self._settings.chunking.size, self._settings.chunking.overlap)
+        if not chunks:
+            raise FileRejected("no text found in the file")
+        return _Cut(doc, fingerprint, len(data), document.title, chunks, existing)
+
+    async def _write(self, kb: str, cut: _Cut, source: str) -> int:
+        """Embed a cut file and publish it (new version, flip, old one out); the number of chunks."""
+        assert cut.chunks is not None
+        points = await self._points(kb, cut.doc, cut.title, cut.chunks)
         record = DocRecord(
             kb=kb,
-            doc=doc,
+            doc=cut.doc,
             version=points[0].version,
-            fingerprint=fingerprint,
-            title=document.title,
+            fingerprint=cut.fingerprint,
+            title=cut.title,
             chunks=len(points),
-            bytes=len(data),
-            source=str(file.resolve()),
+            bytes=cut.size,
+            source=source,
             added_at=time.time(),
         )
         await asyncio.to_thread(self._publish, record, points)
-        return done("replaced" if existing is not None else "added", len(points))
+        return len(points)
 
-    def _read(self, file: Path) -> bytes:
+    def _check_size(self, size: int) -> None:
         cap = self._settings.max_file_mb * 1024 * 1024
-        size = file.stat().st_size
         if size > cap:
             raise FileRejected(
                 f"{size / 1024 / 1024:.1f} MB is over knowledge.max_file_mb ({self._settings.max_file_mb:g} MB)"
             )
         if size == 0:
             raise FileRejected("empty file")
+
+    def _read(self, file: Path) -> bytes:
+        self._check_size(file.stat().st_size)
         return file.read_bytes()
 
     async def _points(self, kb: str, doc: str, title: str, chunks: list[Chunk]) -> list[ChunkPoint]:

@@ -11,7 +11,6 @@ and commands share the server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from knowledge import metrics
 from knowledge.config import KnowledgeSettings, KnowledgeUse
 from knowledge.prompt import grounding_prompt, sources_line, with_sources
 from knowledge.search import Hit
-from knowledge.service import Knowledge
+from knowledge.service import SharedKnowledge
 
 log = logging.getLogger("botgw.knowledge")
 RETRIEVER_LOCK_WAIT_S = 5.0  # a worker waits this long for a `botgw kb` command to let go of the folder
@@ -99,21 +98,13 @@ class Retriever:
 
     def __init__(self, settings: KnowledgeSettings, http: httpx.AsyncClient | None = None) -> None:
         self._settings = settings
-        self._http = http
-        self._knowledge: Knowledge | None = None
-        self._lock = asyncio.Lock()
-        self._in_flight = 0
-        self._release: asyncio.TimerHandle | None = None
-        self._closing: asyncio.Task | None = None
+        self._shared = SharedKnowledge(settings, http, wait_s=RETRIEVER_LOCK_WAIT_S)
 
     async def retrieve(self, use: KnowledgeUse, question: str, bot: str = "") -> Retrieval:
         """The passages of `use.bases` that answer `question`, best first, at most `use.top_k`."""
         started = time.perf_counter()
-        knowledge = await self._acquire()
-        try:
+        async with self._shared.use() as knowledge:
             hits = await knowledge.search(use.bases, question, limit=max(use.top_k * 2, 8))
-        finally:
-            self._done()
         thresholds = self._settings.thresholds
         kept = []
         for hit in hits:
@@ -139,36 +130,5 @@ class Retriever:
         log.debug("knowledge: %s for bot %s in %.3f s: %s", outcome, bot, seconds, [p.doc for p in retrieval.passages])
         return retrieval
 
-    async def _acquire(self) -> Knowledge:
-        async with self._lock:
-            if self._release is not None:
-                self._release.cancel()
-                self._release = None
-            if self._knowledge is None:
-                self._knowledge = await Knowledge.open(self._settings, self._http, wait_s=RETRIEVER_LOCK_WAIT_S)
-            self._in_flight += 1
-            return self._knowledge
-
-    def _done(self) -> None:
-        self._in_flight -= 1
-        idle = self._settings.store.idle_release_s
-        if self._in_flight == 0 and idle > 0 and self._settings.store.qdrant_url is None:
-            loop = asyncio.get_running_loop()
-            self._release = loop.call_later(idle, self._start_closing)
-
-    def _start_closing(self) -> None:
-        self._closing = asyncio.ensure_future(self._close_if_idle())
-
-    async def _close_if_idle(self) -> None:
-        async with self._lock:
-            if self._in_flight == 0 and self._knowledge is not None:
-                knowledge, self._knowledge = self._knowledge, None
-                await knowledge.aclose()
-
     async def aclose(self) -> None:
-        async with self._lock:
-            if self._release is not None:
-                self._release.cancel()
-            if self._knowledge is not None:
-                knowledge, self._knowledge = self._knowledge, None
-                await knowledge.aclose()
+        await self._shared.aclose()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 
 from knowledge.config import KnowledgeSettings
 from knowledge.embed import Embedder, make_embedder
-from knowledge.ingest import Ingestor, Outcome, Progress
+from knowledge.ingest import Ingestor, Outcome, Progress, Upload
 from knowledge.rerank import Reranker
 from knowledge.search import Hit, Mode, Searcher
 from knowledge.store import DocRecord, KnowledgeStore
@@ -46,6 +47,11 @@ class Knowledge:
     async def add(self, kb: str, paths: Iterable[str | Path], progress: Progress | None = None) -> list[Outcome]:
         return await self.ingestor.add(kb, paths, progress)
 
+    async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
+        """Add files sent over HTTP (held in memory, never written to disk): all are read and cut first, and if
+        any of them cannot be, nothing is written (`FileRejected` says which and why)."""
+        return await self.ingestor.add_uploads(kb, uploads)
+
     async def documents(self, kb: str | None = None) -> list[DocRecord]:
         return await asyncio.to_thread(self.store.documents, None if kb is None else [kb])
 
@@ -68,3 +74,62 @@ class Knowledge:
         if self.reranker is not None:
             await self.reranker.aclose()
         await asyncio.to_thread(self.store.close)
+
+
+class SharedKnowledge:
+    """One `Knowledge` for a long-running process (a worker, a gateway's admin API), opened when it is used and,
+    for the embedded store, closed again after `store.idle_release_s` unused: Qdrant's local mode lets one
+    process hold the folder, and this is how a worker, a gateway and `botgw kb` take turns with it. Opening
+    waits up to `wait_s` for whoever holds it, then raises `StoreLocked`. Safe to use concurrently."""
+
+    def __init__(self, settings: KnowledgeSettings, http: httpx.AsyncClient | None = None, wait_s: float = 5.0) -> None:
+        self._settings = settings
+        self._http = http
+        self._wait_s = wait_s
+        self._knowledge: Knowledge | None = None
+        self._lock = asyncio.Lock()
+        self._in_flight = 0
+        self._release: asyncio.TimerHandle | None = None
+        self._closing: asyncio.Task | None = None
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[Knowledge]:
+        knowledge = await self._acquire()
+        try:
+            yield knowledge
+        finally:
+            self._done()
+
+    async def _acquire(self) -> Knowledge:
+        async with self._lock:
+            if self._release is not None:
+                self._release.cancel()
+                self._release = None
+            if self._knowledge is None:
+                self._knowledge = await Knowledge.open(self._settings, self._http, wait_s=self._wait_s)
+            self._in_flight += 1
+            return self._knowledge
+
+    def _done(self) -> None:
+        self._in_flight -= 1
+        idle = self._settings.store.idle_release_s
+        if self._in_flight == 0 and idle > 0 and self._settings.store.qdrant_url is None:
+            loop = asyncio.get_running_loop()
+            self._release = loop.call_later(idle, self._start_closing)
+
+    def _start_closing(self) -> None:
+        self._closing = asyncio.ensure_future(self._close_if_idle())
+
+    async def _close_if_idle(self) -> None:
+        async with self._lock:
+            if self._in_flight == 0 and self._knowledge is not None:
+                knowledge, self._knowledge = self._knowledge, None
+                await knowledge.aclose()
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            if self._release is not None:
+                self._release.cancel()
+            if self._knowledge is not None:
+                knowledge, self._knowledge = self._knowledge, None
+                await knowledge.aclose()

@@ -1,0 +1,170 @@
+"""The knowledge bases over the admin API (gateway/kb_routes.py), against a real gateway process with the real
+embedded store and the real offline embedder: the token, add → list → search → remove, hostile names, bad
+uploads that change nothing, and a store held by another process (503 with Retry-After, never a 500)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from knowledge.config import StoreSettings
+from knowledge.store import KnowledgeStore
+from tests.conftest import stack_config
+from tests.procs import ROOT, Proc, free_port, start_gateway, write_config
+
+FIXTURES = ROOT / "tests" / "fixtures" / "kb"
+TOKEN = "admin-" + secrets.token_hex(8)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+RETURNS = "# 退货说明\n\n## 退货期限\n\n签收后十五天之内，商品完好即可申请退货，运费由蓝鲸公司承担。\n"
+PARKING = "# 园区停车\n\n## 访客车位\n\n访客车辆请停在东门外的地下二层，凭前台发放的停车券免费停放四小时。\n"
+
+
+@dataclass
+class AdminGateway:
+    url: str
+    store: Path
+    proc: Proc
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", headers=kwargs.pop("headers", AUTH), timeout=60, **kwargs)  # type: ignore[arg-type]
+
+    def upload(self, kb: str, *files: tuple[str, bytes], headers: dict | None = None) -> httpx.Response:
+        parts = [("files", (name, data, "application/octet-stream")) for name, data in files]
+        auth = AUTH if headers is None else headers
+        return httpx.post(f"{self.url}/admin/kb/{kb}/documents", files=parts, headers=auth, timeout=120)
+
+    def delete(self, path: str, headers: dict | None = None) -> httpx.Response:
+        return httpx.delete(f"{self.url}{path}", headers=AUTH if headers is None else headers, timeout=60)
+
+    def search(self, kb: str, question: str) -> list[dict]:
+        response = self.get(f"/admin/kb/{kb}/search", params={"q": question, "top": 3})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def documents(self, kb: str) -> list[str]:
+        response = self.get(f"/admin/kb/{kb}")
+        return [] if response.status_code == 404 else [d["doc"] for d in response.json()["documents"]]
+
+
+@pytest.fixture(scope="module")
+def admin(redis_url: str, log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminGateway]:
+    store = tmp_path_factory.mktemp("kb-admin") / "store"
+    namespace = "k" + secrets.token_hex(4)
+    knowledge = {"store": {"path": str(store), "idle_release_s": 0.3}, "max_file_mb": 0.05, "max_upload_mb": 0.2}
+    config = stack_config(redis_url, "http://127.0.0.1:9", "http://127.0.0.1:9", namespace,
+                          admin={"token": TOKEN}, knowledge=knowledge)  # fmt: skip
+    path = write_config(log_dir / f"{namespace}.yaml", config)
+    proc = start_gateway(path, free_port(), log_dir, name=f"gw-{namespace}")
+    yield AdminGateway(proc.admin_url, store, proc)
+    proc.stop()
+
+
+def test_the_kb_endpoints_need_the_admin_token(admin: AdminGateway) -> None:
+    kb = "tok" + secrets.token_hex(3)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        assert admin.get("/admin/kb", headers=headers).status_code == 401
+        assert admin.get(f"/admin/kb/{kb}", headers=headers).status_code == 401
+        assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货"}, headers=headers).status_code == 401
+        assert admin.upload(kb, ("退货说明.md", RETURNS.encode()), headers=headers).status_code == 401
+        assert admin.delete(f"/admin/kb/{kb}/documents/退货说明.md", headers=headers).status_code == 401
+    assert admin.documents(kb) == [], "an upload without the token was ingested"
+
+
+def test_add_list_search_remove(admin: AdminGateway) -> None:
+    kb = "support" + secrets.token_hex(3)
+    started = time.monotonic()
+    added = admin.upload(kb, ("退货说明.md", RETURNS.encode()), ("园区停车.md", PARKING.encode()))
+    assert added.status_code == 200, added.text
+    statuses = {d["doc"]: d["status"] for d in added.json()["documents"]}
+    assert statuses == {"退货说明.md": "added", "园区停车.md": "added"}
+    print(f"\nupload of 2 small files: {time.monotonic() - started:.1f} s")
+
+    bases = {b["kb"]: b for b in admin.get("/admin/kb").json()["bases"]}
+    assert bases[kb]["documents"] == 2 and bases[kb]["chunks"] >= 2
+    listed = admin.get(f"/admin/kb/{kb}").json()["documents"]
+    assert {d["doc"] for d in listed} == {"退货说明.md", "园区停车.md"}
+    assert all(d["source"].startswith("upload:") for d in listed), "an upload has no server path"
+
+    hits = admin.search(kb, "买的东西不想要了多久内可以退")
+    assert hits[0]["doc"] == "退货说明.md" and "十五天" in hits[0]["text"]
+    assert set(hits[0]) >= {"doc", "title", "section", "score", "text"} and hits[0]["section"] == "退货期限"
+    assert hits == sorted(hits, key=lambda h: h["rrf"], reverse=True)
+
+    again = admin.upload(kb, ("退货说明.md", RETURNS.encode()))
+    assert again.json()["documents"][0]["status"] == "unchanged"
+
+    removed = admin.delete(f"/admin/kb/{kb}/documents/退货说明.md")
+    assert removed.status_code == 200 and removed.json()["removed"] == "退货说明.md"
+    assert admin.documents(kb) == ["园区停车.md"]
+    assert all(h["doc"] != "退货说明.md" for h in admin.search(kb, "买的东西不想要了多久内可以退"))
+    assert admin.delete(f"/admin/kb/{kb}/documents/退货说明.md").status_code == 404
+
+
+def test_a_hostile_file_name_does_not_escape(admin: AdminGateway) -> None:
+    kb = "names" + secrets.token_hex(3)
+    marker = "x" + secrets.token_hex(4)
+    before = {p for p in admin.store.parent.rglob("*") if p.is_file()}
+    for name in (f"../../etc/{marker}.md", f"..\\..\\{marker}.md", f"/tmp/{marker}.md"):
+        response = admin.upload(kb, (name, RETURNS.encode()))
+        assert response.status_code == 200, response.text
+        assert response.json()["documents"][0]["doc"] == f"{marker}.md"
+    assert admin.documents(kb) == [f"{marker}.md"], "one document, by its bare name"
+    for place in (Path("/etc"), Path("/tmp"), ROOT, ROOT.parent, ROOT.parent.parent, admin.store.parent):
+        assert not (place / f"{marker}.md").exists(), f"an upload was written to {place}"
+    written = {p for p in admin.store.parent.rglob("*") if p.is_file()} - before
+    assert all(admin.store in p.parents for p in written), "only the store's own files changed"
+    assert admin.upload(kb, ("..", RETURNS.encode())).status_code == 400
+    assert admin.upload(kb, (".hidden.md", RETURNS.encode())).status_code == 400
+
+
+def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> None:
+    kb = "bad" + secrets.token_hex(3)
+    assert admin.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200
+    good = ("园区停车.md", PARKING.encode())
+    corrupt = b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\nthis is not a pdf at all"
+    url = f"{admin.url}/admin/kb/{kb}/documents"
+    cases = {
+        "a bad name": (admin.upload("bad name!", good), 400, "knowledge base name"),
+        "no files": (httpx.post(url, files={"other": ("a.md", b"x")}, headers=AUTH, timeout=30), 400, "no files"),
+        "not multipart": (httpx.post(url, json={"path": "/etc/passwd"}, headers=AUTH, timeout=30), 415, "multipart"),
+        "a bad type": (admin.upload(kb, good, ("setup.exe", b"MZ\x90\x00")), 415, "unsupported format .exe"),
+        "an empty file": (admin.upload(kb, good, ("空白.md", b"")), 400, "empty"),
+        "a file too big": (admin.upload(kb, good, ("大文件.txt", "很长的文字。".encode() * 4000)), 413, "max_file_mb"),
+        "a body too big": (admin.upload(kb, *[(f"{i}.txt", b"a" * 40_000) for i in range(7)]), 413, "max_upload_mb"),
+        "a corrupt PDF": (admin.upload(kb, good, ("损坏.pdf", corrupt)), 422, "损坏.pdf"),
+        "the same name twice": (admin.upload(kb, good, good), 400, "same name"),
+    }
+    for what, (response, status, says) in cases.items():
+        assert response.status_code == status, (what, response.status_code, response.text)
+        assert says in response.json()["error"], (what, response.json())
+    assert admin.documents(kb) == ["退货说明.md"], "a refused upload changed the knowledge base"
+
+    unknown = "nope" + secrets.token_hex(3)
+    assert admin.get(f"/admin/kb/{unknown}").status_code == 404
+    assert admin.get(f"/admin/kb/{unknown}/search", params={"q": "退货"}).status_code == 404
+    assert admin.delete(f"/admin/kb/{unknown}/documents/退货说明.md").status_code == 404
+    assert admin.get(f"/admin/kb/{kb}/search", params={"q": ""}).status_code == 400
+    assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": "x"}).status_code == 400
+
+
+def test_a_store_held_by_another_process_is_a_503_with_retry_after(admin: AdminGateway) -> None:
+    kb = "held" + secrets.token_hex(3)
+    assert admin.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200
+    held = KnowledgeStore.open(StoreSettings(path=str(admin.store)), wait_s=15)  # the gateway let go when idle
+    try:
+        for response in (admin.get("/admin/kb"), admin.upload(kb, ("园区停车.md", PARKING.encode())),
+                         admin.get(f"/admin/kb/{kb}/search", params={"q": "退货"}),
+                         admin.delete(f"/admin/kb/{kb}/documents/退货说明.md")):  # fmt: skip
+            assert response.status_code == 503, response.text
+            assert int(response.headers["retry-after"]) > 0
+            assert "held by another process" in response.json()["error"]
+    finally:
+        held.close()
+    assert admin.documents(kb) == ["退货说明.md"], "a refused request changed something"
+    assert b"Traceback" not in admin.proc.log_path.read_bytes()
