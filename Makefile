@@ -12,6 +12,7 @@ stop:
 
 test:
 	BOTGW_INSTALL_BROWSER=1 bash scripts/install.sh
+	bash scripts/install_ops_tools.sh
 	.venv/bin/ruff check .
 	bash scripts/pip_audit.sh
 	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15
