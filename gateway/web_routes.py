@@ -44,15 +44,33 @@ def parse_message(adapter: WebAdapter, headers: Mapping[str, str], body: bytes, 
         raise CallbackRejected("malformed_fields", 400, "a field has the wrong type or is out of range") from exc
 
 
+def answer_sources(knowledge: bytes | None) -> dict:
+    """What the page shows under an answer grounded in a knowledge base, from the reply record's `knowledge`
+    field (the worker's Retrieval.record()): the sources, each document and section once, best first, and
+    whether nothing in the documents answered (`no_answer`)."""
+    try:
+        used = json.loads(knowledge) if knowledge else {}
+        if not isinstance(used, dict):
+            raise TypeError("not an object")
+        sources = [{"doc": str(p["doc"]), "section": str(p.get("section") or "")} for p in used.get("passages") or []]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {"sources": [], "no_answer": False}
+    if used.get("direct"):
+        sources = sources[:1]  # a Q&A row answered as it is: its own source only
+    unique = list({(s["doc"], s["section"]): s for s in sources}.values())
+    return {"sources": unique, "no_answer": bool(used.get("no_answer"))}
+
+
 def _event(payload: dict) -> str:
     # ASCII-escaped: U+2028 and the other Unicode line breaks must not reach a client that splits lines at them
     return f"data: {json.dumps(payload)}\n\n"
 
 
 async def answer_events(
-    redis: Redis, streams: StreamStore, stream_id: str, timeout_s: float, experts: Callable[[], Awaitable[str]]
+    redis: Redis, streams: StreamStore, stream_id: str, timeout_s: float, details: Callable[[], Awaitable[dict]]
 ) -> AsyncIterator[str]:
-    """Deltas of the answer as it grows, then one `done` event (or an `error` event on timeout)."""
+    """Deltas of the answer as it grows, then one `done` event with `details()` (the experts, the knowledge
+    base's sources), or an `error` event on timeout."""
     sent = ""
     deadline = time.monotonic() + timeout_s
     yield _event({"status": "queued"})
@@ -64,7 +82,7 @@ async def answer_events(
                 yield _event({"delta": state.content[len(sent) :]})
                 sent = state.content
             if state and state.finished:
-                yield _event({"done": True, "text": sent, "experts": await experts()})
+                yield _event({"done": True, "text": sent, **await details()})
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -96,11 +114,11 @@ async def web_chat(bot_id: str, request: Request) -> Response:
     metrics.CALLBACKS.labels(adapter.platform, outcome).inc()
     record_key = runtime.keys.reply(message.dedup_key)
 
-    async def experts() -> str:
-        value = await runtime.redis.hget(record_key, "experts")
-        return value.decode() if value else ""
+    async def details() -> dict:
+        experts, knowledge = await runtime.redis.hmget(record_key, "experts", "knowledge")
+        return {"experts": experts.decode() if experts else "", **answer_sources(knowledge)}
 
-    events = answer_events(runtime.redis, streams, stream_id, adapter.config.answer_timeout_s, experts)
+    events = answer_events(runtime.redis, streams, stream_id, adapter.config.answer_timeout_s, details)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 

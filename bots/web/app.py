@@ -18,6 +18,7 @@ from starlette.datastructures import Headers
 
 from bots.web.config import PRESETS, WebBotConfig
 from gateway.config import load_settings
+from knowledge.prompt import CITATION_MARK
 
 STATUS_TEXT = {
     "ready": "Engine ready.",
@@ -115,6 +116,9 @@ async def read_events(response: httpx.Response, answer: cl.Message, show_experts
         elif event.get("done"):
             if not answer.content:
                 answer.content = event.get("text", "")
+            if event.get("sources"):  # grounded in a knowledge base: the sources go under the answer, once
+                answer.content = without_citation(answer.content)
+                answer.elements = [cl.Text(name="参考资料", content=sources_text(event["sources"]), display="inline")]
             if show_experts and event.get("experts"):
                 answer.content += f"\n\n`{event['experts']}`"
             await answer.send() if not answer.id else await answer.update()
@@ -122,3 +126,16 @@ async def read_events(response: httpx.Response, answer: cl.Message, show_experts
         elif "error" in event:
             await cl.ErrorMessage(content=event.get("message", "Something went wrong; please try again.")).send()
             return
+
+
+def sources_text(sources: list[dict]) -> str:
+    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer."""
+    return CITATION_MARK + "；".join(f"《{source['doc']}》{source.get('section', '')}" for source in sources)
+
+
+def without_citation(text: str) -> str:
+    """The answer without its closing 来源：… paragraph (the page shows the sources in their own place)."""
+    head, mark, tail = text.rpartition(CITATION_MARK)
+    if not mark or (head and not head.endswith("\n")) or "\n\n" in tail.strip():
+        return text
+    return head.rstrip() or text
