@@ -484,6 +484,30 @@ def _web_password(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate_keys(args: argparse.Namespace) -> int:
+    """`botgw migrate-keys`: move a namespace's keys to the hash-tagged names (gateway/key_migration.py)."""
+    import json
+
+    from gateway.key_migration import migrate_keys
+    from gateway.keys import Keys
+    from gateway.redis_client import is_cluster_url, open_redis
+
+    settings = load_settings(args.config)
+    if is_cluster_url(settings.redis_url):
+        print("botgw migrate-keys: a Redis Cluster never held the old names; nothing to move", file=sys.stderr)
+        return 0
+
+    async def main() -> dict[str, int]:
+        redis = open_redis(settings.redis_url, **settings.redis_options())
+        try:
+            return await migrate_keys(redis, Keys(settings.namespace), dry_run=args.dry_run)
+        finally:
+            await redis.aclose()
+
+    print(json.dumps({"namespace": settings.namespace, "dry_run": args.dry_run, **asyncio.run(main())}))
+    return 0
+
+
 def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
@@ -586,6 +610,13 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--config", required=True)
         cmd.add_argument("who", help="a user id or a group (conversation) id, as the platform names it")
         cmd.set_defaults(run=_limits)
+
+    migrate = sub.add_parser(
+        "migrate-keys", help="rename Redis keys of a release before hash tags (stop every botgw process first)"
+    )
+    migrate.add_argument("--config", required=True)
+    migrate.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")
+    migrate.set_defaults(run=_migrate_keys)
 
     dlq = sub.add_parser("dlq", help="messages that could not be answered: list, show, replay, purge")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from redis.asyncio import Redis
 
 from gateway.keys import Keys
-from gateway.redis_client import limits_uri
+from gateway.redis_client import limits_storage
 
 LimitKind = Literal["messages", "tokens_per_minute", "tokens_per_day", "prompt"]
 
@@ -180,8 +180,9 @@ class MovingWindowLimiter:
     """Hits per key in moving windows shared by all replicas (a user's messages, a robot's sends)."""
 
     def __init__(self, redis_url: str, key_prefix: str, **redis_options: float) -> None:
+        uri, options = limits_storage(redis_url)
         self._storage = storage_from_string(
-            limits_uri(redis_url), implementation="redispy", key_prefix=key_prefix, **redis_options
+            uri, implementation="redispy", key_prefix=key_prefix, **options, **redis_options
         )
         self._limiter = MovingWindowRateLimiter(self._storage)
 

@@ -1,9 +1,12 @@
 """One way to open Redis for every process: a single server, or a Redis Cluster.
 
 `redis_url` takes the forms redis-py and the `limits` library take: `redis://[:password@]host:port/db`
-(or `rediss://`, `unix://`) for one server, and `redis+cluster://[:password@]host:port[,host:port...]`
-(or `rediss+cluster://`) for a cluster, the seed nodes comma-separated. Whatever the form, the keys that
-one script touches share a hash slot (gateway/keys.py), so every script runs on a cluster.
+(or `rediss://`, `unix://`) for one server; `redis+cluster://[:password@]host:port[,host:port...]` (or
+`rediss+cluster://`) for a cluster, the seed nodes comma-separated; and
+`redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]` for a primary that Sentinel
+watches (the password is the primary's; `?sentinel_password=` if the sentinels ask for one too), followed
+through failovers. Whatever the form, the keys that one script touches share a hash slot (gateway/keys.py),
+so every script runs on a cluster.
 
 At start, `check_redis` refuses a plain URL that points at a cluster node (every other key would answer
 MOVED) and warns when the server can lose queued messages: an eviction policy other than `noeviction`
@@ -13,14 +16,16 @@ drops keys under memory pressure, and without AOF or snapshots a restart forgets
 from __future__ import annotations
 
 import logging
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import RedisError, ResponseError
 
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEME = "redis+sentinel"
 
 
 class RedisConfigError(ValueError):
@@ -31,44 +36,81 @@ def is_cluster_url(url: str) -> bool:
     return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
 
 
-def _cluster_client(url: str, **options: float) -> RedisCluster:
-    parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
+def _hosts_and_credentials(url: str, kind: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """The comma-separated host:port list of a cluster or sentinel URL, and its user name and password."""
+    userinfo, _, hosts = urlsplit(url).netloc.rpartition("@")
     nodes = []
     for seed in filter(None, hosts.split(",")):
         host, _, port = seed.rpartition(":")
         if not host or not port.isdigit():
-            raise RedisConfigError(f"redis_url: a cluster seed must be host:port, not {seed!r}")
-        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+            raise RedisConfigError(f"redis_url: a {kind} address must be host:port, not {seed!r}")
+        nodes.append((host.strip("[]"), int(port)))
     if not nodes:
-        raise RedisConfigError("redis_url: a redis+cluster:// URL names no host:port")
+        raise RedisConfigError(f"redis_url: the {kind} URL names no host:port")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    return nodes, unquote(username) or None, unquote(password) or None
+
+
+def _cluster_client(url: str, **options: float) -> RedisCluster:
+    parts = urlsplit(url)
+    nodes, username, password = _hosts_and_credentials(url, "cluster seed")
     if parts.path.strip("/") not in ("", "0"):
         raise RedisConfigError("redis_url: a Redis Cluster has only database 0; drop the /<db> from the URL")
-    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
     return RedisCluster(
-        startup_nodes=nodes,
-        username=unquote(username) or None,
-        password=unquote(password) or None,
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=username,
+        password=password,
         ssl=CLUSTER_SCHEMES[parts.scheme.lower()] == "rediss",
         **options,
     )
 
 
+def _sentinel_client(url: str, **options: float) -> Redis:
+    parts = urlsplit(url)
+    sentinels, username, password = _hosts_and_credentials(url, "sentinel")
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise RedisConfigError(
+            "redis_url: a Sentinel URL is redis+sentinel://host:port[,host:port...]/service_name[/db] "
+            "(service_name is the primary's name in the sentinels' `sentinel monitor` line)"
+        )
+    query = parse_qs(parts.query)
+    sentinel_kwargs = {key: value for key, value in options.items() if key.startswith("socket_")}
+    if query.get("sentinel_password"):
+        sentinel_kwargs["password"] = query["sentinel_password"][0]  # type: ignore[assignment]
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
+    db = int(path[1]) if len(path) == 2 else 0
+    return sentinel.master_for(path[0], username=username, password=password, db=db, **options)
+
+
 def open_redis(url: str, **options: float) -> Redis:
-    """A client for `url`: `RedisCluster` for a `redis+cluster://` URL (it has the same commands), else `Redis`."""
-    if is_cluster_url(url):
+    """A client for `url`: `RedisCluster` for a `redis+cluster://` URL (it has the same commands), a client that
+    follows Sentinel's primary for `redis+sentinel://`, else `Redis`."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in CLUSTER_SCHEMES:
         return _cluster_client(url, **options)  # type: ignore[return-value]
+    if scheme == SENTINEL_SCHEME:
+        return _sentinel_client(url, **options)
     return Redis.from_url(url, **options)
 
 
-def limits_uri(url: str) -> str:
-    """The `limits` library's name of the same storage: `async+redis://…`, `async+redis+cluster://…`."""
+def limits_storage(url: str) -> tuple[str, dict[str, object]]:
+    """The `limits` library's name of the same storage (`async+redis://…`, `async+redis+cluster://…`,
+    `async+redis+sentinel://…`) and the options that go with it."""
     scheme = urlsplit(url).scheme.lower()
     if scheme.startswith("async+"):
-        return url
+        return url, {}
     if scheme == "rediss+cluster":  # the limits library spells TLS as an option, not a scheme, for clusters
-        return "async+redis+cluster" + url[len(scheme) :] + ("&" if "?" in url else "?") + "ssl=true"
-    return f"async+{url}"
+        return "async+redis+cluster" + url[len(scheme) :], {"ssl": True}
+    if scheme == SENTINEL_SCHEME:  # counters are read back at once: from the primary, never a lagging replica
+        parts = urlsplit(url)
+        service, _, db = parts.path.strip("/").partition("/")  # limits reads the whole path as the service name
+        options: dict[str, object] = {"use_replicas": False, "db": int(db or 0)}
+        sentinel_password = parse_qs(parts.query).get("sentinel_password")
+        if sentinel_password:
+            options["sentinel_kwargs"] = {"password": sentinel_password[0]}
+        return f"async+{SENTINEL_SCHEME}://{parts.netloc}/{service}", options
+    return f"async+{url}", {}
 
 
 async def _server_settings(redis: Redis) -> dict[str, str]:

@@ -18,8 +18,9 @@ from bots.registry import build_adapter
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
 from gateway.config import Settings
+from gateway.key_migration import old_keys_present
 from gateway.keys import Keys
-from gateway.redis_client import RedisConfigError, check_redis, open_redis
+from gateway.redis_client import RedisConfigError, check_redis, is_cluster_url, open_redis
 from gateway.scheduler import Scheduler
 from gateway.tokens import RedisTokenStore
 
@@ -45,6 +46,12 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     redis = open_redis(settings.redis_url, health_check_interval=30, **settings.redis_options())
     try:
         await check_redis(redis, settings.redis_url)
+        if not is_cluster_url(settings.redis_url) and await old_keys_present(redis, Keys(settings.namespace)):
+            raise RedisConfigError(
+                f"Redis holds namespace {settings.namespace!r} under the names of a release before hash tags: "
+                "stop every botgw process and run `botgw migrate-keys --config FILE` once, or the queue and "
+                "the conversations would be forgotten"
+            )
     except RedisConfigError:
         await redis.aclose()
         raise

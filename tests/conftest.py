@@ -43,7 +43,7 @@ from tests.procs import (
     wait_http,
     write_config,
 )
-from tests.redis_cluster import start_redis_cluster, sync_client
+from tests.redis_cluster import SentinelSetup, start_redis_cluster, start_sentinel, sync_client
 
 ARTIFACTS = Path(os.environ.get("BOTGW_TEST_ARTIFACTS") or ROOT / "test-artifacts")
 ENGINE_MODEL = "ernie-tiny"
@@ -236,6 +236,18 @@ def redis_cluster_url(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         pytest.fail(str(exc))
     yield url
     for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSetup]:
+    """A real primary and replica watched by a real sentinel, which a test may make fail over."""
+    try:
+        setup = start_sentinel(tmp_path_factory.mktemp("redis-sentinel"), log_dir)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield setup
+    for proc in setup.procs:
         proc.stop()
 
 

@@ -1,14 +1,17 @@
-"""A real Redis Cluster on loopback for the tests: three masters in cluster mode, joined with
-`redis-cli --cluster create`, and a synchronous client for either kind of `redis_url`."""
+"""Real Redis topologies on loopback for the tests: a Redis Cluster (three masters in cluster mode, joined
+with `redis-cli --cluster create`), a primary with a replica watched by Sentinel, and a synchronous client
+for every kind of `redis_url`."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+import redis.sentinel
 
 from tests.procs import Proc, free_port
 
@@ -19,7 +22,60 @@ def sync_client(url: str) -> redis.Redis:
         seeds = url.removeprefix("redis+cluster://").split("/")[0].split(",")
         host, _, port = seeds[0].rpartition(":")
         return redis.RedisCluster(host=host, port=int(port))  # type: ignore[return-value]
+    if url.startswith("redis+sentinel://"):
+        hosts, service = url.removeprefix("redis+sentinel://").split("/")[:2]
+        sentinels = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts.split(",")]
+        return redis.sentinel.Sentinel(sentinels).master_for(service)
     return redis.Redis.from_url(url)
+
+
+@dataclass
+class SentinelSetup:
+    """A primary, its replica and one sentinel (quorum 1) that moves the primary role on a failover."""
+
+    procs: list[Proc]
+    url: str
+    sentinel_port: int
+    service: str = "botgw-primary"
+
+    def primary_port(self) -> int:
+        return int(redis.Redis(port=self.sentinel_port).sentinel_get_master_addr_by_name(self.service)[1])
+
+    def fail_over(self, timeout: float = 30) -> int:
+        """`SENTINEL FAILOVER`: the replica becomes the primary; returns its port once the old one follows it."""
+        before = self.primary_port()
+        redis.Redis(port=self.sentinel_port).execute_command("SENTINEL", "FAILOVER", self.service)
+        _wait(lambda: self.primary_port() != before, "sentinel to promote the replica", timeout)
+        after = self.primary_port()
+        _wait(lambda: redis.Redis(port=after).info("replication")["role"] == "master", "the new primary", timeout)
+        return after
+
+
+def start_sentinel(workdir: Path, log_dir: Path) -> SentinelSetup:
+    binary = shutil.which("redis-server")
+    if not binary:
+        raise RuntimeError("redis-server is not installed: run `make test`, which installs it")
+    primary, replica, sentinel = free_port(), free_port(), free_port()
+    procs = []
+    for port, extra in ((primary, []), (replica, ["--replicaof", "127.0.0.1", str(primary)])):
+        node_dir = workdir / str(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--appendonly", "yes"]
+        procs.append(Proc([*args, *extra], log_dir / f"redis-sentinel-node-{port}.log"))
+    for port in (primary, replica):
+        _wait(lambda p=port: redis.Redis(port=p).ping(), f"redis {port} to start")
+    _wait(lambda: redis.Redis(port=replica).info("replication")["master_link_status"] == "up", "the replica to sync")
+    setup = SentinelSetup(procs, "", sentinel)
+    conf = workdir / "sentinel.conf"
+    conf.write_text(
+        f"port {sentinel}\nbind 127.0.0.1\ndir {workdir}\n"
+        f"sentinel monitor {setup.service} 127.0.0.1 {primary} 1\n"
+        f"sentinel down-after-milliseconds {setup.service} 2000\nsentinel failover-timeout {setup.service} 10000\n"
+    )
+    procs.append(Proc([binary, str(conf), "--sentinel"], log_dir / "redis-sentinel.log"))
+    _wait(lambda: setup.primary_port() == primary, "sentinel to watch the primary")
+    setup.url = f"redis+sentinel://127.0.0.1:{sentinel}/{setup.service}/0"
+    return setup
 
 
 def start_redis_cluster(workdir: Path, log_dir: Path, masters: int = 3) -> tuple[list[Proc], str]:

@@ -1,5 +1,6 @@
 """botgw on a real Redis Cluster (three masters on loopback): the message path, dedup, memory, limits, budgets
-and streams, with gateways and workers as separate processes.
+and streams, with gateways and workers as separate processes; and on a Sentinel-watched primary that fails
+over in the middle of a conversation.
 
 The tests imported below run here a second time, with `cluster` (this module's fixture) putting their
 gateways and workers on the Redis Cluster instead of the single server: the same assertions, a different
@@ -9,6 +10,7 @@ Redis. Every script would fail there with CROSSSLOT if its keys did not share a 
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -18,6 +20,7 @@ from redis.cluster import key_slot
 from gateway.keys import Keys
 from tests.conftest import Cluster, Stack, stub_requests
 from tests.procs import BOTGW, write_config
+from tests.redis_cluster import SentinelSetup
 from tests.stub_engine import answer_for
 from tests.test_durability import (  # noqa: F401 - collected here again, on the cluster
     test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer,
@@ -104,3 +107,29 @@ def test_unsafe_redis_settings_are_warned_about_at_start(stack: Stack, cluster: 
     c.add_gateway()
     log = c.stack.procs["gateway"].log_path.read_text()
     assert "maxmemory-policy" not in log and "persistence is off" not in log and "AOF is off" not in log
+
+
+def test_a_sentinel_failover_mid_conversation_loses_nothing(
+    stack: Stack, redis_sentinel: SentinelSetup, user: str
+) -> None:
+    """A question, a failover (the replica becomes the primary), a second question: both answered once, and
+    the second asked with the first exchange, which the new primary had from replication."""
+    c = Cluster(stack, 0.1, redis_url=redis_sentinel.url)
+    try:
+        c.add_gateway()
+        c.add_worker("a")
+        stack_ = c.stack
+        assert stack_.post_callback(stack_.signer().text(user, "before the failover")).status_code == 200
+        stack_.wait_delivered(user, 1, settle=0.5)
+        time.sleep(0.5)  # replication is asynchronous: what the primary took in its last moment can be lost
+        redis_sentinel.fail_over()
+        deadline = time.monotonic() + 30
+        while (response := stack_.post_callback(stack_.signer().text(user, "after the failover"))).status_code != 200:
+            assert time.monotonic() < deadline, f"the gateway did not follow the new primary: {response.status_code}"
+            time.sleep(0.5)
+        stack_.wait_delivered(user, 2, timeout=60, settle=1.5)
+        assert stack_.texts(user) == [answer_for("before the failover"), answer_for("after the failover")]
+        second = next(r for r in stub_requests(c.engine_url) if r["user"] == "after the failover")
+        assert second["history"] == ["before the failover", answer_for("before the failover")]
+    finally:
+        c.close()
