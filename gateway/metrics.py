@@ -20,6 +20,10 @@ LIMIT_HITS = Counter(
 )
 QUEUE_DEPTH = Gauge("botgw_queue_depth", "Entries waiting or in progress in the work queue")
 QUEUE_AGE = Gauge("botgw_queue_oldest_age_seconds", "Age of the oldest entry in the work queue")
+DEAD_LETTERS = Gauge("botgw_dead_letters", "Messages in the dead-letter stream, waiting for an operator")
+STREAM_CONNECTED = Gauge(
+    "botgw_dingtalk_stream_connected", "1 while a DingTalk bot's Stream connection is open, else 0", ["bot_id"]
+)
 
 ENGINE_LATENCY = Histogram(
     "botgw_engine_latency_seconds",

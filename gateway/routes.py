@@ -115,6 +115,7 @@ async def prometheus_metrics(request: Request) -> Response:
         depth, age = await runtime.scheduler.stats()
         metrics.QUEUE_DEPTH.set(depth)
         metrics.QUEUE_AGE.set(age)
+        metrics.DEAD_LETTERS.set(await runtime.redis.xlen(runtime.keys.dead_letters))
     except Exception:
         log.warning("queue stats unavailable")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -40,6 +40,10 @@ async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
             log.info("dingtalk stream message", extra={"outcome": outcome, "bot_id": message.bot_id})
 
         connections = [DingTalkStreamConnection(bot, runtime.http, sink) for bot in bots]
+        for connection in connections:  # read at every scrape: an alert can tell a lost link from a dead process
+            metrics.STREAM_CONNECTED.labels(connection.config.id).set_function(
+                lambda connection=connection: 1.0 if connection.connected else 0.0
+            )
         try:
             await asyncio.gather(*(connection.run(stop) for connection in connections))
         finally:

@@ -19,7 +19,17 @@ from bots.simulator.dingtalk_user import DingTalkUser, robot_payload
 from gateway import commands
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
-from tests.procs import BOTGW, Listener, Proc, free_port, start_gateway, start_worker, wait_for, write_config
+from tests.procs import (
+    BOTGW,
+    Listener,
+    Proc,
+    free_port,
+    metric,
+    start_gateway,
+    start_worker,
+    wait_for,
+    write_config,
+)
 
 
 def bot(stack: Stack, bot_id: str) -> DingTalkBotConfig:
@@ -183,6 +193,33 @@ def test_stream_drop_and_silence_lose_only_what_the_dead_connection_swallowed(
     assert stream_stats(stack)["unacked"] - unacked_before == swallowed
     assert stream_stats(stack)["pending"] == 0
     assert "dingtalk stream lost; reconnecting" in stream_process.tail(200)
+
+
+def test_the_stream_connection_gauge_shows_a_lost_link(stack: Stack, stream_process: Proc) -> None:
+    """`botgw_dingtalk_stream_connected` is 1 while the socket is open, 0 from the moment it drops until the
+    reconnect (the Stream-down alert reads it: a running process with no link is down too)."""
+    port = free_port()
+    args = [*BOTGW, "dingtalk-stream", "--config", str(stack.config_path), "--metrics-port", str(port)]
+    proc = Proc(args, stack.log_dir / "dingtalk-stream-metrics.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _gauge(url) == 1.0, 30, f"the gauge to show the connection:\n{proc.tail()}")
+        httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/drop", timeout=5)
+        seen = set()
+        deadline = time.monotonic() + 30
+        while not {0.0, 1.0} <= seen or _gauge(url) != 1.0:
+            assert time.monotonic() < deadline, f"gauge values seen: {seen}"
+            seen.add(_gauge(url))
+            time.sleep(0.05)
+    finally:
+        proc.stop()
+
+
+def _gauge(url: str) -> float | None:
+    try:
+        return metric(url, "botgw_dingtalk_stream_connected", bot_id="ding-stream")
+    except httpx.HTTPError:
+        return None
 
 
 def push_to_all(stack: Stack, user: str, text: str) -> dict:

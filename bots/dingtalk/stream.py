@@ -78,6 +78,7 @@ class DingTalkStreamConnection:
         self._http = http
         self._sink = sink
         self.connections = 0
+        self.connected = False  # a socket is open and its pings are answered (exported by the Stream process)
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 1.0
@@ -93,9 +94,13 @@ class DingTalkStreamConnection:
                     close_timeout=2,
                 ) as socket:
                     self.connections += 1
+                    self.connected = True
                     backoff = 1.0
                     log.info("dingtalk stream connected", extra={"bot_id": self.config.id})
-                    await self._serve(socket, stop)
+                    try:
+                        await self._serve(socket, stop)
+                    finally:
+                        self.connected = False
             except (OSError, TimeoutError, httpx.HTTPError, websockets.WebSocketException, StreamOpenError) as exc:
                 log.warning(
                     "dingtalk stream lost; reconnecting",
