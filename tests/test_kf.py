@@ -290,3 +290,60 @@ def test_1200_messages_between_two_callbacks_pulled_across_pages_answered_once_d
     for item in kf.sent(""):
         per_person[item["touser"]] = per_person.get(item["touser"], 0) + 1
     assert all(per_person.get(person) == 1 for person in people), "a customer got no answer or two"
+
+
+class _DictTokens:
+    """A TokenStore in a dict (the client's own logic is under test, not Redis)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    async def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    async def put(self, name: str, token: str, ttl_s: float) -> None:
+        self.values[name] = token
+
+    async def invalidate(self, name: str, token: str) -> None:
+        if self.values.get(name) == token:
+            del self.values[name]
+
+    def refresh_lock(self, name: str):  # type: ignore[no-untyped-def]
+        return _NoLock()
+
+
+class _NoLock:
+    async def __aenter__(self) -> object:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_token_refused_even_when_fresh_is_retried_not_dead_lettered() -> None:
+    """WeCom refusing a just-fetched token (42001 twice) is a RetryableSendError, as for app sends: the message
+    is tried again later instead of going to the dead letters."""
+    from bots.base import RetryableSendError
+    from bots.wecom_kf.client import KfApiClient
+
+    fetched = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/gettoken"):
+            fetched.append(1)
+            return httpx.Response(200, json={"errcode": 0, "access_token": f"t{len(fetched)}", "expires_in": 7200})
+        return httpx.Response(200, json={"errcode": 42001, "errmsg": "access_token expired"})
+
+    config = WeComKfConfig(
+        id="kefu", corp_id="wwkf1", secret="s" * 24, token="t" * 8, encoding_aes_key=random_aes_key(),
+        open_kfids=["wkA"], api_base="https://qyapi.weixin.qq.com",
+    )  # fmt: skip
+
+    async def send() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            await KfApiClient(config, http, _DictTokens()).send_text("wkA", "wmC", "hello", "m1")  # type: ignore[arg-type]
+
+    with pytest.raises(RetryableSendError) as raised:
+        asyncio.run(send())
+    # the first token, one refetch, and the refused refetch replaced so that the retry starts with a new one
+    assert raised.value.code == "token" and len(fetched) == 3

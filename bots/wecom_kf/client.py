@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bots.base import RetryableSendError
 from bots.wecom.client import WeComApiClient
 from bots.wecom.exceptions import TOKEN_INVALID_CODES
 from bots.wecom_kf.exceptions import error_for
@@ -30,7 +31,9 @@ class KfApiClient(WeComApiClient):
                 token = await self.access_token(stale=token)
                 continue
             raise error_for(errcode, str(data.get("errmsg", "")))
-        raise error_for(42001, "WeCom kept rejecting fresh access tokens")
+        # As for app sends: retried with backoff, not dead-lettered (a token WeCom refuses twice is WeCom's
+        # hiccup or a secret being rotated, and the message is still worth answering).
+        raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token")
 
     async def sync_msg(self, open_kfid: str, cursor: str, token: str) -> dict[str, Any]:
         payload = {"cursor": cursor, "token": token, "limit": SYNC_LIMIT, "voice_format": 0, "open_kfid": open_kfid}
