@@ -39,6 +39,7 @@ class EngineProfile:
     device: Literal["cpu", "gpu"]
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    chat: bool = True  # a chat model (ERNIE's chat template); False: an embedding engine, /v1/embeddings only
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
@@ -48,7 +49,7 @@ class EngineProfile:
 
     def __hash__(self) -> int:
         return hash((self.name, self.model, self.served_model_name, self.device, self.args,
-                     tuple(sorted(self.env.items()))))
+                     tuple(sorted(self.env.items())), self.chat))
 
 
 def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int = 2) -> EngineProfile:
@@ -127,6 +128,19 @@ _ERNIE_03B_CPU = EngineProfile(
     env={"VLLM_CPU_KVCACHE_SPACE": "4"},
 )
 
+EMBED_BGE_M3 = EngineProfile(
+    name="embed-bge-m3",
+    description=("BAAI/bge-m3 (multilingual, Chinese-capable, 1024-dimensional dense vectors) on vLLM's pooling "
+                 "runner: OpenAI /v1/embeddings for knowledge.embedding.base_url"),
+    model="BAAI/bge-m3",
+    served_model_name="BAAI/bge-m3",  # the name knowledge.embedding.model asks for by default
+    device="cpu",
+    args=("--runner", "pooling", "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32",
+          "--enforce-eager"),
+    env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    chat=False,
+)
+
 PROFILES: dict[str, EngineProfile] = {
     "tiny": EngineProfile(
         name="tiny",
@@ -150,6 +164,7 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "ernie-21b-a3b": ernie_21b_a3b_profile(),
     "ernie-21b-a3b-multinode": ernie_21b_a3b_multinode_profile(),
+    "embed-bge-m3": EMBED_BGE_M3,
 }
 
 
@@ -243,13 +258,13 @@ def build_command(
         model = default_tiny_model_dir()
     else:
         model = profile.model
+    chat = ["--chat-template", str(CHAT_TEMPLATE), "--generation-config", "vllm"] if profile.chat else []
     base = [
         "--model", model,
         "--served-model-name", profile.served_model_name,
         "--host", host,
         "--port", str(int(port)),
-        "--chat-template", str(CHAT_TEMPLATE),
-        "--generation-config", "vllm",
+        *chat,
         *profile.args,
     ]
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", *merge_args(base, overrides)]

@@ -664,7 +664,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument(
             "--profile",
             default="tiny",
-            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, auto",
+            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, embed-bge-m3, auto",
         )
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=8000)

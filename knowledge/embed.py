@@ -86,7 +86,8 @@ class OfflineEmbedder:
 
 
 class ServedEmbedder:
-    """An OpenAI-compatible `/v1/embeddings` (vLLM with `--runner pooling`, e.g. BAAI/bge-m3)."""
+    """An OpenAI-compatible `/v1/embeddings` (vLLM with `--runner pooling`, e.g. BAAI/bge-m3: `botgw engine serve
+    --profile embed-bge-m3`). `base_url` is the server's root, with or without `/v1`."""
 
     def __init__(self, settings: EmbeddingSettings, http: httpx.AsyncClient | None = None) -> None:
         assert settings.base_url
@@ -126,7 +127,14 @@ class ServedEmbedder:
                 raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered no embeddings") from None
         if len(out) != len(texts):
             raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered {len(out)} of {len(texts)}")
-        return normalise(np.asarray(out, dtype=np.float32))
+        sizes = {len(vector) if isinstance(vector, list) else -1 for vector in out}
+        if len(sizes) > 1 or min(sizes, default=1) < 1:
+            raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered vectors of sizes {sorted(sizes)}")
+        try:
+            return normalise(np.asarray(out, dtype=np.float32))
+        except (ValueError, TypeError):
+            message = f"the embedding engine at {self._url} answered vectors that are not numbers"
+            raise EmbeddingUnavailable(message) from None
 
     async def passages(self, texts: list[str]) -> np.ndarray:
         return await self._embed([self._passage_prefix + text for text in texts])

@@ -105,6 +105,8 @@ class Searcher:
         if not versions or not question.strip():
             return []
         vector = await self._embedder.query(question)
+        # a served model swapped for one of another size under the same name: a clear error, not garbage scores
+        await asyncio.to_thread(self._store.check_model, self._embedder.identity, int(vector.shape[0]))
         wanted = max(limit, self._settings.candidates)
         dense: list[Found] = []
         lexical: list[Found] = []

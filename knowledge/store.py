@@ -107,6 +107,7 @@ class KnowledgeStore:
         self._lock = threading.RLock()  # the local mode is not made for concurrent calls
         self._index: LocalIndex | None = None  # embedded only: what search reads (see local_index.py)
         self._records: dict[tuple[str, str], DocRecord] | None = None  # embedded only: the documents, likewise
+        self._meta: dict[str, Any] | None = None  # embedded only: the model and dimension, once read
 
     @classmethod
     def open(cls, settings: StoreSettings, wait_s: float = 0.0) -> KnowledgeStore:
@@ -150,11 +151,16 @@ class KnowledgeStore:
     # --- the model the store was built with
 
     def meta(self) -> dict[str, Any] | None:
+        if self._meta is not None:  # embedded: this process is the only one that can change it
+            return self._meta
         with self._call() as client:
             if not client.collection_exists(self.docs):
                 return None
             found = client.retrieve(self.docs, [META_ID], with_payload=True)
-        return dict(found[0].payload or {}) if found else None
+        meta = dict(found[0].payload or {}) if found else None
+        if self.embedded:
+            self._meta = meta
+        return meta
 
     def check_model(self, identity: str, dim: int | None = None) -> None:
         """Refuse to mix vectors of two models: their scores would be garbage, not errors."""
@@ -200,6 +206,7 @@ class KnowledgeStore:
             if not client.retrieve(self.docs, [META_ID]):
                 payload = {"kind": "meta", "embedding_model": identity, "dim": dim, "lexical": LEXICAL_SCHEME}
                 client.upsert(self.docs, [models.PointStruct(id=META_ID, vector={}, payload=payload)])
+                self._meta = None  # read again
 
     # --- documents
 

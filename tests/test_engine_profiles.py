@@ -49,7 +49,8 @@ def all_profile_commands() -> dict[str, list[str]]:
 
 def test_every_profile_is_accepted_by_vllms_parser() -> None:
     commands = all_profile_commands()
-    assert {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode"} <= set(commands)
+    wanted = {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode", "embed-bge-m3"}
+    assert wanted <= set(commands)
     bogus = [*commands["tiny"], "--enable-warp-drive"]
     errors = run_in_engine_venv("engine.argcheck", [*commands.values(), bogus])
     assert dict(zip(commands, errors, strict=False)) == dict.fromkeys(commands, "")
@@ -124,3 +125,17 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.95
 """
     load = parse_vllm_metrics(text)
     assert (load.running, load.waiting, load.kv_cache_usage) == (5.0, 4.0, 0.95)
+
+
+def test_the_embedding_profile_runs_vllms_pooling_runner_for_bge_m3() -> None:
+    """`botgw engine serve --profile embed-bge-m3`: BAAI/bge-m3 under the name knowledge.embedding asks for, on the
+    pooling runner (/v1/embeddings), without the chat model's template."""
+    from knowledge.config import EmbeddingSettings
+
+    argv = all_profile_commands()["embed-bge-m3"]
+    assert argv[argv.index("--model") + 1] == "BAAI/bge-m3"
+    assert argv[argv.index("--runner") + 1] == "pooling"
+    served = argv[argv.index("--served-model-name") + 1]
+    assert served == EmbeddingSettings(base_url="http://127.0.0.1:8001").model_name
+    assert "--chat-template" not in argv and "--generation-config" not in argv
+    # vLLM's own parser accepts it (runner is one of its choices): test_every_profile_is_accepted_by_vllms_parser
