@@ -6,8 +6,9 @@ It looks at the command the container runs (PID 1's, or the one given) and check
   web              GET / on the page's port (--port, default 8100)
   worker           GET /metrics on worker.metrics_port (BOTGW_WORKER__METRICS_PORT, else 9101): the worker's
                    process answers; with no metrics port configured, that it is alive
-  dingtalk-stream  an established TCP connection to port 443 (DingTalk's Stream gateway); the Stream process has
-                   no HTTP listener of its own
+  dingtalk-stream  GET /metrics on --metrics-port when the command has one (the process answers; whether each
+                   bot's WebSocket is open is botgw_dingtalk_stream_connected, which the alert watches); without
+                   it, an established TCP connection to port 443 (DingTalk's Stream gateway)
   anything else    healthy (a one-off command such as `kb add`)
 Exit 0 when healthy, 1 when not (Docker's HEALTHCHECK convention).
 """
@@ -71,7 +72,8 @@ def main() -> int:
         port = os.environ.get("BOTGW_WORKER__METRICS_PORT", "9101")
         ok = _get(f"http://127.0.0.1:{port}/metrics")
     elif command == "dingtalk-stream":
-        ok = _stream_connected()
+        port = _option(argv, "--metrics-port", "")
+        ok = _get(f"http://127.0.0.1:{port}/metrics") if port else _stream_connected()
     else:
         ok = True
     return 0 if ok else 1

@@ -183,6 +183,8 @@ def test_compose_botgw_commands_parse_and_config_loads(
         assert settings.worker.metrics_port == 9101  # deploy/healthcheck.py's default and Prometheus's target
         if name == "web":
             assert _parser().parse_args(service["command"]).port == 8100
+        if name == "dingtalk-stream":  # deploy/prometheus/prometheus.yml scrapes it there
+            assert _parser().parse_args(service["command"]).metrics_port == 9102
 
 
 def test_env_example_names_every_variable_with_a_comment() -> None:
@@ -319,6 +321,7 @@ def test_healthcheck_script() -> None:
     try:
         assert run([*script, "serve", "--config", "x", "--port", port]).returncode == 0
         assert run([*script, "web", "--port", port]).returncode == 0
+        assert run([*script, "dingtalk-stream", "--config", "x", "--metrics-port", port]).returncode == 0
         env_ok = subprocess.run([*script, "worker"], env={**os.environ, "BOTGW_WORKER__METRICS_PORT": port},
                                 capture_output=True, timeout=20)
         assert env_ok.returncode == 0
@@ -326,6 +329,7 @@ def test_healthcheck_script() -> None:
         server.shutdown()
         server.server_close()
     assert run([*script, "serve", "--port", port]).returncode == 1  # nothing listens any more
+    assert run([*script, "dingtalk-stream", "--metrics-port", port]).returncode == 1
     assert run([*script, "kb", "list"]).returncode == 0
 
 
