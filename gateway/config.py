@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
@@ -72,6 +72,10 @@ class WorkerSettings(BaseModel):
 BotConfig = Annotated[Union[tuple(p.config for p in PLATFORMS.values())], Field(discriminator="platform")]  # noqa: UP007
 
 
+# What gateway/redis_client.py opens: one server, a Redis Cluster, a Sentinel-watched primary.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel")
+
+
 class Settings(BaseSettings):
     """Everything a gateway or worker process needs."""
 
@@ -105,6 +109,16 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment first, so that BOTGW_* overrides what the YAML file (passed as init) says.
         return env_settings, init_settings
+
+    @field_validator("redis_url")
+    @classmethod
+    def _known_redis_url(cls, value: str) -> str:
+        scheme = value.partition("://")[0].lower()
+        if scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", not {scheme!r}"
+            )
+        return value
 
     def redis_options(self) -> dict[str, float]:
         """Timeouts for every Redis client: a blackholed Redis fails a call instead of hanging it (WeCom waits

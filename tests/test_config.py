@@ -117,3 +117,40 @@ def test_web_password_command_prints_a_hash(
     assert main(["web-password"]) == 0
     printed = capsys.readouterr().out.strip()
     assert WebUser(name="x", password_hash=printed).check("s3cret pass")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:6379", "redis_url must start with one of"),
+        ("redis+cluster://nohostport", "must be host:port"),
+        ("redis+cluster://:s3cret-pw@", "names no host:port"),
+        ("redis+cluster://a:7000/3", "only database 0"),
+        ("redis+sentinel://a:26379", "service_name"),
+        ("redis+sentinel://a:26379/primary/x", "service_name"),
+    ],
+)
+def test_a_redis_url_that_cannot_work_fails_at_start_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, says: str
+) -> None:
+    """Before any connection: the command exits 2 with one line saying what is wrong, and no password."""
+    assert main(["worker", "--config", str(write(tmp_path, f"redis_url: '{url}'\n"))]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "s3cret-pw" not in err and "Traceback" not in err, err
+
+
+def test_the_redis_url_forms_open_the_right_client() -> None:
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+    from gateway.redis_client import limits_storage, open_redis
+
+    assert isinstance(open_redis("redis+cluster://a:7000,b:7001"), RedisCluster)
+    sentinel = open_redis("redis+sentinel://:pw@a:26379,b:26379/primary/2")
+    assert isinstance(sentinel, Redis) and sentinel.connection_pool.service_name == "primary"
+    assert sentinel.connection_pool.connection_kwargs["db"] == 2
+    assert type(open_redis("redis://a:6379/1")) is Redis
+    assert limits_storage("redis+sentinel://a:26379/primary/2") == (
+        "async+redis+sentinel://a:26379/primary", {"use_replicas": False, "db": 2}
+    )
+    assert limits_storage("redis://a:6379/0") == ("async+redis://a:6379/0", {})
