@@ -207,7 +207,7 @@ async def search(kb: str, request: Request, q: str = "", top: str = "5", mode: s
         return refusal
     if not q.strip() or len(q) > MAX_QUESTION_CHARS:
         return _error(400, f"ask a question in q (1 to {MAX_QUESTION_CHARS} characters)")
-    if not top.isdigit() or not 1 <= int(top) <= 50:
+    if not (top.isascii() and top.isdigit()) or not 1 <= int(top) <= 50:  # "²".isdigit(), but int("²") fails
         return _error(400, "top is 1 to 50")
     if mode not in ("hybrid", "dense", "lexical"):
         return _error(400, "mode is hybrid, dense or lexical")

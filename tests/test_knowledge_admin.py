@@ -151,6 +151,8 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> 
     assert admin.delete(f"/admin/kb/{unknown}/documents/退货说明.md").status_code == 404
     assert admin.get(f"/admin/kb/{kb}/search", params={"q": ""}).status_code == 400
     assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": "x"}).status_code == 400
+    for top in ("²", "٣", "1e1", "-1", "0", "51"):  # "²".isdigit() is true, int("²") is not a number
+        assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": top}).status_code == 400, top
 
 
 def test_a_store_held_by_another_process_is_a_503_with_retry_after(admin: AdminGateway) -> None:
