@@ -12,7 +12,7 @@ DEFAULT_STORE_PATH = "~/.cache/botgw/knowledge"
 OFFLINE_MODEL = "intfloat/multilingual-e5-small"
 DEFAULT_SERVED_MODEL = "BAAI/bge-m3"
 DEFAULT_RERANK_MODEL = "BAAI/bge-reranker-v2-m3"
-KB_NAME_PATTERN = r"^[\w.-]{1,64}$"
+KB_NAME_PATTERN = r"^[\w.-]{1,64}\Z"  # \Z, not $: with re.match, "$" also matches before a final "\n"
 DEFAULT_NO_ANSWER = (
     "抱歉，我在现有资料中没有找到与您的问题相关的内容，暂时无法回答。您可以换个说法再问，或联系人工客服。"
 )

@@ -382,6 +382,8 @@ def test_bot_configs_take_knowledge(tmp_path: Path) -> None:
     assert KnowledgeSettings().store.folder() == Path("~/.cache/botgw/knowledge").expanduser().resolve()
     with pytest.raises(ValueError, match="knowledge base name"):
         KnowledgeUse(bases=["no spaces"])
+    with pytest.raises(ValueError, match="knowledge base name"):
+        KnowledgeUse(bases=["support\n"])  # "$" would match before the newline
 
 
 # --- the commands, as an operator runs them

@@ -131,6 +131,7 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> 
     url = f"{admin.url}/admin/kb/{kb}/documents"
     cases = {
         "a bad name": (admin.upload("bad name!", good), 400, "knowledge base name"),
+        "a name ending in a newline": (admin.upload("support%0A", good), 400, "knowledge base name"),
         "no files": (httpx.post(url, files={"other": ("a.md", b"x")}, headers=AUTH, timeout=30), 400, "no files"),
         "not multipart": (httpx.post(url, json={"path": "/etc/passwd"}, headers=AUTH, timeout=30), 415, "multipart"),
         "a bad type": (admin.upload(kb, good, ("setup.exe", b"MZ\x90\x00")), 415, "unsupported format .exe"),
