@@ -51,7 +51,10 @@ def parse(name: str, data: bytes) -> ParsedDocument:
         raise FileRejected(f"unsupported format {suffix or '(no extension)'} (supported: {', '.join(sorted(PARSERS))})")
     if not data.strip():
         raise FileRejected("empty file")
-    document = parser(PurePath(name).stem, data)
+    try:
+        document = parser(PurePath(name).stem, data)
+    except RecursionError:  # e.g. HTML nested thousands of tags deep: the walk over it recurses per level
+        raise FileRejected("nested too deeply to read") from None
     if not any(block.text.strip() for block in document.blocks):
         raise FileRejected("no text found in the file")
     return document

@@ -19,7 +19,7 @@ import yaml
 from gateway.config import load_settings
 from knowledge.chunking import chunk_document
 from knowledge.config import KnowledgeSettings, KnowledgeUse
-from knowledge.errors import EmbeddingMismatch, StoreLocked
+from knowledge.errors import EmbeddingMismatch, FileRejected, StoreLocked
 from knowledge.formats import Block, ParsedDocument, parse
 from knowledge.lexical import terms
 from knowledge.retrieval import Retriever
@@ -240,6 +240,12 @@ async def test_an_interrupted_folder_resumes_where_it_stopped(tmp_path: Path) ->
         assert [o.status for o in resumed] == ["unchanged", "unchanged", "added"]
     finally:
         await knowledge.aclose()
+
+
+def test_a_deeply_nested_file_is_refused_not_a_crash() -> None:
+    """25 KB of nested <div>s overflowed the HTML walk (RecursionError: a 500 from the admin upload)."""
+    with pytest.raises(FileRejected, match="nested too deeply"):
+        parse("deep.html", b"<div>" * 5000 + "退货".encode())
 
 
 async def test_failing_files_are_reported_and_write_nothing(tmp_path: Path) -> None:
