@@ -113,10 +113,12 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _known_redis_url(cls, value: str) -> str:
-        scheme = value.partition("://")[0].lower()
-        if scheme not in REDIS_SCHEMES:
+        scheme, separator, _ = value.partition("://")
+        if scheme.lower() not in REDIS_SCHEMES:
+            # Only a scheme is named: without "://" the whole value (its password among it) would be echoed.
+            given = f"not {scheme.lower()!r}" if separator and len(scheme) <= 20 else "it has no scheme"
             raise ValueError(
-                "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", not {scheme!r}"
+                "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", {given}"
             )
         return value
 

@@ -123,6 +123,8 @@ def test_web_password_command_prints_a_hash(
     ("url", "says"),
     [
         ("http://127.0.0.1:6379", "redis_url must start with one of"),
+        (":s3cret-pw@10.0.0.1:6379/0", "it has no scheme"),  # no "://": the value was echoed whole
+        ("redis//:s3cret-pw@h:6379", "it has no scheme"),
         ("redis+cluster://nohostport", "must be host:port"),
         ("redis+cluster://:s3cret-pw@", "names no host:port"),
         ("redis+cluster://a:7000/3", "only database 0"),
