@@ -39,10 +39,12 @@ def _new_name(keys: Keys, old: str) -> str | None:
 
 
 async def old_keys_present(redis: Redis, keys: Keys) -> bool:
-    """Cheap check at start: the old scheduler's counters exist (every namespace that ever ran has them).
-    False when Redis does not answer: the check is for an upgrade, not a reason to stay down."""
+    """Cheap check at start: the old scheduler's counters exist (every namespace that ever ran has them) and
+    the new ones do not (once this release has run, old names left over are what `migrate-keys` reported as
+    kept, not a reason to stay down). False when Redis does not answer: the check is for an upgrade."""
     try:
-        return bool(await redis.exists(f"{keys.namespace}:sched:stats"))
+        old = await redis.exists(f"{keys.namespace}:sched:stats")
+        return bool(old) and not await redis.exists(keys.scheduler_stats)
     except RedisError:
         return False
 
@@ -60,7 +62,7 @@ async def migrate_keys(redis: Redis, keys: Keys, dry_run: bool = False) -> dict[
             if new is None:
                 continue
             if dry_run:
-                counts["moved"] += 1
+                counts["kept_existing" if await redis.exists(new) else "moved"] += 1
                 continue
             if not await redis.renamenx(old, new):
                 counts["kept_existing"] += 1
