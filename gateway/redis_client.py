@@ -15,7 +15,9 @@ drops keys under memory pressure, and without AOF or snapshots a restart forgets
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
@@ -26,6 +28,7 @@ from redis.exceptions import RedisError, ResponseError
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SENTINEL_SCHEME = "redis+sentinel"
+STARTUP_WAIT_S = 30.0  # how long a process waits at start for a Redis that is not up yet
 
 
 class RedisConfigError(ValueError):
@@ -128,17 +131,41 @@ async def _server_settings(redis: Redis) -> dict[str, str]:
         }  # no `save`: INFO does not show the snapshot schedule
 
 
-async def check_redis(redis: Redis, url: str) -> list[str]:
-    """Refuse a plain URL at a cluster node; return (and log) warnings about settings that can lose messages.
+async def _wait_for_redis(redis: Redis, wait_s: float) -> None:
+    """Redis started beside botgw (compose, a pod) may come up a little later: wait for it, then say so plainly
+    (no URL in the message: it may hold the password)."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        try:
+            await redis.ping()
+            return
+        except ResponseError:
+            return  # it answers (NOAUTH and the like surface on the next call, with Redis's own words)
+        except RedisError as exc:
+            if time.monotonic() + delay > deadline:
+                raise RedisConfigError(
+                    f"Redis (redis_url) did not answer for {wait_s:g} s: {type(exc).__name__}; is it running and "
+                    "reachable from here?"
+                ) from None
+            log.warning("waiting for Redis (%s)", type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def check_redis(redis: Redis, url: str, wait_s: float = STARTUP_WAIT_S) -> list[str]:
+    """Wait for Redis, refuse a plain URL at a cluster node; return (and log) warnings about settings that can
+    lose messages.
 
     In a cluster, one node answers for all: they are meant to be configured alike."""
+    await _wait_for_redis(redis, wait_s)
     try:
         cluster_enabled = str((await redis.info("cluster")).get("cluster_enabled", 0)) == "1"
         settings = await _server_settings(redis)
     except ResponseError as exc:
         log.info("could not read the Redis server's settings (%s); eviction and persistence not checked", exc)
         return []
-    except RedisError as exc:  # Redis not up yet: the process retries its calls; nothing to check now
+    except RedisError as exc:  # it answered a moment ago: the calls that follow retry or fail on their own
         log.warning("Redis did not answer at start (%s); eviction and persistence not checked", type(exc).__name__)
         return []
     if cluster_enabled and not is_cluster_url(url):

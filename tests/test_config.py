@@ -156,3 +156,23 @@ def test_the_redis_url_forms_open_the_right_client() -> None:
         "async+redis+sentinel://a:26379/primary", {"use_replicas": False, "db": 2}
     )
     assert limits_storage("redis://a:6379/0") == ("async+redis://a:6379/0", {})
+
+
+def test_a_redis_that_never_answers_at_start_is_one_clear_line_without_the_url() -> None:
+    import asyncio
+
+    from gateway.redis_client import RedisConfigError, check_redis, open_redis
+    from tests.procs import free_port
+
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
+
+    async def check() -> None:
+        redis = open_redis(url, socket_connect_timeout=0.2)
+        try:
+            await check_redis(redis, url, wait_s=1.0)
+        finally:
+            await redis.aclose()
+
+    with pytest.raises(RedisConfigError, match="did not answer for 1 s") as refused:
+        asyncio.run(check())
+    assert "s3cret-pw" not in str(refused.value) and "127.0.0.1" not in str(refused.value)
