@@ -1,12 +1,13 @@
 """The knowledge bases over the admin API: the same operations as `botgw kb list|add|remove|search`, behind the
-admin token (served on the admin listener, like every /admin/… route).
+admin token (on the admin listener; on the public port too, for a caller with the token, as every /admin/…).
 
 - `GET /admin/kb`: the knowledge bases ({"bases": [{"kb", "documents", "chunks"}]}).
 - `GET /admin/kb/{kb}`: its documents (the fields `botgw kb list --json` prints); 404 for a base with none.
 - `POST /admin/kb/{kb}/documents`: multipart upload of one or more files (field `files`). Only the file name's
   last part is kept as the document name (`../../etc/x.md` is `x.md`); nothing the client sends is taken as a
-  path on the server, and the files are never written to disk: they are read and cut in memory, and if any of
-  them is refused (type, empty, size, unreadable) nothing is written.
+  path on the server, and nothing is ingested until every file is read and cut (if one is refused: type, empty,
+  size, unreadable, a zip that unpacks too big, nothing is written). Starlette spools a part over 1 MB to a
+  temporary file while parsing the form. One upload is ingested at a time; a second one meanwhile is 429.
 - `DELETE /admin/kb/{kb}/documents/{doc}`: remove a document (the name `GET /admin/kb/{kb}` shows).
 - `GET /admin/kb/{kb}/search?q=…&top=5&mode=hybrid`: what retrieval finds, best first, before the answer
   threshold: the JSON of `botgw kb search --json`.
@@ -19,6 +20,7 @@ Retry-After, and nothing changed.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import unicodedata
 from dataclasses import asdict
@@ -172,18 +174,30 @@ async def _uploads(request: Request) -> list[Upload] | JSONResponse:
     return uploads
 
 
+def _upload_lock(request: Request) -> asyncio.Lock:
+    """One upload at a time per gateway: each holds its files in memory and takes a core to parse and embed."""
+    if getattr(request.app.state, "kb_upload_lock", None) is None:
+        request.app.state.kb_upload_lock = asyncio.Lock()
+    return request.app.state.kb_upload_lock
+
+
 @router.post("/{kb}/documents")
 async def add_documents(kb: str, request: Request) -> JSONResponse:
     if (refusal := refused(request) or _bad_name(kb)) is not None:
         return refusal
-    uploads = await _uploads(request)
-    if isinstance(uploads, JSONResponse):
-        return uploads
-    try:
-        async with shared_knowledge(request).use() as knowledge:
-            outcomes = await knowledge.add_uploads(kb, uploads)
-    except KnowledgeError as exc:
-        return _failed(exc)
+    lock = _upload_lock(request)
+    if lock.locked():
+        busy = "another upload is being added; send this one when it is done (nothing was added)"
+        return _error(429, busy, **{"Retry-After": str(RETRY_AFTER_S)})
+    async with lock:
+        uploads = await _uploads(request)
+        if isinstance(uploads, JSONResponse):
+            return uploads
+        try:
+            async with shared_knowledge(request).use() as knowledge:
+                outcomes = await knowledge.add_uploads(kb, uploads)
+        except KnowledgeError as exc:
+            return _failed(exc)
     return JSONResponse({"kb": kb, "documents": [asdict(outcome) for outcome in outcomes]})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -42,6 +43,12 @@ _TEXT_HEADINGS = [
 ]
 _SENTENCE_END = "。！？；：，.!?;:,"
 
+# DOCX and XLSX are zip files: a 40 KB upload can unpack to hundreds of MB of XML and keep a core busy for
+# minutes. Their text parts (media left out) are measured before any parser sees them.
+ZIP_FORMATS = {".docx", ".xlsx"}
+MAX_UNPACKED_BYTES = 64 * 1024 * 1024
+MAX_BLOCKS = 50_000  # paragraphs, rows and tables of one document: a real manual has a few thousand
+
 
 def parse(name: str, data: bytes) -> ParsedDocument:
     """Parse a file by its extension."""
@@ -51,13 +58,30 @@ def parse(name: str, data: bytes) -> ParsedDocument:
         raise FileRejected(f"unsupported format {suffix or '(no extension)'} (supported: {', '.join(sorted(PARSERS))})")
     if not data.strip():
         raise FileRejected("empty file")
+    if suffix in ZIP_FORMATS:
+        _check_unpacked_size(data, suffix)
     try:
         document = parser(PurePath(name).stem, data)
     except RecursionError:  # e.g. HTML nested thousands of tags deep: the walk over it recurses per level
         raise FileRejected("nested too deeply to read") from None
     if not any(block.text.strip() for block in document.blocks):
         raise FileRejected("no text found in the file")
+    if len(document.blocks) > MAX_BLOCKS:
+        raise FileRejected(f"{len(document.blocks)} paragraphs and rows, over {MAX_BLOCKS}: split the document")
     return document
+
+
+def _check_unpacked_size(data: bytes, suffix: str) -> None:
+    """Refuse a zip container whose text parts unpack past MAX_UNPACKED_BYTES (its directory says how big)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            parts = [info for info in archive.infolist() if "/media/" not in f"/{info.filename}"]
+    except (zipfile.BadZipFile, ValueError, OSError):
+        raise FileRejected(f"not a readable {suffix[1:].upper()} (not a zip file)") from None
+    unpacked = sum(info.file_size for info in parts)
+    if unpacked > MAX_UNPACKED_BYTES:
+        limit = MAX_UNPACKED_BYTES // (1024 * 1024)
+        raise FileRejected(f"its text unpacks to {unpacked // (1024 * 1024)} MB, over {limit} MB")
 
 
 def decode_text(data: bytes) -> str:

@@ -22,7 +22,7 @@ from knowledge.chunking import CHUNKER_VERSION, Chunk, chunk_document
 from knowledge.config import KnowledgeSettings
 from knowledge.embed import Embedder
 from knowledge.errors import FileRejected
-from knowledge.formats import PARSERS, parse
+from knowledge.formats import PARSERS, ParsedDocument, parse
 from knowledge.lexical import document_vector
 from knowledge.search import embedding_text
 from knowledge.store import ChunkPoint, DocRecord, KnowledgeStore
@@ -161,8 +161,9 @@ class Ingestor:
         existing = await asyncio.to_thread(self._store.document, kb, doc)
         if existing is not None and existing.fingerprint == fingerprint:
             return _Cut(doc, fingerprint, len(data), "", None, existing)
-        document = await asyncio.to_thread(parse, name, data)
-        chunks = chunk_document(document, self._settings.chunking.size, self._settings.chunking.overlap)
+        size, overlap = self._settings.chunking.size, self._settings.chunking.overlap
+        # Both in a thread: a long document's parse and cut must not hold up a gateway's callbacks.
+        document, chunks = await asyncio.to_thread(lambda: _parse_and_cut(name, data, size, overlap))
         if not chunks:
             raise FileRejected("no text found in the file")
         return _Cut(doc, fingerprint, len(data), document.title, chunks, existing)
@@ -237,3 +238,8 @@ class Ingestor:
             raise
         self._store.publish(record)
         self._store.prune(record.kb, record.doc, keep=record.version)
+
+
+def _parse_and_cut(name: str, data: bytes, size: int, overlap: int) -> tuple[ParsedDocument, list[Chunk]]:
+    document = parse(name, data)
+    return document, chunk_document(document, size, overlap)

@@ -248,6 +248,34 @@ def test_a_deeply_nested_file_is_refused_not_a_crash() -> None:
         parse("deep.html", b"<div>" * 5000 + "退货".encode())
 
 
+def test_a_docx_that_unpacks_past_the_limit_is_refused_before_parsing() -> None:
+    """A zip bomb: a few hundred KB of DOCX whose document.xml unpacks to 65 MB is refused from the zip's
+    directory, before python-docx (minutes of CPU, hundreds of MB) sees it."""
+    import io
+    import time
+    import zipfile
+
+    from knowledge.formats import MAX_UNPACKED_BYTES
+
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", "<Types/>")
+        archive.writestr("word/document.xml", b"<w:p/>" * (MAX_UNPACKED_BYTES // 6 + 1))
+    assert len(packed.getvalue()) < 1024 * 1024
+    started = time.monotonic()
+    with pytest.raises(FileRejected, match="unpacks to 64 MB, over 64 MB"):
+        parse("炸弹.docx", packed.getvalue())
+    assert time.monotonic() - started < 5
+    with pytest.raises(FileRejected, match="not a zip file"):
+        parse("假的.xlsx", b"PK\x03\x04 this is not a zip")
+
+
+def test_a_document_of_too_many_paragraphs_is_refused() -> None:
+    with pytest.raises(FileRejected, match="over 50000: split the document"):
+        parse("很多段.md", ("段落文字。\n\n" * 50_001).encode())
+    assert len(parse("不多.md", ("段落文字。\n\n" * 1000).encode()).blocks) == 1000
+
+
 async def test_failing_files_are_reported_and_write_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()

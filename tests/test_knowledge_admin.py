@@ -156,6 +156,27 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> 
         assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": top}).status_code == 400, top
 
 
+def test_a_second_upload_while_one_is_added_is_a_429_and_changes_nothing(admin: AdminGateway) -> None:
+    """One upload at a time per gateway (each holds its files in memory and takes a core to embed)."""
+    import concurrent.futures
+
+    kb = "busy" + secrets.token_hex(3)
+    long_text = "".join(f"## 第{i}节\n\n" + "园区停车规定，访客车辆需要提前登记。" * 12 + "\n\n" for i in range(30))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(admin.upload, kb, ("长文档.md", long_text.encode()))
+        deadline = time.monotonic() + 20
+        while True:  # until the first one holds the upload slot; an empty file, so that a try before it adds nothing
+            second = admin.upload(kb, ("空的.md", b""))
+            if second.status_code == 429 or first.done() or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert second.status_code == 429, second.text
+        assert "another upload" in second.json()["error"] and second.headers["Retry-After"]
+        assert first.result(timeout=120).status_code == 200
+    assert admin.documents(kb) == ["长文档.md"]
+    assert admin.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200, "free again once it is done"
+
+
 def test_a_store_held_by_another_process_is_a_503_with_retry_after(admin: AdminGateway) -> None:
     kb = "held" + secrets.token_hex(3)
     assert admin.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200
