@@ -39,6 +39,7 @@ from knowledge.errors import EmbeddingMismatch, FileRejected, KnowledgeError, St
 from knowledge.formats import PARSERS
 from knowledge.ingest import Upload
 from knowledge.service import SharedKnowledge
+from knowledge.store import DocRecord
 
 router = APIRouter(prefix="/admin/kb")
 ADMIN_LOCK_WAIT_S = 3.0  # how long a request waits for another process to let go of the embedded store
@@ -87,15 +88,22 @@ async def _known(knowledge: Any, kb: str) -> JSONResponse | None:
     return None
 
 
+async def _documents(request: Request, kb: str | None) -> list[DocRecord] | JSONResponse:
+    """The document records of one base (or of all), or the answer that says why they cannot be read now."""
+    try:
+        async with shared_knowledge(request).use() as knowledge:
+            return await knowledge.documents(kb)
+    except KnowledgeError as exc:
+        return _failed(exc)
+
+
 @router.get("")
 async def list_bases(request: Request) -> JSONResponse:
     if (refusal := refused(request)) is not None:
         return refusal
-    try:
-        async with shared_knowledge(request).use() as knowledge:
-            records = await knowledge.documents(None)
-    except KnowledgeError as exc:
-        return _failed(exc)
+    records = await _documents(request, None)
+    if isinstance(records, JSONResponse):
+        return records
     bases: dict[str, dict[str, Any]] = {}
     for record in records:
         base = bases.setdefault(record.kb, {"kb": record.kb, "documents": 0, "chunks": 0})
@@ -108,11 +116,9 @@ async def list_bases(request: Request) -> JSONResponse:
 async def list_documents(kb: str, request: Request) -> JSONResponse:
     if (refusal := refused(request) or _bad_name(kb)) is not None:
         return refusal
-    try:
-        async with shared_knowledge(request).use() as knowledge:
-            records = await knowledge.documents(kb)
-    except KnowledgeError as exc:
-        return _failed(exc)
+    records = await _documents(request, kb)
+    if isinstance(records, JSONResponse):
+        return records
     if not records:
         return _error(404, f"no knowledge base {kb!r} (or it has no documents): GET /admin/kb lists them")
     return JSONResponse({"kb": kb, "documents": [asdict(record) for record in records]})
