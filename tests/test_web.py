@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import secrets
 import shutil
 import time
@@ -140,6 +141,10 @@ def test_wrong_password_gets_no_access(web: WebStack, browser: object) -> None:
     assert page.query_selector("input[type=password]") is not None
 
 
+def visible_text(text: str) -> str:
+    return re.sub(r"[\ufffd\s]+", " ", text).strip()
+
+
 def test_chat_page_streams_presets_reset_and_screenshot(web: WebStack, browser: object, live_engine: str) -> None:
     page = sign_in(browser, web, "alice", PASSWORD)
     page.wait_for_selector("text=Engine ready", timeout=30000)
@@ -149,7 +154,9 @@ def test_chat_page_streams_presets_reset_and_screenshot(web: WebStack, browser: 
     assert len(states) >= 3, f"the answer should grow on the page, saw {len(states)} states"
     assert all(b.startswith(a[: len(a) - 2]) for a, b in itertools.pairwise(states))
     record = next(iter(web.stack.redis.scan_iter(web.stack.keys.reply("web:*"))))
-    assert states[-1].strip() == web.stack.redis.hget(record, "text").decode().strip()
+    # The tiny model can emit bytes that are not UTF-8: the page and the record may show a run of them as a
+    # different number of U+FFFD, so runs of those and of spaces count as one.
+    assert visible_text(states[-1]) == visible_text(web.stack.redis.hget(record, "text").decode())
     assert web.proxy.chat_bodies[-1]["temperature"] == 0.1  # the default preset: code and documents
     direct_ttft = engine_ttft(live_engine, text)
     print(f"\nTTFT shown in the page: {first_text_s * 1000:.0f} ms; from vLLM directly: {direct_ttft * 1000:.0f} ms")
