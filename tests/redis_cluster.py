@@ -90,6 +90,8 @@ def start_redis_cluster(workdir: Path, log_dir: Path, masters: int = 3) -> tuple
         node_dir.mkdir(parents=True, exist_ok=True)
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir)]
         args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
+        # The bus port is port + 10000 unless named: a free port above 55535 would leave it nowhere to go.
+        args += ["--cluster-port", str(free_port())]
         args += ["--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction"]
         procs.append(Proc(args, log_dir / f"redis-cluster-{port}.log"))
     for port in ports:
