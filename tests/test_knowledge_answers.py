@@ -1,8 +1,9 @@
 """Answers grounded in the knowledge base, through the real worker: the passage reaches the engine's prompt,
 the source reaches the user, and a question the documents do not cover gets `no_answer_text` (flagged).
 
-The engine is a stub that records its prompts (what is checked is what botgw sent it); the store and the
-embedder are the real embedded ones, filled by `botgw kb add` as an operator would."""
+The engine is a stub that records its prompts (what is checked is what botgw sent it), and once the real vLLM
+CPU engine behind a recording proxy; the store and the embedder are the real embedded ones, filled by
+`botgw kb add` as an operator would."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 from gateway.keys import Keys
 from knowledge.config import DEFAULT_NO_ANSWER
 from tests import test_web
-from tests.conftest import ARTIFACTS, Cluster, Stack, stack_config, start_stub_engine, stub_requests
+from tests.conftest import ARTIFACTS, ENGINE_MODEL, Cluster, Stack, stack_config, start_stub_engine, stub_requests
+from tests.holding_proxy import HoldingProxy
 from tests.procs import BOTGW, ROOT, Proc, child_env, free_port, start_gateway, start_worker, wait_http, write_config
 from tests.test_web import send, sign_in
 
@@ -122,3 +124,31 @@ def test_a_web_page_answer_shows_its_sources_under_it(
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_a_grounded_answer_through_the_real_vllm_engine(
+    stack: Stack, live_engine: str, cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """The same path with the real vLLM CPU engine (the tiny ERNIE-4.5 MoE) behind a proxy that records what it
+    was sent: the passage is in the prompt vLLM received, and the reply the user reads ends with the source."""
+    with HoldingProxy(live_engine) as proxy:
+        proxy.release.set()
+        app = {**next(bot for bot in stack.config["bots"] if bot["id"] == "app"), "knowledge": {"bases": ["support"]}}
+        c = cluster(
+            delay_s=0.1,
+            knowledge={"store": {"path": str(tmp_path / "store"), "idle_release_s": 0.5}},
+            bots=[app],
+            engine={"base_url": proxy.url, "model": ENGINE_MODEL},
+        )
+        added = kb(c.path, "add", "support", str(KB_DOCS / "售后服务政策.md"), str(KB_DOCS / "常见问题.csv"))
+        assert added.returncode == 0, added.stderr
+        c.add_gateway()
+        c.add_worker(f"{c.namespace}-real")
+        user = "u" + secrets.token_hex(4)
+        c.stack.post_callback(c.stack.signer().text(user, "东西买回来不想要了，几天内还能退？"))
+        reply = "".join(item["content"] for item in c.stack.wait_delivered(user, 1, timeout=180, settle=2.0))
+        asked = [b for b in proxy.chat_bodies if any("还能退" in str(m.get("content")) for m in b["messages"])]
+        assert asked, "the question never reached vLLM"
+        system = next(m["content"] for m in asked[-1]["messages"] if m["role"] == "system")
+        assert "不影响二次销售" in system, "the answer-bearing passage is not in the prompt vLLM received"
+        assert "来源：《售后服务政策.md》" in reply, reply
