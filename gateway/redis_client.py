@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -141,7 +141,11 @@ async def _wait_for_redis(redis: Redis, wait_s: float) -> None:
             await redis.ping()
             return
         except ResponseError:
-            return  # it answers (NOAUTH and the like surface on the next call, with Redis's own words)
+            return  # it answers; what it refuses surfaces on the next call, in Redis's own words
+        except AuthenticationError:
+            raise RedisConfigError(
+                "Redis refused the credentials in redis_url (no password where one is required, or a wrong one)"
+            ) from None
         except RedisError as exc:
             if time.monotonic() + delay > deadline:
                 raise RedisConfigError(

@@ -4,11 +4,13 @@ for every kind of `redis_url`."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 import redis.sentinel
@@ -19,9 +21,10 @@ from tests.procs import Proc, free_port
 def sync_client(url: str) -> redis.Redis:
     """The tests' own (synchronous) client for a botgw `redis_url`, cluster or not."""
     if url.startswith("redis+cluster://"):
-        seeds = url.removeprefix("redis+cluster://").split("/")[0].split(",")
+        password = urlsplit(url).password
+        seeds = url.removeprefix("redis+cluster://").split("/")[0].rpartition("@")[2].split(",")
         host, _, port = seeds[0].rpartition(":")
-        return redis.RedisCluster(host=host, port=int(port))  # type: ignore[return-value]
+        return redis.RedisCluster(host=host, port=int(port), password=password)  # type: ignore[return-value]
     if url.startswith("redis+sentinel://"):
         hosts, service = url.removeprefix("redis+sentinel://").split("/")[:2]
         sentinels = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts.split(",")]
@@ -79,8 +82,10 @@ def start_sentinel(workdir: Path, log_dir: Path) -> SentinelSetup:
 
 
 def start_redis_cluster(workdir: Path, log_dir: Path, masters: int = 3) -> tuple[list[Proc], str]:
-    """Start `masters` cluster-mode redis-servers (AOF everysec, noeviction, as botgw asks) and join them;
-    returns the processes and the `redis+cluster://` URL naming every node."""
+    """Start `masters` cluster-mode redis-servers (AOF everysec, noeviction, as botgw asks; a password, as a
+    production cluster has, which the secrets-in-logs check then looks for) and join them; returns the
+    processes and the `redis+cluster://:password@…` URL naming every node."""
+    password = "cluster-" + secrets.token_hex(8)
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if not binary or not cli:
         raise RuntimeError("redis-server and redis-cli are not installed: run `make test`, which installs them")
@@ -93,19 +98,19 @@ def start_redis_cluster(workdir: Path, log_dir: Path, masters: int = 3) -> tuple
         # The bus port is port + 10000 unless named: a free port above 55535 would leave it nowhere to go.
         args += ["--cluster-port", str(free_port())]
         args += ["--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction"]
+        args += ["--requirepass", password, "--masterauth", password]
         procs.append(Proc(args, log_dir / f"redis-cluster-{port}.log"))
     for port in ports:
-        _wait(lambda p=port: redis.Redis(port=p).ping(), f"cluster node {port} to start")
+        _wait(lambda p=port: redis.Redis(port=p, password=password).ping(), f"cluster node {port} to start")
     nodes = [f"127.0.0.1:{port}" for port in ports]
-    created = subprocess.run(
-        [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    create = [cli, "-a", password, "--no-auth-warning", "--cluster", "create", *nodes, "--cluster-replicas", "0"]
+    created = subprocess.run([*create, "--cluster-yes"], capture_output=True, text=True, timeout=60)
     if created.returncode != 0:
         raise RuntimeError(f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}")
     for port in ports:
-        _wait(lambda p=port: redis.Redis(port=p).cluster("info")["cluster_state"] == "ok", f"node {port} to join")
-    return procs, "redis+cluster://" + ",".join(nodes)
+        node = redis.Redis(port=port, password=password)
+        _wait(lambda node=node: node.cluster("info")["cluster_state"] == "ok", f"node {port} to join")
+    return procs, f"redis+cluster://:{password}@" + ",".join(nodes)
 
 
 def _wait(check, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]

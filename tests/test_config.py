@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,35 @@ def test_a_redis_that_never_answers_at_start_is_one_clear_line_without_the_url()
     with pytest.raises(RedisConfigError, match="did not answer for 1 s") as refused:
         asyncio.run(check())
     assert "s3cret-pw" not in str(refused.value) and "127.0.0.1" not in str(refused.value)
+
+
+def test_a_redis_that_refuses_the_password_is_one_clear_line_at_once(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import time
+
+    import redis as redis_py
+
+    from tests.procs import free_port
+
+    port = free_port()
+    binary = shutil.which("redis-server") or "redis-server"
+    args = [binary, "--port", str(port), "--save", "", "--requirepass", "right-pw1"]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                redis_py.Redis(port=port, password="right-pw1").ping()
+                break
+            except redis_py.ConnectionError:
+                time.sleep(0.05)
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrong-pw1@127.0.0.1:{port}/0"):
+            started = time.monotonic()
+            config = write(tmp_path, f"redis_url: '{url}'\n")
+            command = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(config)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 2 and "refused the credentials" in done.stderr, done.stderr[-1500:]
+            assert "wrong-pw1" not in done.stderr and time.monotonic() - started < 15, "no 30 s wait for a password"
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -91,11 +91,13 @@ def test_memory_and_dedup_on_the_cluster(cluster: Callable[..., Cluster], user: 
 def test_a_plain_url_at_a_cluster_node_fails_at_start(stack: Stack, redis_cluster_url: str, log_dir) -> None:  # type: ignore[no-untyped-def]
     """`redis://node` of a cluster would answer MOVED for most keys: the worker refuses to start, saying what to
     write instead."""
-    node = redis_cluster_url.removeprefix("redis+cluster://").split(",")[0]
-    config = write_config(log_dir / "plain-url-at-cluster.yaml", {**stack.config, "redis_url": f"redis://{node}/0"})
+    credentials, _, nodes = redis_cluster_url.removeprefix("redis+cluster://").rpartition("@")
+    plain = f"redis://{credentials}@{nodes.split(',')[0]}/0"
+    config = write_config(log_dir / "plain-url-at-cluster.yaml", {**stack.config, "redis_url": plain})
     done = subprocess.run([*BOTGW, "worker", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "redis+cluster://" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert credentials.lstrip(":") not in done.stderr
 
 
 def test_unsafe_redis_settings_are_warned_about_at_start(stack: Stack, cluster: Callable[..., Cluster]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any, get_args
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -52,6 +53,14 @@ def values_under(data: Any, names: set[str]) -> Iterator[str]:
             yield from values_under(item, names)
 
 
+def redis_passwords(config: Any) -> Iterator[str]:
+    """The password inside a `redis_url` (a plain str field, but a secret all the same)."""
+    url = config.get("redis_url") if isinstance(config, dict) else None
+    password = urlsplit(url).password if isinstance(url, str) else None
+    if password and len(password) >= MIN_SECRET_LEN:
+        yield password
+
+
 @pytest.mark.after_everything
 def test_no_configured_secret_appears_in_any_log() -> None:
     names = secret_field_names(Settings)
@@ -62,9 +71,11 @@ def test_no_configured_secret_appears_in_any_log() -> None:
     secrets: set[str] = set()
     for path in ARTIFACTS.rglob("*.yaml"):
         try:
-            secrets |= set(values_under(yaml.safe_load(path.read_text(encoding="utf-8")), names))
+            config = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError:
             continue  # a test's deliberately broken file
+        secrets |= set(values_under(config, names))
+        secrets |= set(redis_passwords(config))
     logs = [path for path in ARTIFACTS.rglob("*.log") if path.is_file()]
     assert secrets and logs, "the run wrote no configuration or no log: this test would prove nothing"
 
