@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from bots.registry import PLATFORMS
 from engine.settings import EngineSettings
+from gateway import redis_client
 from gateway.limits import LimitSettings
 from gateway.memory import GroupMemory
 from knowledge.config import KnowledgeSettings
@@ -73,7 +74,7 @@ BotConfig = Annotated[Union[tuple(p.config for p in PLATFORMS.values())], Field(
 
 
 # What gateway/redis_client.py opens: one server, a Redis Cluster, a Sentinel-watched primary.
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel")
+REDIS_SCHEMES = redis_client.SCHEMES
 
 
 class Settings(BaseSettings):

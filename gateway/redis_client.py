@@ -28,6 +28,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SENTINEL_SCHEME = "redis+sentinel"
+SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, SENTINEL_SCHEME)  # every form open_redis takes
 STARTUP_WAIT_S = 30.0  # how long a process waits at start for a Redis that is not up yet
 
 
