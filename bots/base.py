@@ -105,6 +105,10 @@ class Throttled(RetryableSendError):
     so a long throttle delays the answer instead of dead-lettering it."""
 
 
+class CursorRefused(PermanentSendError):
+    """A pulled channel's platform refused the saved cursor: it will refuse it for ever (drop it, start again)."""
+
+
 class ConversationTaken(PermanentSendError):
     """The platform will not let the bot speak here: a human agent owns the conversation (微信客服 95018) or
     its reply allowance is used up. The answer is withheld, not failed: no retry, no dead letter."""
@@ -159,8 +163,11 @@ class Sessions(Protocol):
         """Give the conversation to a human (a named agent, else the queue); returns the notice code."""
         ...
 
-    async def send_notice(self, target: ReplyTarget, code: str, text: str, notice_key: str) -> None:
-        """Send a notice bound to an event code (a welcome, the handoff notice), once per `notice_key`."""
+    async def send_notice(
+        self, target: ReplyTarget, code: str, text: str, notice_key: str, *, resend: bool = False
+    ) -> None:
+        """Send a notice bound to an event code (a welcome, the handoff notice), once per `notice_key`;
+        `resend`: an earlier attempt's outcome is unknown (a refusal of the repeat may mean it was delivered)."""
         ...
 
     def handoff_text(self) -> str:
@@ -180,6 +187,10 @@ class EventEffect:
     welcome_code: str = ""
     welcome_text: str = ""
     label: str = ""
+    failed_msgid: str = ""  # a message the platform accepted and then could not deliver (微信客服 msg_send_fail)
+    fail_type: str = ""
+    quota_refund: int = 0  # reply-quota slots the platform did not count after all (negative: counted more)
+    dead_letter: bool = False  # the failure is one an operator should see (`botgw dlq list`)
 
 
 class TokenStore(Protocol):
@@ -268,3 +279,8 @@ class ChannelDefaults:
     def knowledge_for(self, message: InboundMessage):  # type: ignore[no-untyped-def]
         """The knowledge bases the message is answered from (the bot's `knowledge:`), or None."""
         return getattr(getattr(self, "config", None), "knowledge", None)
+
+    def platform_message_id(self, piece_key: str) -> str:
+        """The id the platform will know a sent piece by, where it reports later that an accepted message was
+        not delivered ('' where it never does)."""
+        return ""

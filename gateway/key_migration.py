@@ -23,6 +23,9 @@ _MOVES = {
     "mem:": "core",
     "stream:": "core",
     "streams:": "core",
+    "pull:": "core",
+    "owner:": "core",
+    "quota:": "core",
     "tok:": "budget",
 }
 _SINGLE_KEYS = ("dead",)  # keys moved by their whole name

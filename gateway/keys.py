@@ -5,7 +5,8 @@ so that any replica computes the same name.
 
 Redis Cluster: a script (or MULTI) may only touch keys of one hash slot. Every key that a
 script touches together with the queue (the scheduler's keys, dedup marks, signature
-bindings, dead letters, reply records, memory, streams) starts with the hash tag `{<ns>}`
+bindings, dead letters, reply records, memory, streams, and what is fenced by a lease: pull cursors, the
+holder of a conversation and its reply quota) starts with the hash tag `{<ns>}`
 (`core`), so they share one slot; the token budgets, which one script checks for a user
 and their group together, share `{<ns>:budget}`. Every other key stands alone and spreads
 over the cluster.
@@ -84,19 +85,29 @@ class Keys:
 
     def pull_cursor(self, bot_id: str, channel: str) -> str:
         """Where the next pull of a pulled channel (a 微信客服 account) starts; saved only after enqueueing."""
+        return f"{self.core}:pull:cursor:{bot_id}:{channel}"
+
+    def legacy_pull_cursor(self, bot_id: str, channel: str) -> str:
+        """The cursor's name before it moved into the core slot (to be fenced by the pull's lease): read once, so
+        that an upgrade continues where the old release stopped instead of skipping what came meanwhile."""
         return f"{self.namespace}:pull:cursor:{bot_id}:{channel}"
 
     def conversation_owner(self, lane: str) -> str:
         """Who holds a conversation on a platform with human agents (bot / human / free), cached."""
-        return f"{self.namespace}:owner:{lane}"
+        return f"{self.core}:owner:{lane}"
 
     def reply_quota(self, lane: str) -> str:
         """Messages sent to a person since they last wrote (a counter that expires with the platform's window)."""
-        return f"{self.namespace}:quota:{lane}"
+        return f"{self.core}:quota:{lane}"
 
     def reply(self, dedup_key: str) -> str:
         """The answer of one message and how much of it has been delivered (a hash)."""
         return f"{self.core}:reply:{dedup_key}"
+
+    def sent_piece(self, bot_id: str, message_id: str) -> str:
+        """Which reply a message the platform accepted belongs to (its id → record), for a later report that it
+        was not delivered after all (微信客服 msg_send_fail); lives as long as such a report can come."""
+        return f"{self.core}:sent:{bot_id}:{message_id}"
 
     def entry_failures(self, entry_id: str) -> str:
         """How many times handling one queue entry has failed unexpectedly."""

@@ -190,9 +190,19 @@ class MovingWindowLimiter:
         """Count one hit in every window; refused by the first that is full (the rest are not counted)."""
         for limit in limits:
             if not await self._limiter.hit(limit, key):
-                stats = await self._limiter.get_window_stats(limit, key)
-                return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
+                return await self._refused(key, limit)
         return LimitDecision(True)
+
+    async def check(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
+        """Whether one more hit fits every window, counting nothing (a refusal must not spend the others)."""
+        for limit in limits:
+            if not await self._limiter.test(limit, key):
+                return await self._refused(key, limit)
+        return LimitDecision(True)
+
+    async def _refused(self, key: str, limit: RateLimitItem) -> LimitDecision:
+        stats = await self._limiter.get_window_stats(limit, key)
+        return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
 
     async def usage(self, key: str, limit: RateLimitItem) -> tuple[int, int]:
         """(hits in the window now, seconds until one frees up)."""
@@ -261,11 +271,18 @@ class Budgets:
         return parties
 
     async def admit_message(self, user_id: str, group_id: str | None) -> Refusal | None:
-        """Count the message in its sender's (and group's) windows; a Refusal when one is full."""
-        for who, budget in self._parties(user_id, group_id):
-            limits = windows(budget.messages)
-            decision = await self._windows.hit(who, limits) if limits else LimitDecision(True)
+        """Count the message in its sender's (and group's) windows; a Refusal when one is full, and then no
+        window is counted: every window is checked before any is spent. (Two messages of one sender checked at
+        the same instant on two workers may both pass a window with one place left: the check and the hits are
+        separate calls of the `limits` library. max_concurrent_per_user 1, the default, makes that rare.)"""
+        parties = [(who, budget, windows(budget.messages)) for who, budget in self._parties(user_id, group_id)]
+        for who, budget, limits in parties:
+            decision = await self._windows.check(who, limits) if limits else LimitDecision(True)
             if not decision.allowed:
+                return Refusal("messages", who, str(budget.messages), decision.retry_after_s)
+        for who, budget, limits in parties:
+            decision = await self._windows.hit(who, limits) if limits else LimitDecision(True)
+            if not decision.allowed:  # filled in between by another worker: refused, as the check would have
                 return Refusal("messages", who, str(budget.messages), decision.retry_after_s)
         return None
 

@@ -41,6 +41,14 @@ PULLED = Counter(
 PLATFORM_EVENTS = Counter(
     "botgw_platform_events_total", "Platform events (e.g. msg_send_fail:6)", ["platform", "event"]
 )
+KF_SEND_FAILED = Counter(
+    "botgw_kf_send_failed_total", "Messages the platform accepted and later reported undelivered, by fail_type",
+    ["bot_id", "fail_type"],
+)
+KF_CURSOR_RESETS = Counter(
+    "botgw_kf_cursor_reset_total", "Saved pull cursors the platform refused (dropped; pulled again from the start)",
+    ["bot_id"],
+)
 HANDOFFS = Counter("botgw_handoffs_total", "Conversations handed to a human, by destination", ["platform", "to"])
 WITHHELD = Counter(
     "botgw_withheld_total", "Answers not sent by the platform's rules, by reason", ["platform", "reason"]

@@ -18,6 +18,7 @@ lost the message raises LeaseLost, and a send is preceded by a lease check.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from gateway.retry import retry
 from gateway.streams import StreamStore
 
 log = logging.getLogger(__name__)
+SENT_PIECE_TTL_S = 72 * 3600  # a report that an accepted message was not delivered comes within its 48 h window
 CARD_STREAM_LIMIT = 1000  # cards are not limited per user; the store's limit is for WeCom's rule
 # Invisible characters (zero-width space, non-joiner, word joiner, joiner) whose sequences number the repeats
 # of one piece, so that its content differs each time; five of them (15 bytes) count 1,364 repeats.
@@ -156,8 +158,11 @@ class Presenter:
         """End the answer in a failed state, telling the user `text`."""
         await self.deliver(text, state)
 
-    async def notice(self, text: str) -> None:
-        """A one-off notice outside the answer (the engine is starting); best effort."""
+    async def notice(self, text: str, once: str) -> bool:
+        """A one-off notice outside the answer (the engine is starting), sent at most once per answer (the
+        record's field `once` says it was); best effort. True when it was sent. Styles that show the answer
+        as it is written have nothing to add: the user sees it coming."""
+        return False
 
 
 class PiecesPresenter(Presenter):
@@ -180,13 +185,13 @@ class PiecesPresenter(Presenter):
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
             await self._pace()
-            await self._take_quota_slot(outcome_unknown)
             piece, progress = pieces[index], {"started": index + 1}
             if checked:
                 repeat = state.variants.get(index, 0) if outcome_unknown else await self._repeat_of(piece)
                 piece, progress[f"v{index}"] = piece + repeat_marks(repeat), repeat
-            await self.record.mark(**progress)  # fenced: a worker that lost the message stops here
             piece_key = f"{self.message.dedup_key}:{index}"
+            await self._begin(progress, resend=outcome_unknown)  # fenced: a worker that lost the message stops here
+            await self._remember_sent(piece_key, index)
             await self.delivery.retry_send(
                 lambda attempt, piece=piece, unknown=outcome_unknown, key=piece_key: self.adapter.send_piece(
                     target, piece, duplicate_check=checked or unknown or attempt > 0, piece_key=key
@@ -214,13 +219,26 @@ class PiecesPresenter(Presenter):
         cut = utf8_prefix(pieces[allowed - 1], cap - utf8_len(commands.ANSWER_CUT_TEXT)) + commands.ANSWER_CUT_TEXT
         return [*pieces[: allowed - 1], cut]
 
-    async def _take_quota_slot(self, resend: bool) -> None:
-        """Count a new piece against the person's allowance (a resend took its slot the first time)."""
+    async def _begin(self, progress: dict[str, str | int], *, resend: bool) -> None:
+        """Mark a piece's send as begun; where the person has an allowance, a new piece takes its slot in the
+        same step (a resend took its slot the first time), so a crash between the two can neither waste a
+        slot nor send one uncounted."""
         quota, conversations = self.adapter.reply_quota, self.delivery.conversations
         if quota is None or conversations is None or resend:
+            await self.record.mark(**progress)
             return
-        if not await conversations.take_slot(self.message, quota):
+        if not await conversations.take_slot(self.message, quota, self.record, progress):
             raise ConversationTaken("the person's reply allowance is used up", code="quota")
+
+    async def _remember_sent(self, piece_key: str, index: int) -> None:
+        """Where the platform can report later that an accepted message was not delivered, keep which reply the
+        platform's id of this piece belongs to (as long as such a report can come)."""
+        message_id = self.adapter.platform_message_id(piece_key)
+        if not message_id:
+            return
+        sent = {"dedup_key": self.message.dedup_key, "piece": index, "message": self.message.model_dump(mode="json")}
+        key = self.delivery.keys.sent_piece(self.message.bot_id, message_id)
+        await self.delivery.redis.set(key, json.dumps(sent, ensure_ascii=False), ex=SENT_PIECE_TTL_S)
 
     async def _repeat_of(self, piece: str) -> int:
         """How often `piece` went to this recipient within the platform's duplicate-check window before now
@@ -248,13 +266,29 @@ class PiecesPresenter(Presenter):
             if not decision.allowed:
                 raise Paced(decision.retry_after_s)
 
-    async def notice(self, text: str) -> None:
+    async def notice(self, text: str, once: str) -> bool:
+        """Like every send: within the pacing and, where the person has an allowance, in a slot of it (taken
+        with the once-mark, so the notice can never push the answer or the handoff notice out)."""
+        if getattr(await self.record.load(), once, ""):
+            return False
+        try:
+            await self._pace()
+        except Paced:
+            return False  # a notice is not worth waiting for: the answer is what the user waits for
+        quota, conversations = self.adapter.reply_quota, self.delivery.conversations
+        if quota is not None and conversations is not None:
+            if not await conversations.take_slot(self.message, quota, self.record, {once: "1"}):
+                return False
+        elif not await self.record.claim(once):
+            return False
         try:
             if self.adapter.duplicate_check_window_s > 0:  # counted, so that an answer repeating it is unique
                 text += repeat_marks(await self._repeat_of(text))
             await self.adapter.send_piece(self.message.reply_to, text, duplicate_check=False)
         except SendError as exc:
             log.warning("could not send a notice", extra={"error": str(exc)})
+            return False
+        return True
 
 
 class _StoredStreamPresenter(Presenter):
@@ -284,7 +318,9 @@ class StreamPresenter(_StoredStreamPresenter):
     """The WeCom AI bot's stream: WeCom's refresh callbacks read it from Redis (any replica)."""
 
     async def show(self, text: str) -> None:
-        await self._update(utf8_prefix(text, self.adapter.max_stream_bytes))
+        # Room for the cut note is kept while writing: a final text that ends with the note must extend what
+        # was shown (a stream only grows), or the note would land past the cap and be cut off itself.
+        await self._update(utf8_prefix(text, self.adapter.max_stream_bytes - utf8_len(commands.ANSWER_CUT_TEXT)))
 
     async def deliver(self, text: str, state: ReplyState) -> None:
         """The stream takes the first 20,480 bytes; the rest goes once through response_url, posted before the

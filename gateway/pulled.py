@@ -17,7 +17,7 @@ import json
 import logging
 import time
 
-from bots.base import ConversationTaken, InboundMessage, PermanentSendError, PulledItem
+from bots.base import ConversationTaken, CursorRefused, EventEffect, InboundMessage, PermanentSendError, PulledItem
 from bots.text import utf8_len
 from gateway import metrics
 from gateway.config import Settings
@@ -25,7 +25,7 @@ from gateway.conversations import Conversations
 from gateway.keys import Keys
 from gateway.memory import Scope, Turn
 from gateway.redis_text import as_text
-from gateway.reply_record import ReplyRecord
+from gateway.reply_record import Fence, FencedValues, ReplyRecord, ReplyRecords
 from gateway.scheduler import Lease, Scheduler, new_entry
 
 log = logging.getLogger(__name__)
@@ -47,14 +47,19 @@ class PulledWork:
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
         self.conversations = Conversations(redis, keys, settings.memory.group)
+        self._values = FencedValues(redis)
+        self._records = ReplyRecords(redis, keys, self._dedup_ttl_s)
 
     # -- the pull ------------------------------------------------------------------------------
 
-    async def pull(self, adapter, request: InboundMessage, requested_at: float) -> str:  # type: ignore[no-untyped-def]
-        """Pull account `request.conversation_id` until nothing more is waiting; returns a summary."""
+    async def pull(self, adapter, request: InboundMessage, requested_at: float, fence: Fence | None = None) -> str:  # type: ignore[no-untyped-def]
+        """Pull account `request.conversation_id` until nothing more is waiting; returns a summary. The cursor is
+        saved under the pull's lease, so a puller that stalled cannot move it back after its successor."""
         channel, token = request.conversation_id, request.text
         cursor_key = self._keys.pull_cursor(request.bot_id, channel)
         saved = await self._redis.get(cursor_key)
+        if saved is None:
+            saved = await self._redis.get(self._keys.legacy_pull_cursor(request.bot_id, channel))
         cursor = as_text(saved) if saved is not None else ""
         # First start: what was written before the bot was configured is history, not questions to answer.
         since = requested_at - HISTORY_GRACE_S if saved is None and adapter.skip_history else 0.0
@@ -62,7 +67,20 @@ class PulledWork:
         newest: PulledItem | None = None  # the log's latest customer message so far
         while pages < MAX_PAGES:
             pages += 1
-            page = await self._page(adapter, channel, cursor, token)
+            try:
+                page = await self._page(adapter, channel, cursor, token)
+            except CursorRefused as exc:
+                if not cursor:
+                    raise
+                # The platform no longer knows the cursor (its log was reset, a Redis restored from elsewhere): a
+                # cursor it refuses is refused for ever, so start again without one, as on a first start.
+                log.warning("the platform refused the saved cursor; pulling again from the start",
+                            extra={"bot_id": request.bot_id, "channel": channel, "error": str(exc)})  # fmt: skip
+                metrics.KF_CURSOR_RESETS.labels(request.bot_id).inc()
+                await self._values.set(fence, cursor_key, "")
+                cursor, pages = "", pages - 1
+                since = requested_at - HISTORY_GRACE_S if adapter.skip_history else 0.0
+                continue
             fresh = [item for item in page.items if item.message.received_at >= since]
             skipped += len(page.items) - len(fresh)
             newest = next((item for item in reversed(page.items) if item.kind == "message"), newest)
@@ -71,7 +89,7 @@ class PulledWork:
                 fresh, skipped = [*fresh, newest], skipped - 1
             queued += await self._enqueue(fresh)
             if page.next_cursor:
-                await self._redis.set(cursor_key, page.next_cursor)  # only now: every item is queued
+                await self._values.set(fence, cursor_key, page.next_cursor)  # only now: every item is queued
                 cursor = page.next_cursor
             if not page.has_more:
                 break
@@ -111,7 +129,7 @@ class PulledWork:
 
     async def agent_turn(self, message: InboundMessage, record: ReplyRecord, memory_key: str) -> str:
         """A human agent wrote: their words become the assistant's turn, and the bot keeps quiet."""
-        await self.conversations.set_owner(message, "human")
+        await self.conversations.set_owner(message, "human", record.fence)
         turn = Turn("assistant", message.text, utf8_len(message.text))
         await record.commit("", f"{time.time():.3f}", memory_key, (turn,), *self._memory_limits())
         return "remembered"
@@ -130,17 +148,49 @@ class PulledWork:
         effect = adapter.sessions.on_event(event, message.reply_to)
         metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
         if effect.owner is not None:
-            await self.conversations.set_owner(message, effect.owner)
-        if effect.label.startswith("msg_send_fail"):
-            log.warning("the platform could not deliver a message", extra={"event": effect.label})
-        if effect.welcome_code and effect.welcome_text and await record.claim("welcome"):
-            try:
-                await adapter.sessions.send_notice(
-                    message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}"
-                )
-            except ConversationTaken as exc:
-                log.info("welcome not sent", extra={"reason": str(exc)})
+            await self.conversations.set_owner(message, effect.owner, record.fence)
+        if effect.failed_msgid:
+            await self._delivery_failed(adapter, message, effect)
+        if effect.welcome_code and effect.welcome_text:
+            await self._welcome(adapter, message, effect, record)
         return effect.label
+
+    async def _welcome(self, adapter, message: InboundMessage, effect: EventEffect, record: ReplyRecord) -> None:  # type: ignore[no-untyped-def]
+        """Send the welcome once: marked begun before the send and sent after it, so that a failed send is tried
+        again (with the same msgid) instead of being taken for done."""
+        state = await record.load()
+        if state.welcome_sent:
+            return
+        resend = bool(state.welcome_started)
+        if not resend:
+            await record.mark(welcome_started="1")
+        try:
+            await adapter.sessions.send_notice(
+                message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}",
+                resend=resend,
+            )  # fmt: skip
+        except ConversationTaken as exc:
+            log.info("welcome not sent", extra={"reason": str(exc)})
+        await record.mark(welcome_sent="1")
+
+    async def _delivery_failed(self, adapter, message: InboundMessage, effect: EventEffect) -> None:  # type: ignore[no-untyped-def]
+        """The platform accepted a message and later said the person did not get it (微信客服 msg_send_fail):
+        recorded against the reply it belonged to, its quota slot given back where the platform did not count
+        it, and kept as a dead letter for an operator where one should look."""
+        metrics.KF_SEND_FAILED.labels(message.bot_id, effect.fail_type or "unknown").inc()
+        raw = await self._redis.get(self._keys.sent_piece(message.bot_id, effect.failed_msgid))
+        sent = json.loads(raw) if raw else {}
+        reason = f"the platform could not deliver a sent message (msg_send_fail, fail_type {effect.fail_type})"
+        log.warning(reason, extra={"bot_id": message.bot_id, "reply": sent.get("dedup_key", "unknown")})
+        if sent.get("dedup_key"):
+            await self._records.open(str(sent["dedup_key"])).mark(send_failed=f"{effect.fail_type}:{sent.get('piece')}")
+        if effect.quota_refund and adapter.reply_quota is not None:
+            await self.conversations.give_back(message, adapter.reply_quota, effect.quota_refund)
+        if effect.dead_letter:
+            original = sent.get("message") or message.model_dump(mode="json")
+            entry = {"kind": "chat", "id": effect.failed_msgid, "msg": original}
+            letter = json.dumps({"reason": reason, "entry": entry}, ensure_ascii=False)
+            await self._redis.xadd(self._keys.dead_letters, {"entry": letter}, maxlen=10_000, approximate=True)
 
     # -- a burst -------------------------------------------------------------------------------
 
@@ -156,7 +206,7 @@ class PulledWork:
             other = entry.get("msg") or {}
             same_person = entry.get("kind") == "chat" and other.get("sender_id") == message.sender_id
             at = float(other.get("received_at") or 0)
-            if not same_person or other.get("msg_type") != "text" or at - last > window_s:
+            if not same_person or at - last > window_s:
                 break
             absorbed.append(entry)
             last = at
@@ -165,9 +215,18 @@ class PulledWork:
             return None, wait
         if not absorbed:
             return None, 0.0
-        texts = [message.text] + [str(entry["msg"].get("text", "")) for entry in absorbed]
-        merged = {**lease.entry, "msg": {**lease.entry["msg"], "text": "\n".join(texts), "received_at": last}}
+        merged = {**lease.entry, "msg": merged_message(lease.entry["msg"], [entry["msg"] for entry in absorbed])}
         merged["merged"] = [str(entry["msg"].get("msg_id", "")) for entry in absorbed]
         if not await self._scheduler.absorb(lease, merged, absorbed):
             return None, 0.0  # the lane changed under us (lease lost): answer what we hold
         return merged, 0.0
+
+
+def merged_message(head: dict, behind: list[dict]) -> dict:
+    """One message for a burst: its texts joined in order, answered as text when any part is text (a photo
+    followed by "这是什么问题？" is the question, not an image the bot cannot read), received with the last part."""
+    parts = [head, *behind]
+    texts = [str(part.get("text", "")) for part in parts if part.get("msg_type", "text") == "text"]
+    msg_type = "text" if texts else str(head.get("msg_type", "text"))
+    text = "\n".join(texts) if texts else str(head.get("text", ""))
+    return {**head, "msg_type": msg_type, "text": text, "received_at": parts[-1].get("received_at", 0)}

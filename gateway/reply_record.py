@@ -57,8 +57,8 @@ return written
 
 # KEYS: lease (the record when unfenced), record, then memory if the exchange is kept.
 # ARGV: epoch ('' = unfenced), ttl, text, created, state, memory ttl,
-# max memory items (0 = unbounded), then memory items. Returns {status, text}: status -1 fenced,
-# 0 another worker committed first (its text is returned), 1 committed.
+# max memory items (0 = unbounded), clear memory first ('1' | ''), then memory items.
+# Returns {status, text}: status -1 fenced, 0 another worker committed first (its text is returned), 1 committed.
 _COMMIT = (
     _FENCE
     + """
@@ -67,12 +67,27 @@ local existing = redis.call('HGET', KEYS[2], 'text')
 if existing then return {0, existing} end
 redis.call('HSET', KEYS[2], 'text', ARGV[3], 'created', ARGV[4], 'state', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-if KEYS[3] and #ARGV > 7 then
-  for i = 8, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+if KEYS[3] and ARGV[8] == '1' then redis.call('DEL', KEYS[3]) end
+if KEYS[3] and #ARGV > 8 then
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
   if tonumber(ARGV[7]) > 0 then redis.call('LTRIM', KEYS[3], -tonumber(ARGV[7]), -1) end
   redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
 return {1, ARGV[3]}
+"""
+)
+
+
+# KEYS: lease (the value's own key when unfenced), the key. ARGV: epoch ('' = unfenced), ttl (0 = none), value
+# ('' deletes). Returns -1 if fenced, else 1.
+_SET_VALUE = (
+    _FENCE
+    + """
+if fenced() then return -1 end
+if ARGV[3] == '' then redis.call('DEL', KEYS[2])
+elseif tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[2])
+else redis.call('SET', KEYS[2], ARGV[3]) end
+return 1
 """
 )
 
@@ -101,6 +116,13 @@ class ReplyState:
     no_answer: str = ""  # the knowledge bases had nothing above the threshold (微信客服 hands over)
     knowledge: str = ""  # which chunks the answer used (JSON), for an operator asking why it said that
     quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have
+    admitted: str = ""  # the message was counted in its sender's message windows (once, whatever the retries)
+    handoff_code: str = ""  # the conversation was moved to a human: the code that move returned ('-': none)
+    handoff_notice_started: str = ""  # the handoff notice took its slot and its send began
+    handoff_notice_sent: str = ""
+    welcome_started: str = ""  # the welcome's send began (a retry resends it, with the same msgid)
+    welcome_sent: str = ""
+    send_failed: str = ""  # the platform reported after accepting a piece that it was not delivered (why)
     variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 
     @classmethod
@@ -131,6 +153,20 @@ class Fence:
     epoch: str
 
 
+class FencedValues:
+    """Plain values (a cursor, a cached holder) written only while the writer still holds its lease, so that a
+    worker that stalled and lost its message cannot overwrite what its successor wrote."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._script = redis.register_script(_SET_VALUE)
+
+    async def set(self, fence: Fence | None, key: str, value: str, ttl_s: int = 0) -> None:
+        """Set (or, with value '', delete) `key`; LeaseLost when the fence no longer holds."""
+        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (key, "")
+        if int(await self._script(keys=[lease_key, key], args=[epoch, ttl_s, value])) < 0:
+            raise LeaseLost(key)
+
+
 class ReplyRecords:
     """Opens reply records; the scripts are registered once per process, not per message."""
 
@@ -158,6 +194,10 @@ class ReplyRecord:
         """(lease key, epoch); unfenced, the record's own key stands in (every key given to a script must be of
         its one cluster slot) and the empty epoch says there is no lease to check."""
         return (self.fence.lease_key, self.fence.epoch) if self.fence else (self.key, "")
+
+    async def exists(self) -> bool:
+        """Whether anything was recorded for this message yet (an answer, a step of one)."""
+        return bool(await self.redis.exists(self.key))
 
     async def load(self) -> ReplyState:
         return ReplyState.from_hash(await self.redis.hgetall(self.key))
@@ -201,12 +241,16 @@ class ReplyRecord:
         exchange: tuple[Turn, Turn] | None = None,
         memory_ttl_s: int = 0,
         max_memory_items: int = 0,
+        *,
+        clear_memory: bool = False,
     ) -> str:
-        """Store the answer (and the exchange in memory) once; if another worker got there first, its answer."""
+        """Store the answer (and the exchange in memory) once; if another worker got there first, its answer.
+        `clear_memory` (/reset) empties the conversation's memory in the same fenced step."""
         lease_key, epoch = self._fence_args()
         items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
-        argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, *items]
-        keys = [lease_key, self.key, *([memory_key] if exchange else [])]
+        flag = "1" if clear_memory else ""
+        argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, flag, *items]
+        keys = [lease_key, self.key, *([memory_key] if exchange or clear_memory else [])]
         status, stored = await self._scripts["commit"](keys=keys, args=argv)
         if int(status) < 0:
             raise LeaseLost(self.key)

@@ -234,8 +234,9 @@ class Worker:
             await self._scheduler.release(lease, "done", dead_letter={"reason": f"bot {message.bot_id!r} is gone"})
             return
         weight = self._cfg.weight(message.bot_id)
+        job = self._job(lease, message, adapter)  # before anything that can fail: the failure path needs it
         try:
-            if adapter.merge_window_s and entry.get("kind") == "chat" and "merged" not in entry:
+            if await self._may_merge(job):
                 merged, wait_s = await self._pulled.merge(lease, message, adapter.merge_window_s)
                 if wait_s > 0:  # the person is still writing: look again when the burst is over
                     await self._scheduler.release(lease, "retry", delay_s=wait_s, weight=weight)
@@ -243,7 +244,7 @@ class Worker:
                 if merged is not None:
                     lease = dataclasses.replace(lease, entry=merged)
                     message = InboundMessage.model_validate(merged["msg"])
-            job = self._job(lease, message, adapter)
+                    job = self._job(lease, message, adapter)
             outcome = await self._run(job)
             await self._scheduler.release(lease, "done", weight=weight)
             self._forget(lease)
@@ -261,6 +262,15 @@ class Worker:
         except Exception as exc:
             await self._failed(job, exc)
 
+    @staticmethod
+    async def _may_merge(job: Job) -> bool:
+        """A burst is merged into its head only before anything was written for the head: once an answer (or
+        any step of one) is recorded, what arrived behind it is answered on its own, never absorbed unseen."""
+        entry = job.lease.entry
+        if not job.adapter.merge_window_s or entry.get("kind") != "chat" or "merged" in entry:
+            return False
+        return not await job.record.exists()
+
     def _job(self, lease: Lease, message: InboundMessage, adapter: Adapter) -> Job:
         fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
         record = self._records.open(message.dedup_key, fence)
@@ -273,14 +283,15 @@ class Worker:
         are the pull itself, a human agent's turn, a platform event, an operator's handoff."""
         kind, message, adapter = job.lease.entry.get("kind"), job.message, job.adapter
         if kind == "pull":
-            return await self._pulled.pull(adapter, message, float(job.lease.entry.get("t", 0)) / 1000)
+            requested_at = float(job.lease.entry.get("t", 0)) / 1000
+            return await self._pulled.pull(adapter, message, requested_at, job.record.fence)
         if kind == "agent":
             return await self._pulled.agent_turn(message, job.record, self._rt.keys.memory(job.scope.lane))
         if kind == "event":
             return await self._pulled.event(adapter, message, job.lease.entry, job.record)
         if kind == "handoff":
             servicer = job.lease.entry.get("servicer") or None
-            code = await self._pulled.conversations.hand_off(adapter, message, servicer)
+            code = await self._pulled.conversations.hand_off(adapter, message, job.record, servicer)
             return f"handed off (code {'yes' if code else 'none'})"
         return await self._answer(job)
 
@@ -292,29 +303,34 @@ class Worker:
         if reason == "95018" and job.adapter.sessions is not None:  # a human took it: learn who holds it now
             with contextlib.suppress(RedisError, SendError):
                 owner = await job.adapter.sessions.owner(job.message.reply_to)
-                await self._pulled.conversations.set_owner(job.message, owner if owner != "bot" else "human")
+                await self._pulled.conversations.set_owner(
+                    job.message, owner if owner != "bot" else "human", job.record.fence
+                )
         with contextlib.suppress(RedisError, LeaseLost):
             await job.record.mark(state="done", reason=f"withheld: {reason}")
 
-    async def _gate(self, job: Job) -> str | None:
+    async def _gate(self, job: Job, state: ReplyState) -> str | None:
         """On a platform with human agents, before answering: renew the person's allowance, stay quiet when a
-        human holds the conversation, hand it over when asked, and take it when nobody holds it."""
-        adapter, message, conversations = job.adapter, job.message, self._pulled.conversations
-        if adapter.reply_quota is not None:
-            await conversations.renew_quota(message, adapter.reply_quota)
-        owner = await conversations.owner(adapter, message)
+        human holds the conversation, hand it over when asked, and take it when nobody holds it.
+
+        A handoff asked for is finished before the message is remembered and done (and resumed first on a
+        retry, whoever holds the conversation by then): a move or notice that failed is tried again."""
+        adapter, message, conversations, fence = job.adapter, job.message, self._pulled.conversations, job.record.fence
         memory_key = self._rt.keys.memory(job.scope.lane)
+        if adapter.reply_quota is not None:
+            await conversations.renew_quota(message, adapter.reply_quota, fence)
+        owner = "bot" if state.handoff_code else await conversations.owner(adapter, message, fence)
         if owner == "human":
             await self._pulled.remember_withheld(message, job.record, memory_key)
             await self._withheld(job, "human")
             return "withheld"
-        if adapter.sessions.wants_human(message.text):
+        if state.handoff_code or adapter.sessions.wants_human(message.text):
+            await conversations.hand_off(adapter, message, job.record)
             await self._pulled.remember_withheld(message, job.record, memory_key)
-            await conversations.hand_off(adapter, message)
             await job.record.mark(state="done")
             return "handed_off"
         if owner == "free":
-            await conversations.take(adapter, message)
+            await conversations.take(adapter, message, fence)
         return None
 
     async def _failed(self, job: Job, exc: Exception) -> None:
@@ -366,7 +382,7 @@ class Worker:
             return "already_sent"
         text = state.text
         if text is None and job.adapter.sessions is not None and job.lease.entry.get("kind") == "chat":
-            gated = await self._gate(job)
+            gated = await self._gate(job, state)
             if gated is not None:
                 return gated
         if text is None:
@@ -375,34 +391,45 @@ class Worker:
         if not text:
             await job.record.mark(state="done")
             return "nothing_to_send"
+        if (job.no_answer or state.no_answer) and job.adapter.sessions is not None:
+            # Nothing in the documents: say so, then hand over; done only once the handoff happened, so that a
+            # retry after a failed move still makes it.
+            await job.presenter.deliver(text, state)
+            await self._pulled.conversations.hand_off(job.adapter, job.message, job.record)
+            await job.record.mark(state="done")
+            metrics.REPLIES.labels(job.message.platform, "sent").inc()
+            return "sent; handed off (no answer)"
         await job.presenter.finish(text, state)
         metrics.REPLIES.labels(job.message.platform, "sent").inc()
-        if (job.no_answer or state.no_answer) and job.adapter.sessions is not None:
-            await self._pulled.conversations.hand_off(job.adapter, job.message)  # the documents are silent
-            return "sent; handed off (no answer)"
         return "sent"
 
-    async def _commit(self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None) -> str:
+    async def _commit(
+        self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None, *, clear_memory: bool = False
+    ) -> str:
         memory = self._memory
         memory_key = self._rt.keys.memory(job.scope.lane)
-        return await job.record.commit(text, f"{time.time():.3f}", memory_key, exchange, memory.ttl_s, memory.max_items)
+        return await job.record.commit(
+            text, f"{time.time():.3f}", memory_key, exchange, memory.ttl_s, memory.max_items, clear_memory=clear_memory
+        )
 
     async def _compose(self, job: Job, state: ReplyState) -> str:
         """The answer: a notice, a command's result, or the engine's reply (committed with memory)."""
         message, entry = job.message, job.lease.entry
         if entry.get("kind") == "notice":
             return await self._commit(job, str(entry.get("notice", "")))
-        refusal = await self._budgets.admit_message(message.sender_id, job.group_id)
-        if refusal is not None:
-            return await self._commit(job, await self._refusal_notice(job, refusal))
+        if not state.admitted:  # counted once, however often the answer is tried
+            refusal = await self._budgets.admit_message(message.sender_id, job.group_id)
+            if refusal is not None:
+                return await self._commit(job, await self._refusal_notice(job, refusal))
+            await job.record.mark(admitted="1")
+            state.admitted = "1"
         if message.msg_type != "text" or not message.text.strip():
             return await self._commit(job, commands.TEXT_ONLY_TEXT)
         command = commands.parse_command(message.text)
         if command == "help":
             return await self._commit(job, commands.HELP_TEXT)
-        if command == "reset":
-            await self._memory.clear(job.scope.lane)
-            return await self._commit(job, commands.RESET_TEXT)
+        if command == "reset":  # the clear is part of the fenced commit: a stale worker wipes nothing
+            return await self._commit(job, commands.RESET_TEXT, clear_memory=True)
         try:
             return await self._ask_engine(job, state)
         except EngineError as exc:
@@ -438,9 +465,8 @@ class Worker:
         waited = time.time() - job.message.received_at
         if await engine.wait_ready(max(0.0, settings.wait_notice_after_s - waited)):
             return
-        if await job.record.claim("wait_notice"):
-            log.info("engine not ready; telling the user their answer is coming")
-            await job.presenter.notice(commands.ENGINE_STARTING_TEXT)
+        if await job.presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice"):
+            log.info("engine not ready; told the user their answer is coming")
         if not await engine.wait_ready(settings.max_wait_s):
             raise EngineUnavailable("no engine became ready")
 
@@ -533,7 +559,7 @@ class Worker:
             *({"role": turn.role, "content": turn.content} for turn in plan.history),
             {"role": "user", "content": message.text},
         ]
-        completion = await self._generate(job, state, prompt, plan.max_tokens, reservation)
+        completion = await self._generate(job, state, prompt, plan, reservation)
         if job.presenter.streams:  # a whole (unstreamed) answer has no first token of its own
             metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
@@ -554,33 +580,45 @@ class Worker:
         return await self._commit(job, answer, exchange)
 
     async def _generate(
-        self, job: Job, state: ReplyState, prompt: list[dict[str, str]], max_tokens: int, reservation: Reservation
+        self, job: Job, state: ReplyState, prompt: list[dict[str, str]], plan: PromptPlan, reservation: Reservation
     ) -> Completion:
         """Ask the engine, streaming into the user's stream or card where the platform shows one; the token
-        reservation is settled to vLLM's usage whatever happens."""
+        reservation is settled to what the engine used, failed attempts included, whatever happens."""
+        spent = [0]  # tokens of attempts that failed (their prompt bound and what they wrote)
         used = 0
         try:
             presenter = job.presenter
             if presenter.streams:
                 await presenter.open(state)
-                completion = await self._stream_to_user(presenter, prompt, max_tokens, job.message.temperature)
+                completion = await self._stream_to_user(presenter, prompt, plan, job.message.temperature, spent)
             else:
                 completion = await self._rt.engine.chat(
-                    prompt, max_tokens=max_tokens, temperature=job.message.temperature
+                    prompt, max_tokens=plan.max_tokens, temperature=job.message.temperature
                 )
             used = completion.prompt_tokens + completion.completion_tokens
             return completion
         finally:
             with contextlib.suppress(RedisError):
-                await self._budgets.settle(reservation, used)
+                await self._budgets.settle(reservation, used + spent[0])
 
     async def _stream_to_user(
-        self, presenter: Presenter, prompt: list[dict[str, str]], max_tokens: int, temperature: float | None
+        self,
+        presenter: Presenter,
+        prompt: list[dict[str, str]],
+        plan: PromptPlan,
+        temperature: float | None,
+        spent: list[int],
     ) -> Completion:
         """Generate into the user's stream or card as the engine writes. If a worker or engine died mid-answer,
-        what the user already sees is continued (vLLM's continue_final_message), never replaced."""
+        what the user already sees is continued (vLLM's continue_final_message), never replaced: the text
+        shown joins the prompt and leaves the answer that much less room, so the request still fits the
+        context window and the whole answer stays within the tokens reserved for it."""
         for attempt in range(STREAM_ATTEMPTS):
             shown = await presenter.shown()
+            shown_tokens = await self._rt.engine.count_tokens(shown) if shown else 0
+            max_tokens = plan.max_tokens - shown_tokens
+            if max_tokens <= 0:  # the answer shown already used all its room: it is finished as it stands
+                return Completion(shown, 0, 0, "length", 0.0, 0.0)
             text = shown
             pushed_at = 0.0
 
@@ -605,12 +643,23 @@ class Worker:
                     failover=False,
                 )
             except EngineError as exc:
+                written = text[len(shown) :]
+                spent[0] += plan.prompt_bound + shown_tokens + (await self._count_or_bound(written))
                 if not exc.retryable or attempt + 1 == STREAM_ATTEMPTS:
                     raise
                 log.warning("engine failed mid-stream; continuing what the user sees", extra={"error": str(exc)})
                 continue
             return dataclasses.replace(completion, text=shown + completion.text)
         raise AssertionError("unreachable")
+
+    async def _count_or_bound(self, text: str) -> int:
+        """Tokens of `text` by the engine's tokenizer; its UTF-8 length (an upper bound) when that fails too."""
+        if not text:
+            return 0
+        try:
+            return await self._rt.engine.count_tokens(text)
+        except EngineError:
+            return utf8_len(text)
 
     async def _record_experts(self, job: Job, routed_experts: str, answer: str) -> str:
         """Export which experts answered (MoE on GPU) and, if the operator wants it, show them in the reply."""

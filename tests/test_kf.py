@@ -249,7 +249,7 @@ def test_a_burst_within_the_merge_window_gets_one_answer(kf: Kf, live_engine: st
 
 
 def test_a_first_start_skips_history_but_never_the_message_that_called_back(kf: Kf) -> None:
-    kf.redis.delete(f"{kf.namespace}:pull:cursor:kefu:{KFID}")  # as on the day the bot is configured
+    kf.redis.delete(Keys(kf.namespace).pull_cursor("kefu", KFID))  # as on the day the bot is configured
     earlier, caller = customer(), customer()
     kf.write(earlier, "/help", callback=False, send_time=time.time() - 600)
     token = kf.write(caller, "/help", callback=False, send_time=time.time() - 300)  # its callback came late
@@ -262,7 +262,7 @@ def test_1200_messages_between_two_callbacks_pulled_across_pages_answered_once_d
     first, people = customer(), [customer() for _ in range(1200)]
     kf.write(first, "/help")  # the callback before the 1,200
     kf.wait_sent(first, 1)
-    cursor_key = f"{kf.namespace}:pull:cursor:kefu:{KFID}"
+    cursor_key = Keys(kf.namespace).pull_cursor("kefu", KFID)
     cursor_before = kf.redis.get(cursor_key)
     assert cursor_before, "the first pull saved its cursor"
 

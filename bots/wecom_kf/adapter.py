@@ -76,7 +76,9 @@ class KfSessions:
         state = STATE_HUMAN if servicer else STATE_POOL
         return await self._api.trans(target.chat_id, target.user_id, state, servicer)
 
-    async def send_notice(self, target: ReplyTarget, code: str, text: str, notice_key: str) -> None:
+    async def send_notice(
+        self, target: ReplyTarget, code: str, text: str, notice_key: str, *, resend: bool = False
+    ) -> None:
         try:
             await self._api.send_on_event(code, text, msgid_for(notice_key))
         except AlreadySent:
@@ -153,6 +155,10 @@ class WeComKfAdapter(ChannelDefaults):
             await self.api.send_text(target.chat_id, target.user_id, text, msgid)
         except AlreadySent:
             return
+
+    def platform_message_id(self, piece_key: str) -> str:
+        """send_msg's msgid of a piece: msg_send_fail names it as `fail_msgid`."""
+        return msgid_for(piece_key)
 
     async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage:
         """One sync_msg page of account `channel`, from `cursor`, with the callback's token `hint`."""
