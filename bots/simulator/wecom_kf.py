@@ -594,6 +594,9 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
         msgids = []
         for text in texts:
             item = _text_item(open_kfid, user, text, 3, send_time)
+            if body.get("msgtype") == "image":  # a photo: sync_msg gives its media_id (wecom-kf.md §2 msg_list)
+                item["msgtype"], item["image"] = "image", {"media_id": "MEDIA_" + secrets.token_hex(8)}
+                del item["text"]
             state.append(open_kfid, item)
             msgids.append(item["msgid"])
         return JSONResponse({"msgids": msgids, "token": state.new_sync_token(open_kfid, body.get("token_ttl_s"))})

@@ -1,0 +1,285 @@
+"""Faults at the answer path's side-effect boundaries, driven in one process on a real redis-server with the
+worker's own classes (scheduler, reply record, conversations, presenters, limits). Each test is a defect an
+outside review reproduced: it fails on the code before its fix.
+
+The platform is a recording stand-in here where the point is the gateway's order of writes and sends; the
+same paths against the simulator are in tests/test_kf.py and tests/test_kf_faults.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from bots.base import InboundMessage, ReplyQuota, ReplyTarget
+from engine.client import Completion, EngineError
+from gateway import commands
+from gateway.config import MemorySettings, WorkerSettings
+from gateway.conversations import Conversations
+from gateway.keys import Keys
+from gateway.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
+from gateway.memory import Scope, Turn
+from gateway.presenters import Delivery, PiecesPresenter, StreamPresenter
+from gateway.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.scheduler import Scheduler, new_entry
+from gateway.streams import StreamStore
+from gateway.worker import Job, PromptPlan, Worker
+
+QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
+
+
+@dataclass
+class World:
+    redis: aioredis.Redis
+    redis_url: str
+    keys: Keys
+    scheduler: Scheduler
+    records: ReplyRecords
+    conversations: Conversations
+    delivery: Delivery
+
+
+@pytest.fixture
+async def world(redis_url: str) -> AsyncIterator[World]:
+    client = aioredis.Redis.from_url(redis_url)
+    keys = Keys("f" + secrets.token_hex(4))
+    conversations = Conversations(client, keys, "per_user")
+    pacer = MovingWindowLimiter(redis_url, keys.send_pace_prefix)
+    delivery = Delivery(client, keys, StreamStore(client, keys), pacer, WorkerSettings(), conversations)
+    scheduler = Scheduler(client, keys)
+    await scheduler.load_scripts()
+    yield World(client, redis_url, keys, scheduler, ReplyRecords(client, keys, 3600), conversations, delivery)
+    await client.aclose()
+
+
+def kf_message(text: str = "你好", msg_type: str = "text") -> InboundMessage:
+    person = "wm" + secrets.token_hex(4)
+    return InboundMessage(
+        platform="wecom-kf", bot_id="kefu", msg_id=secrets.token_hex(6), conversation_id=f"wk:{person}",
+        sender_id=person, text=text, msg_type=msg_type, reply_to=ReplyTarget(chat_id="wk", user_id=person),
+    )  # fmt: skip
+
+
+@dataclass
+class KfStandIn:
+    """A 微信客服-shaped channel that records its sends (pieces of 2048 bytes, 5 per 48 h, one kept)."""
+
+    sent: list[str] = field(default_factory=list)
+    reply_quota: ReplyQuota | None = QUOTA
+    duplicate_check_window_s: float = 0.0
+    max_stream_bytes: int = 20480
+
+    def max_bytes_for(self, target: ReplyTarget) -> int:
+        return 2048
+
+    def pacing(self, target: ReplyTarget) -> list:
+        return []
+
+    def platform_message_id(self, piece_key: str) -> str:
+        return ""
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = "") -> None:
+        self.sent.append(text)
+
+
+async def leased(world: World, message: InboundMessage) -> tuple[Fence, object]:
+    """Queue `message` in its lane and take it: the lease every write is fenced by."""
+    lane = Scope.of(message, "per_user").lane
+    await world.scheduler.enqueue(lane, new_entry(lane, "chat", message.model_dump_json()))
+    lease = await world.scheduler.take("w", 30_000, 0)
+    assert lease is not None and lease.lane == lane
+    return Fence(world.keys.lease(lane), lease.epoch), lease
+
+
+async def customer_wrote(world: World, message: InboundMessage) -> None:
+    await world.conversations.renew_quota(message, QUOTA)
+
+
+# -- defect 11 and 5: the quota slot and the send's begin mark are one step; notices take slots too --------------
+
+
+async def test_a_lease_lost_before_a_piece_is_sent_spends_no_quota_slot(world: World) -> None:
+    message = kf_message()
+    fence, lease = await leased(world, message)
+    await customer_wrote(world, message)
+    record = world.records.open(message.dedup_key, fence)
+    stale = world.records.open(message.dedup_key, Fence(fence.lease_key, str(int(fence.epoch) - 1)))
+    adapter = KfStandIn()
+    presenter = PiecesPresenter(world.delivery, adapter, message, stale, stale.fence)
+    with pytest.raises(LeaseLost):
+        await presenter.deliver("回答", await record.load())
+    assert adapter.sent == []
+    assert await world.conversations.quota_left(message, QUOTA) == 4, "a worker that lost the lease used a slot"
+
+
+async def test_the_engine_starting_notice_takes_a_quota_slot_so_the_handoff_slot_survives(world: World) -> None:
+    message = kf_message()
+    fence, _ = await leased(world, message)
+    await customer_wrote(world, message)
+    record = world.records.open(message.dedup_key, fence)
+    adapter = KfStandIn()
+    presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
+    assert await presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice")
+    assert not await presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice"), "sent twice"
+    await presenter.finish("很长的回答。" * 1400, await record.load())  # 5 pieces' worth
+    assert len(adapter.sent) == 4, f"notice + {len(adapter.sent) - 1} pieces: the handoff's slot is gone"
+    assert adapter.sent[-1].endswith(commands.ANSWER_CUT_TEXT)
+    assert await world.conversations.take_slot(message, QUOTA, record, {}, for_handoff=True)
+
+
+# -- defect 6: an AI-bot answer over the stream cap says it was cut when the overflow post is impossible ----------
+
+
+async def test_an_answer_over_the_stream_cap_ends_with_the_cut_note_when_response_url_is_unusable(
+    world: World,
+) -> None:
+    person = "u" + secrets.token_hex(4)
+    stream_id = secrets.token_hex(8)
+    message = InboundMessage(
+        platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(6), conversation_id=person, sender_id=person,
+        text="写长文", reply_to=ReplyTarget(user_id=person, stream_id=stream_id),
+    )  # fmt: skip
+    await world.delivery.streams.open("ai", person, stream_id, limit=3, max_age_s=600)
+    adapter = SimpleNamespace(max_stream_bytes=20480, max_overflow_bytes=20480, overflow_allowed=lambda target: False)
+    record = world.records.open(message.dedup_key)
+    presenter = StreamPresenter(world.delivery, adapter, message, record, None)
+    text = "长" * 10_000  # 30,000 bytes
+    for end in range(1000, len(text) + 1, 1000):  # shown while written, as the engine streams it
+        await presenter.show(text[:end])
+    await presenter.deliver(text, await record.load())
+    final = await world.delivery.streams.get(stream_id)
+    assert final is not None and final.finished
+    assert len(final.content.encode()) <= 20480
+    assert final.content.endswith(commands.ANSWER_CUT_TEXT), "the answer was cut without a word"
+
+
+# -- defect 8: message windows are counted once per message, and a refusal spends no window -----------------------
+
+
+async def test_a_refusal_by_the_group_window_spends_none_of_the_users(world: World) -> None:
+    settings = LimitSettings(per_user="5/minute", group=Budget(messages="1/minute"))
+    budgets = Budgets(world.redis, world.redis_url, world.keys, settings)
+    user, group = "u" + secrets.token_hex(4), "g" + secrets.token_hex(4)
+    assert await budgets.admit_message(user, group) is None
+    refusal = await budgets.admit_message(user, group)
+    assert refusal is not None and refusal.who == f"group:{group}"
+    used = (await budgets.show(user))[f"user:{user}"]["messages"][0]["used"]
+    assert used == 1, f"the refused message spent the user's window too ({used} used)"
+
+
+# -- defect 9: /reset's clear is fenced with the commit ------------------------------------------------------------
+
+
+async def test_a_stale_reset_wipes_nothing_its_successor_wrote(world: World) -> None:
+    message = kf_message("/reset")
+    fence, _ = await leased(world, message)
+    memory_key = world.keys.memory(Scope.of(message, "per_user").lane)
+    successor = world.records.open(message.dedup_key, fence)
+    await successor.commit("答", "1", memory_key, (Turn("user", "问", 1), Turn("assistant", "答", 1)), 3600, 0)
+    stale = world.records.open(message.dedup_key, Fence(fence.lease_key, str(int(fence.epoch) - 1)))
+    with pytest.raises(LeaseLost):
+        await stale.commit(commands.RESET_TEXT, "2", memory_key, None, 3600, 0, clear_memory=True)
+    assert await world.redis.llen(memory_key) == 2, "a stale worker's /reset wiped the successor's memory"
+
+
+async def test_a_stale_worker_cannot_set_the_holder_or_the_quota(world: World) -> None:
+    message = kf_message()
+    fence, _ = await leased(world, message)
+    stale = Fence(fence.lease_key, str(int(fence.epoch) - 1))
+    await world.conversations.set_owner(message, "bot", fence)
+    with pytest.raises(LeaseLost):
+        await world.conversations.set_owner(message, "human", stale)
+    assert await world.conversations.owner(SimpleNamespace(), message) == "bot"
+    with pytest.raises(LeaseLost):
+        await world.conversations.renew_quota(message, QUOTA, stale)
+    assert await world.conversations.quota_left(message, QUOTA) == 0, "a stale worker renewed the allowance"
+
+
+# -- defect 2: a retry never merges new messages into an answer already recorded -----------------------------------
+
+
+async def test_a_head_whose_answer_is_recorded_is_not_merged_again(world: World) -> None:
+    message = kf_message()
+    fence, lease = await leased(world, message)
+    record = world.records.open(message.dedup_key, fence)
+    job = Job(lease, message, Scope.of(message, "per_user"), SimpleNamespace(merge_window_s=3.0), record, None)  # type: ignore[arg-type]
+    assert await Worker._may_merge(job), "a fresh head merges its burst"
+    await record.commit("已经写好的回答", "1")
+    assert not await Worker._may_merge(job), "what came behind would be absorbed into an answer already written"
+
+
+# -- defect 4: a Redis error before the answer began is a counted failure with a backoff ---------------------------
+
+
+async def test_a_redis_error_in_the_merge_is_counted_and_backed_off(world: World) -> None:
+    message = kf_message()
+    _, lease = await leased(world, message)
+    worker = object.__new__(Worker)
+    adapter = SimpleNamespace(merge_window_s=3.0, reply_style="pieces", reply_quota=QUOTA, duplicate_check_window_s=0)
+    settings = SimpleNamespace(memory=MemorySettings(), worker=WorkerSettings(max_send_attempts=3))
+    worker._rt = SimpleNamespace(adapters={"kefu": adapter}, keys=world.keys, redis=world.redis, settings=settings)
+    worker._settings, worker._cfg, worker._scheduler = settings, settings.worker, world.scheduler
+    worker._records, worker._delivery = world.records, world.delivery
+
+    async def merge_fails(*args: object) -> None:
+        raise RedisError("connection reset mid-merge")
+
+    worker._pulled = SimpleNamespace(merge=merge_fails)
+    await worker._handle(lease)  # before the fix: UnboundLocalError (no job yet), never counted
+    assert int(await world.redis.get(world.keys.entry_failures(lease.entry_id)) or 0) == 1
+    assert await world.scheduler.take("w2", 30_000, 0) is None, "retried at once instead of after a backoff"
+
+
+# -- defect 7: a continued answer leaves max_tokens room for what is already shown --------------------------------
+
+
+class ContinuingEngine:
+    """Fails mid-stream once after writing `first`, then finishes; records each request's max_tokens."""
+
+    def __init__(self, first: str, rest: str) -> None:
+        self.first, self.rest = first, rest
+        self.max_tokens: list[int] = []
+
+    async def count_tokens(self, text: str) -> int:
+        return len(text)
+
+    async def chat(self, messages: list[dict], *, max_tokens: int, on_delta, **kwargs: object) -> Completion:  # type: ignore[no-untyped-def]
+        self.max_tokens.append(max_tokens)
+        if len(self.max_tokens) == 1:
+            await on_delta(self.first)
+            raise EngineError("engine connection lost mid-stream", retryable=True)
+        await on_delta(self.rest)
+        return Completion(self.rest, 10, len(self.rest), "stop", 0.1, 0.2)
+
+
+class ShownStore:
+    """A presenter that keeps what the user sees, as the stream store does."""
+
+    streams, interval_s = True, 0.0
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    async def shown(self) -> str:
+        return self.text
+
+    async def show(self, text: str) -> None:
+        self.text = text
+
+
+async def test_a_continued_answer_asks_for_only_the_tokens_left_and_settles_the_failed_attempt() -> None:
+    engine = ContinuingEngine("一二三四五六七八九十", "完")
+    worker = object.__new__(Worker)
+    worker._rt = SimpleNamespace(engine=engine)
+    spent = [0]
+    plan = PromptPlan([], max_tokens=50, prompt_bound=100, message_tokens=None)
+    completion = await worker._stream_to_user(ShownStore(), [], plan, None, spent)  # type: ignore[arg-type]
+    assert completion.text == "一二三四五六七八九十完"
+    assert engine.max_tokens == [50, 40], "the continuation may spend a whole max_tokens past the reservation"
+    assert spent[0] == 100 + 10, "the failed attempt's prompt and written tokens were never settled"
