@@ -106,7 +106,7 @@ async def customer_wrote(world: World, message: InboundMessage) -> None:
 
 async def test_a_lease_lost_before_a_piece_is_sent_spends_no_quota_slot(world: World) -> None:
     message = kf_message()
-    fence, lease = await leased(world, message)
+    fence, _ = await leased(world, message)
     await customer_wrote(world, message)
     record = world.records.open(message.dedup_key, fence)
     stale = world.records.open(message.dedup_key, Fence(fence.lease_key, str(int(fence.epoch) - 1)))
