@@ -1,0 +1,71 @@
+"""微信客服 under faults, end to end: the simulated Kefu API fails once where a review found a once-only step
+marked before its call, and a customer's photo is followed by a question. Gateway and worker are processes;
+the same fixture as tests/test_kf.py (own namespace, own simulator)."""
+
+from __future__ import annotations
+
+import time
+
+from gateway import commands
+from tests.procs import wait_for
+from tests.test_kf import HANDOFF_NOTICE, Kf, customer, kf  # noqa: F401 (kf is the module's fixture)
+
+BUSY = {"errcode": -1, "errmsg": "system busy"}  # WeCom's documented transient answer, retried by botgw
+
+
+def test_a_photo_then_a_question_within_the_merge_window_gets_the_question_answered(kf: Kf) -> None:
+    person = customer()
+    kf.write(person, "", msgtype="image")
+    kf.write(person, "/help")
+    answers = kf.wait_sent(person, 1, settle=4.0)
+    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the question behind the photo was lost"
+
+
+def test_a_handoff_whose_move_fails_once_is_made_on_the_retry_and_the_customer_told(kf: Kf) -> None:
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "service_state_trans", **BUSY, "times": 1})
+    kf.write(person, "转人工")
+    handed = kf.wait_sent(person, 2, timeout=60)
+    assert handed[1]["via"] == "send_msg_on_event" and handed[1]["content"] == HANDOFF_NOTICE
+    assert kf.session(person)["service_state"] == 2, "the customer who asked for a human stayed with the bot"
+
+
+def test_a_handoff_notice_that_fails_once_is_sent_on_the_retry_once(kf: Kf) -> None:
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg_on_event", **BUSY, "times": 1})
+    kf.write(person, "转人工")
+    handed = kf.wait_sent(person, 2, timeout=60, settle=3.0)
+    assert [item["content"] for item in handed[1:]] == [HANDOFF_NOTICE]
+    assert kf.session(person)["service_state"] == 2
+
+
+def test_a_welcome_whose_send_fails_once_is_sent_on_the_retry(kf: Kf) -> None:
+    person = customer()
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg_on_event", **BUSY, "times": 1})
+    entered = kf.event(person, "enter_session")
+    assert kf.callback(entered["token"]).status_code == 200
+    welcome = kf.wait_sent(person, 1, timeout=20, settle=2.0)
+    assert [item["content"] for item in welcome] == ["欢迎光临，我是智能客服。"], "the welcome was taken for sent"
+
+
+def test_a_cursor_the_platform_refuses_is_dropped_and_the_pull_starts_again(kf: Kf) -> None:
+    from gateway.keys import Keys
+
+    cursor_key = Keys(kf.namespace).pull_cursor("kefu", "wk-test-support")
+    first = customer()
+    kf.write(first, "/help")
+    kf.wait_sent(first, 1)
+    kf.redis.set(cursor_key, "a-cursor-this-simulator-never-issued")  # as after `make stop && make run`
+    dead_before = kf.redis.xlen(Keys(kf.namespace).dead_letters)
+    person = customer()
+    kf.write(person, "/help")
+    answers = kf.wait_sent(person, 1, timeout=30)
+    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the account went silent"
+    wait_for(lambda: kf.redis.get(cursor_key) not in (None, b"a-cursor-this-simulator-never-issued"), 10, "a cursor")
+    time.sleep(1.0)
+    assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before, "the refused pull became a dead letter"
+    assert kf.sent(first) and len(kf.sent(first)) == 1, "history was answered again after the reset"
