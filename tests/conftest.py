@@ -483,3 +483,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that judge the whole run (the logs of every process) go last; the rest keep their order."""
     items.sort(key=lambda item: item.get_closest_marker("after_everything") is not None)
+
+
+from tests.kf_env import kf  # noqa: E402, F401  (a 微信客服 stack: a fixture for test_kf.py and test_kf_faults.py)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from gateway import commands
+from tests.kf_env import HANDOFF_NOTICE, Kf, customer
 from tests.procs import wait_for
-from tests.test_kf import HANDOFF_NOTICE, Kf, customer, kf  # noqa: F401 (kf is the module's fixture)
 
 BUSY = {"errcode": -1, "errmsg": "system busy"}  # WeCom's documented transient answer, retried by botgw
 
