@@ -9,6 +9,8 @@ after what that message already holds. It serves /health, /v1/models (with max_m
 /tokenize and /metrics like vLLM (running counts a request until its last chunk is sent), records
 every request (GET /__stub__/requests) so a test can see what reached the engine and when, and can
 be told to report extra load or to answer slower (POST /__stub__/load {"running": N, "delay_s": S}).
+A user message containing `fail-once` is refused with HTTP 503 the first time that exact text arrives
+(an engine restarting under a retry), and answered after that.
 
     python -m tests.stub_engine --port 8011 --delay 1.0 [--chunk-delay 0] [--model ernie-tiny] [--max-model-len 2048]
 """
@@ -27,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 CHUNKS = 4
 SLEEP = re.compile(r"sleep=([0-9.]+)")
+FAIL_ONCE = "fail-once"
 
 
 def answer_for(user_text: str) -> str:
@@ -36,6 +39,7 @@ def answer_for(user_text: str) -> str:
 def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: float = 0.0) -> FastAPI:
     app = FastAPI()
     requests: list[dict] = []
+    failed: set[str] = set()  # fail-once texts already refused
     running = {"n": 0, "extra": 0}
     timing = {"delay": delay_s}
 
@@ -87,6 +91,9 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
                   "continued": continued, "system": system,
                   "history": [m["content"] for m in messages[:-1] if m.get("role") != "system"]}
         requests.append(record)
+        if FAIL_ONCE in last_user and last_user not in failed:
+            failed.add(last_user)
+            return JSONResponse({"error": {"message": "engine restarting"}}, status_code=503)
         answer = answer_for(last_user)
         if continued is not None:
             answer = answer[len(continued) :] if answer.startswith(continued) else ""

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from bots.base import InboundMessage, ReplyQuota, ReplyTarget
+from bots.base import InboundMessage, ReplyQuota, ReplyTarget, RetryableSendError
 from engine.client import Completion, EngineError
 from gateway import commands
 from gateway.config import MemorySettings, WorkerSettings
@@ -26,7 +26,7 @@ from gateway.keys import Keys
 from gateway.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
 from gateway.memory import Scope, Turn
 from gateway.presenters import Delivery, PiecesPresenter, StreamPresenter
-from gateway.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecords
 from gateway.scheduler import Scheduler, new_entry
 from gateway.streams import StreamStore
 from gateway.worker import Job, PromptPlan, Worker
@@ -283,3 +283,59 @@ async def test_a_continued_answer_asks_for_only_the_tokens_left_and_settles_the_
     assert completion.text == "一二三四五六七八九十完"
     assert engine.max_tokens == [50, 40], "the continuation may spend a whole max_tokens past the reservation"
     assert spent[0] == 100 + 10, "the failed attempt's prompt and written tokens were never settled"
+
+
+# -- defect 3: a handoff after "nothing in the documents" still happens when its move failed once -----------------
+
+
+class FlakySessions:
+    """Human agents' side: the first move to a human fails (a transient platform error), later ones succeed."""
+
+    def __init__(self) -> None:
+        self.moves: list[str] = []
+        self.notices: list[str] = []
+
+    async def hand_off(self, target: ReplyTarget, servicer: str | None) -> str:
+        self.moves.append("try")
+        if len(self.moves) == 1:
+            raise RetryableSendError("system busy (-1)", code=-1)
+        return "MSG_CODE"
+
+    async def send_notice(
+        self, target: ReplyTarget, code: str, text: str, notice_key: str, *, resend: bool = False
+    ) -> None:
+        self.notices.append(f"{code}:{text}")
+
+    def handoff_text(self) -> str:
+        return "正在为您转接人工客服"
+
+
+async def test_a_no_answer_handoff_whose_move_fails_once_is_made_on_the_retry(world: World) -> None:
+    message = kf_message("你们的退货政策？")
+    fence, lease = await leased(world, message)
+    await customer_wrote(world, message)
+    record = world.records.open(message.dedup_key, fence)
+    await record.commit("抱歉，资料里没有找到答案。", "1")
+    await record.mark(no_answer="1")
+    adapter = KfStandIn()
+    adapter.sessions = FlakySessions()  # type: ignore[attr-defined]
+    presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
+    job = Job(lease, message, Scope.of(message, "per_user"), adapter, record, presenter)  # type: ignore[arg-type]
+    worker = object.__new__(Worker)
+    worker._pulled = SimpleNamespace(conversations=world.conversations)
+    with pytest.raises(RetryableSendError):
+        await worker._answer(job)
+    assert (await worker._answer(job)).endswith("handed off (no answer)"), "the retry took the answer for done"
+    assert adapter.sent == ["抱歉，资料里没有找到答案。"], "the answer was sent again"
+    assert adapter.sessions.notices == ["MSG_CODE:正在为您转接人工客服"]  # type: ignore[attr-defined]
+    assert (await record.load()).state == "done"
+
+
+async def test_a_stale_puller_cannot_move_the_cursor(world: World) -> None:
+    message = kf_message()
+    fence, _ = await leased(world, message)
+    values, key = FencedValues(world.redis), world.keys.pull_cursor("kefu", "wk")
+    await values.set(fence, key, "cursor-2")
+    with pytest.raises(LeaseLost):
+        await values.set(Fence(fence.lease_key, str(int(fence.epoch) - 1)), key, "cursor-1")
+    assert await world.redis.get(key) == b"cursor-2"

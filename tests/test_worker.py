@@ -203,3 +203,18 @@ def test_over_limit_ai_bot_streams_are_finished_with_the_notice(cluster: Callabl
             return await WeComAIBotUser(bot, [gateway], c.stack.sim_url, http).ask(user, "after reset", interval_s=0.1)
 
     assert asyncio.run(ask_again()).text == "answer to: after reset"
+
+
+def test_a_message_tried_again_after_an_engine_failure_counts_once_in_its_window(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    c = cluster(0.1, limits={"per_user": "5/minute"}, admin={"token": "admin-test-token"})
+    gateway = c.add_gateway()
+    c.add_worker("a")
+    body = c.stack.signer().text(user, "fail-once please")
+    assert httpx.post(f"{gateway}/callback/app", params=body.params, content=body.body, timeout=10).status_code == 200
+    answer = c.stack.wait_delivered(user, 1, timeout=60)
+    assert [item["content"] for item in answer] == ["answer to: fail-once please"]
+    headers = {"Authorization": "Bearer admin-test-token"}
+    shown = httpx.get(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()
+    assert shown[f"user:{user}"]["messages"][0]["used"] == 1, "each attempt spent another place in the window"
