@@ -57,6 +57,11 @@ class Keys:
         """Lanes leased now, scored by when their lease runs out (the sweep hands on the expired ones)."""
         return f"{self.core}:sched:leases"
 
+    @property
+    def scheduler_epoch(self) -> str:
+        """The last lease epoch handed out, for every lane (one counter, so that no epoch is ever reused)."""
+        return f"{self.core}:sched:epoch"
+
     def lane(self, lane: str) -> str:
         """One conversation's (or session's) queued entries, oldest first (a list of JSON objects)."""
         return f"{self.core}:sched:lane:{lane}"

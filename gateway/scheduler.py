@@ -18,6 +18,10 @@ Leases: a taken lane carries (owner, epoch); every side effect of the worker che
 epoch inside Redis, so a worker that stalled past `claim_idle_ms` and lost its lease can
 do nothing more. Expired leases are swept by any live worker and the lane is handed on,
 with a new epoch. Workers block on a wake-up list instead of polling.
+
+Epochs come from one namespace-wide counter and are never reused, so the fences may compare for
+equality and no lane needs a key of its own once it is idle: a lane that holds no work leaves no
+key behind, however many conversations the namespace has seen.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ local function make_ready(ns, lane, bump)
   redis.call('ZADD', ns .. ':sched:ready', v + bump + arrival * 1e-9, lane)
   redis.call('LPUSH', ns .. ':sched:wake', '1')
   redis.call('LTRIM', ns .. ':sched:wake', 0, 63)
+end
+local function next_epoch(ns, lane)
+  -- Above the last epoch handed out and at least the time in ms: never reused, even if the counter is lost, and
+  -- above the per-lane counters (from 1) of earlier releases, whose keys then expire instead of staying for ever.
+  local counter = ns .. ':sched:epoch'
+  local epoch = string.format('%d', math.max(tonumber(redis.call('GET', counter) or '0') + 1, now_ms()))
+  redis.call('SET', counter, epoch)
+  redis.call('EXPIRE', counter .. ':' .. lane, 86400)
+  return epoch
 end
 local function head_time(lane_key)
   local head = redis.call('LINDEX', lane_key, 0)
@@ -117,11 +130,11 @@ for _ = 1, 16 do
     if cap > 0 and redis.call('SCARD', active) >= cap then
       redis.call('RPUSH', ns .. ':sched:deferred:' .. user, lane)
     else
-      local epoch = redis.call('INCR', ns .. ':sched:epoch:' .. lane)
+      local epoch = next_epoch(ns, lane)
       redis.call('HSET', ns .. ':sched:lease:' .. lane, 'owner', owner, 'epoch', epoch, 'u', user)
       redis.call('ZADD', ns .. ':sched:leases', now_ms() + lease_ms, lane)
       redis.call('SADD', active, lane)
-      return {lane, tostring(epoch), head}
+      return {lane, epoch, head}
     end
   end
 end
@@ -187,8 +200,8 @@ return lost
 )
 
 # KEYS: the ready set. ARGV: core prefix.
-# Expired leases are ended (their lane goes to the front of the round, with a new epoch
-# so the stalled owner is fenced) and delayed lanes that are due become ready.
+# Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
+# owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
 # Returns {expired lanes..., '|', ms until the next lease or delay falls due (-1 = none)}.
 _SWEEP = (
     _COMMON
@@ -198,7 +211,6 @@ local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', ns .. ':sched:leases', '-inf', now, 'LIMIT', 0, 64)
 for _, lane in ipairs(expired) do
   end_lease(ns, lane)
-  redis.call('INCR', ns .. ':sched:epoch:' .. lane)
   redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
   if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
 end

@@ -85,29 +85,104 @@ async def test_per_user_cap_defers_a_second_lane_until_the_first_ends(scheduler:
     assert third is not None and third.entry["msg"]["text"] == "group"
 
 
-async def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(scheduler: Scheduler) -> None:
-    await put(scheduler, "conv", "u:x", "hello")
-    stalled = await scheduler.take("stalled", 200, 0)
-    assert stalled is not None
+async def stall_until_swept(sched: Scheduler, lane: str) -> Lease:
+    """A lease taken on `lane` whose owner stalls past its lifetime, and the sweep that hands it on."""
+    stalled = await sched.take("stalled", 200, 0)
+    assert stalled is not None and stalled.lane == lane
     await asyncio.sleep(0.35)
-    expired, _ = await scheduler.sweep()
-    assert expired == ["conv"]
-    fresh = await scheduler.take("fresh", 5000, 0)
-    assert fresh is not None and fresh.epoch != stalled.epoch
-    # the stalled worker wakes up: it can neither renew, nor write, nor finish the entry
-    assert await scheduler.renew([stalled], 5000) == {"conv"}
-    redis = scheduler._redis
-    keys = scheduler._keys
-    record = ReplyRecords(redis, keys, 60).open("d1", Fence(keys.lease("conv"), stalled.epoch))
+    expired, _ = await sched.sweep()
+    assert expired == [lane]
+    return stalled
+
+
+async def assert_fenced(sched: Scheduler, stalled: Lease) -> None:
+    """The stalled worker wakes up: it can neither renew, nor write, nor finish the entry."""
+    redis, keys = sched._redis, sched._keys
+    assert await sched.renew([stalled], 5000) == {stalled.lane}
+    fence = Fence(keys.lease(stalled.lane), stalled.epoch)
+    record = ReplyRecords(redis, keys, 60).open("d-" + stalled.epoch, fence)
     with pytest.raises(LeaseLost):
         await record.commit("stale answer", "0")
     streams = StreamStore(redis, keys)
-    await streams.open("bot", "x", "sid", limit=3, max_age_s=60)
-    assert await streams.update("sid", "stale", fence=Fence(keys.lease("conv"), stalled.epoch)) is None
-    assert not await scheduler.release(stalled, "done")
+    await streams.open("bot", "x", "sid-" + stalled.epoch, limit=3, max_age_s=60)
+    assert await streams.update("sid-" + stalled.epoch, "stale", fence=fence) is None
+    assert not await sched.release(stalled, "done")
+
+
+async def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(scheduler: Scheduler) -> None:
+    await put(scheduler, "conv", "u:x", "hello")
+    stalled = await stall_until_swept(scheduler, "conv")
+    fresh = await scheduler.take("fresh", 5000, 0)
+    assert fresh is not None and fresh.epoch != stalled.epoch
+    await assert_fenced(scheduler, stalled)
     assert await scheduler.release(fresh, "done")
     assert (await scheduler.counters())["takeovers"] == 1
     assert await scheduler.take("x", 5000, 0) is None
+
+
+async def test_a_stale_lease_stays_fenced_after_the_lanes_own_keys_expire(scheduler: Scheduler) -> None:
+    """Whatever the lane left in Redis that can expire is gone (deleted here) before the lane is taken again: the
+    new epoch must still differ from the stalled one, or the stalled worker's writes would pass the fence."""
+    redis, keys = scheduler._redis, scheduler._keys
+    await put(scheduler, "conv", "u:x", "hello")
+    stalled = await stall_until_swept(scheduler, "conv")
+    lane_keys = [key async for key in redis.scan_iter(match="*conv*")]
+    await redis.delete(*(key for key in lane_keys if key != keys.lane("conv").encode()))
+    fresh = await scheduler.take("fresh", 5000, 0)
+    assert fresh is not None
+    await assert_fenced(scheduler, stalled)
+    assert int(fresh.epoch) > int(stalled.epoch)
+    assert await scheduler.release(fresh, "done")
+
+
+async def test_an_older_releases_per_lane_epoch_expires_and_new_epochs_pass_it(scheduler: Scheduler) -> None:
+    """Releases before the shared counter kept `…:sched:epoch:<lane>` for ever: taking the lane gives it a
+    lifetime (longer than any lease), and the epoch handed out is above it, so its holders stay fenced."""
+    redis, keys = scheduler._redis, scheduler._keys
+    legacy = f"{keys.core}:sched:epoch:conv"
+    await redis.set(legacy, 41)
+    await put(scheduler, "conv", "u:x", "hello")
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None and int(lease.epoch) > 41
+    assert 3600 <= await redis.ttl(legacy) <= 86400
+    assert await redis.ttl(keys.scheduler_epoch) == -1  # one key for the namespace, never reset
+
+
+async def keys_without_lifetime(sched: Scheduler) -> list[bytes]:
+    """The namespace's keys that never expire."""
+    redis = sched._redis
+    found = [key async for key in redis.scan_iter(match=f"*{sched._keys.namespace}*")]
+    return sorted([key for key in found if await redis.ttl(key) == -1])
+
+
+async def handle_conversations(sched: Scheduler, prefix: str, count: int) -> None:
+    """`count` conversations, each answered, one retried after a delay, one taken over after its worker
+    stalled, and one deferred by the per-user cap: every path a lane takes through the scheduler."""
+    for i in range(count):
+        await put(sched, f"{prefix}{i}", f"u:{prefix}{i % 3}", "hi")
+    stalled = await sched.take("stalled", 100, 1)
+    assert stalled is not None
+    await asyncio.sleep(0.15)
+    assert (await sched.sweep())[0] == [stalled.lane]
+    retried = False
+    while (lease := await sched.take("w", 5000, 1)) is not None:
+        if not retried:
+            retried = await sched.release(lease, "retry", delay_s=0.01)
+            continue
+        assert await sched.release(lease, "done")
+    while await sched.stats() != (0, 0.0):
+        await asyncio.sleep(0.02)
+        await sched.sweep()
+        while (lease := await sched.take("w", 5000, 1)) is not None:
+            assert await sched.release(lease, "done")
+
+
+async def test_keys_without_a_lifetime_do_not_grow_with_the_conversations(scheduler: Scheduler) -> None:
+    """Redis runs with noeviction: a key per conversation that never expires grows without end."""
+    await handle_conversations(scheduler, "first", 6)
+    after_a_few = await keys_without_lifetime(scheduler)
+    await handle_conversations(scheduler, "more", 60)
+    assert await keys_without_lifetime(scheduler) == after_a_few
 
 
 async def test_renewal_keeps_a_lease_alive(scheduler: Scheduler) -> None:
