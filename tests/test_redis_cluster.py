@@ -58,6 +58,9 @@ def test_the_keys_each_script_touches_share_one_slot() -> None:
         # a reply record's commit, fenced by the lease, with the conversation's memory; a stream's update
         [keys.lease("x"), keys.reply("wecom:app:m1"), keys.memory("wecom:app:u1:u1"), keys.stream("s1"),
          keys.active_streams("ai", "u1")],
+        # what a lease fences besides: the 微信客服 quota slot with the record's begin mark, the holder, the cursor
+        [keys.lease("x"), keys.reply_quota("wecom-kf:kefu:c:u"), keys.reply("wecom-kf:kefu:m1"),
+         keys.conversation_owner("wecom-kf:kefu:c:u"), keys.pull_cursor("kefu", "wk1")],
         # one user's and their group's token budgets, checked by one script
         [keys.token_budget("user:u1", "d20261201"), keys.token_budget("group:g1", "m202612011200")],
     ]  # fmt: skip
