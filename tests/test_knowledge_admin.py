@@ -1,10 +1,12 @@
 """The knowledge bases over the admin API (gateway/kb_routes.py), against a real gateway process with the real
 embedded store and the real offline embedder: the token, add → list → search → remove, hostile names, bad
-uploads that change nothing, and a store held by another process (503 with Retry-After, never a 500)."""
+uploads that change nothing, a store held by another process (503 with Retry-After, never a 500), and a second
+upload while one is added (429; that test holds the first inside a stub of the served embedder, not by timing)."""
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from knowledge.config import StoreSettings
 from knowledge.store import KnowledgeStore
 from tests.conftest import stack_config
 from tests.procs import ROOT, Proc, free_port, start_gateway, write_config
+from tests.test_knowledge_served import EmbeddingsStub
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
 TOKEN = "admin-" + secrets.token_hex(8)
@@ -52,17 +55,41 @@ class AdminGateway:
         return [] if response.status_code == 404 else [d["doc"] for d in response.json()["documents"]]
 
 
-@pytest.fixture(scope="module")
-def admin(redis_url: str, log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminGateway]:
-    store = tmp_path_factory.mktemp("kb-admin") / "store"
+def start_admin(redis_url: str, log_dir: Path, store: Path, **knowledge: object) -> AdminGateway:
+    """A gateway whose admin API serves the knowledge store in `store` (`knowledge` adds to its settings)."""
     namespace = "k" + secrets.token_hex(4)
-    knowledge = {"store": {"path": str(store), "idle_release_s": 0.3}, "max_file_mb": 0.05, "max_upload_mb": 0.2}
+    knowledge = {"store": {"path": str(store), "idle_release_s": 0.3}, "max_file_mb": 0.05, "max_upload_mb": 0.2,
+                 **knowledge}  # fmt: skip
     config = stack_config(redis_url, "http://127.0.0.1:9", "http://127.0.0.1:9", namespace,
                           admin={"token": TOKEN}, knowledge=knowledge)  # fmt: skip
     path = write_config(log_dir / f"{namespace}.yaml", config)
     proc = start_gateway(path, free_port(), log_dir, name=f"gw-{namespace}")
-    yield AdminGateway(proc.admin_url, store, proc)
-    proc.stop()
+    return AdminGateway(proc.admin_url, store, proc)
+
+
+@pytest.fixture(scope="module")
+def admin(redis_url: str, log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminGateway]:
+    made = start_admin(redis_url, log_dir, tmp_path_factory.mktemp("kb-admin") / "store")
+    yield made
+    made.proc.stop()
+
+
+class HeldEmbeddings(EmbeddingsStub):
+    """The served embedder's wire, held: each request waits until the test sets `release`, and `arrived` tells
+    the test that an upload has got as far as embedding (it holds the upload slot there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived, self.release = threading.Event(), threading.Event()
+        held, answer = self, self.server.RequestHandlerClass
+
+        class Held(answer):  # type: ignore[misc, valid-type]
+            def do_POST(self) -> None:
+                held.arrived.set()
+                held.release.wait(120)
+                super().do_POST()
+
+        self.server.RequestHandlerClass = Held
 
 
 def test_the_kb_endpoints_need_the_admin_token(admin: AdminGateway) -> None:
@@ -156,25 +183,31 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> 
         assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": top}).status_code == 400, top
 
 
-def test_a_second_upload_while_one_is_added_is_a_429_and_changes_nothing(admin: AdminGateway) -> None:
-    """One upload at a time per gateway (each holds its files in memory and takes a core to embed)."""
+def test_a_second_upload_while_one_is_added_is_a_429_and_changes_nothing(
+    redis_url: str, log_dir: Path, tmp_path: Path
+) -> None:
+    """One upload at a time per gateway (each holds its files in memory and takes a core to embed). The first one
+    is held inside its embedding, so the second certainly comes while it is being added, however busy the machine."""
     import concurrent.futures
 
+    embeddings = HeldEmbeddings()
+    held = start_admin(redis_url, log_dir, tmp_path / "store", embedding={"base_url": embeddings.url})
     kb = "busy" + secrets.token_hex(3)
-    long_text = "".join(f"## 第{i}节\n\n" + "园区停车规定，访客车辆需要提前登记。" * 12 + "\n\n" for i in range(30))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        first = pool.submit(admin.upload, kb, ("长文档.md", long_text.encode()))
-        deadline = time.monotonic() + 20
-        while True:  # until the first one holds the upload slot; an empty file, so that a try before it adds nothing
-            second = admin.upload(kb, ("空的.md", b""))
-            if second.status_code == 429 or first.done() or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert second.status_code == 429, second.text
-        assert "another upload" in second.json()["error"] and second.headers["Retry-After"]
-        assert first.result(timeout=120).status_code == 200
-    assert admin.documents(kb) == ["长文档.md"]
-    assert admin.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200, "free again once it is done"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(held.upload, kb, ("园区停车.md", PARKING.encode()))
+            assert embeddings.arrived.wait(60), "the first upload never reached its embedding"
+            second = held.upload(kb, ("退货说明.md", RETURNS.encode()))
+            assert second.status_code == 429, second.text
+            assert "another upload" in second.json()["error"] and second.headers["Retry-After"]
+            embeddings.release.set()
+            assert first.result(timeout=120).status_code == 200
+        assert held.documents(kb) == ["园区停车.md"]
+        assert held.upload(kb, ("退货说明.md", RETURNS.encode())).status_code == 200, "free again once it is done"
+    finally:
+        embeddings.release.set()
+        held.proc.stop()
+        embeddings.server.shutdown()
 
 
 def test_a_store_held_by_another_process_is_a_503_with_retry_after(admin: AdminGateway) -> None:
