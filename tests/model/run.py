@@ -39,6 +39,7 @@ PEOPLE = {"app": 2, "ding": 2, "kf": 3}
 HANDOFF_NOTICE = "正在为您转接人工客服，请稍候。"
 ISOLATE_S = MERGE_WINDOW_S + 1.8  # beyond a merge window and its grace: a keyword is never merged with a question
 SETTLE_S = 25.0
+HANDOFF_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,15 @@ class Run:
             if sent.user == user and sent.token not in answered and not sent.withhold:
                 sent.withhold = "a human took the session before it was answered"
 
+    async def _held_by_human(self, user: str) -> bool:
+        """Whether a human holds the session (2 queued, 3 taken), waiting HANDOFF_WAIT_S for a handoff to land."""
+        deadline = time.monotonic() + HANDOFF_WAIT_S
+        while (await self.world.kf_session(user))["service_state"] not in (2, 3):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
     async def apply(self, move: Move) -> None:
         if move.kind == "wait":
             await asyncio.sleep(move.arg)
@@ -203,6 +213,8 @@ class Run:
             token = self._token()
             self._expect(platform, user, token)
             await self.world.kf_write(user, f"这是什么问题 {token}")
+        elif move.kind == "operator" and (await self.world.kf_session(user))["service_state"] not in (0, 1):
+            return  # no session of the customer's to hand over (never wrote, or it ended)
         elif move.kind in ("keyword", "operator"):
             await asyncio.sleep(ISOLATE_S)
             if user not in self.human:
@@ -217,7 +229,7 @@ class Run:
             await self._undelivered_to_human(user)
             self.human.add(user)
             await self.world.kf_agent(user, "您好，我是小李")
-        elif move.kind == "end":
+        elif move.kind == "end" and await self._held_by_human(user):  # only the agent holding it can end it
             self.human.discard(user)
             await self.world.kf_event(user, "session_status_change", change_type=3)
         elif move.kind == "enter":
