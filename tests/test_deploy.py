@@ -15,6 +15,7 @@ tool fails these tests, it does not skip them):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -73,6 +74,31 @@ def assert_pinned(image: str) -> None:
     name, _, tag = image.rpartition(":")
     assert name and "/" not in tag, f"{image}: no tag"
     assert tag != "latest" and re.search(r"\d", tag), f"{image}: not pinned to a version"
+
+
+@functools.cache
+def checked_vllm_version() -> str:
+    """The vLLM whose parser checks the launcher's profiles (tests/test_engine_profiles.py runs it in the engine
+    venv): what scripts/install.sh pins, and what that venv has installed; the two must agree."""
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    pin = re.search(r"VLLM_PACKAGE=\$\{BOTGW_VLLM_PACKAGE:-([\w.-]+)==([\w.]+)\}", install)
+    assert pin, "scripts/install.sh pins no VLLM_PACKAGE as name==version"
+    package, version = pin.groups()
+    probe = f"import importlib.metadata as m; print(m.version({package!r}))"
+    installed = run([launcher.default_engine_python(), "-c", probe])
+    assert installed.returncode == 0, f"the engine venv has no {package}: {installed.stderr[-500:]}"
+    found = installed.stdout.strip()
+    assert found == version, f"the engine venv has {package} {found}, but scripts/install.sh pins {version}"
+    return version
+
+
+def assert_checked_vllm(images: list[str], where: str) -> None:
+    """Every vLLM image runs the version whose parser accepted its flags (a newer or older vLLM may refuse them)."""
+    vllm = [image for image in images if "vllm" in image.rpartition(":")[0].rpartition("/")[2]]
+    assert vllm, f"{where}: no vLLM image found"
+    wanted = "v" + checked_vllm_version()
+    tags = {image.rpartition(":")[2] for image in vllm}
+    assert tags == {wanted}, f"{where}: {vllm}; the flags were checked on {wanted}"
 
 
 # --- docker compose ------------------------------------------------------------------------------------------
@@ -140,6 +166,11 @@ def test_compose_services_images_ports(rendered_compose: tuple[str, dict]) -> No
         assert option in redis
     for mount in (v for s in services.values() for v in s.get("volumes", []) if v["type"] == "bind"):
         assert Path(mount["source"]).exists(), f"bind mount {mount['source']} does not exist"
+
+
+def test_compose_vllm_images_are_the_checked_version(rendered_compose: tuple[str, dict]) -> None:
+    variant, config = rendered_compose
+    assert_checked_vllm([service["image"] for service in config["services"].values()], f"compose ({variant})")
 
 
 def test_compose_vllm_runs_the_launcher_profile(rendered_compose: tuple[str, dict]) -> None:
@@ -510,6 +541,13 @@ def test_k8s_workloads(rendered_k8s: dict[str, list[dict]]) -> None:
                 assert f'"{metric}"' in metrics_source, f"{metric} is not exported"
         assert (("StatefulSet", "redis") in kinds) == (overlay != "external-redis")
         assert ("StatefulSet", "qdrant") in kinds
+
+
+def test_k8s_vllm_images_are_the_checked_version(rendered_k8s: dict[str, list[dict]]) -> None:
+    for overlay, docs in rendered_k8s.items():
+        pods = [spec for _, spec in _pod_specs(docs)]
+        images = [c["image"] for spec in pods for c in spec["containers"] + spec.get("initContainers", [])]
+        assert_checked_vllm(images, f"k8s overlays/{overlay}")
 
 
 def test_k8s_ingress_exposes_only_callbacks_and_the_page(rendered_k8s: dict[str, list[dict]]) -> None:
