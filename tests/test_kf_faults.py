@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from gateway import commands
 from tests.kf_env import HANDOFF_NOTICE, Kf, customer
 from tests.procs import wait_for
@@ -21,26 +23,16 @@ def test_a_photo_then_a_question_within_the_merge_window_gets_the_question_answe
     assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the question behind the photo was lost"
 
 
-def test_a_handoff_whose_move_fails_once_is_made_on_the_retry_and_the_customer_told(kf: Kf) -> None:
+@pytest.mark.parametrize("failing", ["service_state_trans", "send_msg_on_event"])
+def test_a_handoff_whose_move_or_notice_fails_once_is_finished_on_the_retry_once(kf: Kf, failing: str) -> None:
     person = customer()
     kf.write(person, "/help")
     kf.wait_sent(person, 1)
-    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "service_state_trans", **BUSY, "times": 1})
-    kf.write(person, "转人工")
-    handed = kf.wait_sent(person, 2, timeout=60)
-    assert handed[1]["via"] == "send_msg_on_event" and handed[1]["content"] == HANDOFF_NOTICE
-    assert kf.session(person)["service_state"] == 2, "the customer who asked for a human stayed with the bot"
-
-
-def test_a_handoff_notice_that_fails_once_is_sent_on_the_retry_once(kf: Kf) -> None:
-    person = customer()
-    kf.write(person, "/help")
-    kf.wait_sent(person, 1)
-    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg_on_event", **BUSY, "times": 1})
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": failing, **BUSY, "times": 1})
     kf.write(person, "转人工")
     handed = kf.wait_sent(person, 2, timeout=60, settle=3.0)
-    assert [item["content"] for item in handed[1:]] == [HANDOFF_NOTICE]
-    assert kf.session(person)["service_state"] == 2
+    assert [(item["via"], item["content"]) for item in handed[1:]] == [("send_msg_on_event", HANDOFF_NOTICE)]
+    assert kf.session(person)["service_state"] == 2, "the customer who asked for a human stayed with the bot"
 
 
 def test_a_welcome_whose_send_fails_once_is_sent_on_the_retry(kf: Kf) -> None:
