@@ -17,8 +17,8 @@ import pytest
 from tests.model.run import generate, report, run_moves, shrink
 from tests.model.world import Services
 
-SEEDS = [1, 2, 3, 4, 5]
-STEPS = 24
+SEEDS = [1, 2, 3, 4]
+STEPS = 20
 RATE = 0.04
 
 
@@ -35,7 +35,7 @@ def test_model_seed(services: Services, seed: int) -> None:
         outcome = await run_moves(services, seed, generate(seed, STEPS), RATE)
         if not outcome.violations:
             return ""
-        return report(await shrink(services, outcome, RATE, budget=4))
+        return report(await shrink(services, outcome, RATE, budget=3))
 
     failure = asyncio.run(run())
     assert not failure, failure

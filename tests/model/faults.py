@@ -106,7 +106,7 @@ class FaultyPipeline(Pipeline):
         names = ",".join(sorted({str(command[0][0]) for command in self.command_stack}))
         fault = self.faults.decide(f"redis:pipeline[{names}]")
         if fault == "before":
-            self.reset()
+            await self.reset()
             raise RedisConnectionError("fault: before the pipeline")
         result = await super().execute(raise_on_error)
         self.faults.check()

@@ -70,6 +70,7 @@ class Outcome:
     moves: list[Move]
     steps: int = 0
     faults: int = 0
+    injected: list[tuple[str, str]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -390,6 +391,7 @@ class Run:
             return self.outcome
         finally:
             self.outcome.faults = len(self.plan.injected)
+            self.outcome.injected = list(self.plan.injected)
             supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
@@ -446,6 +448,8 @@ def report(outcome: Outcome) -> str:
     lines = [f"seed {outcome.seed}: {len(outcome.violations)} violation(s) after {outcome.steps} moves, "
              f"{outcome.faults} faults"]  # fmt: skip
     lines += [f"  - {v}" for v in outcome.violations]
+    lines += [f"  faults (the last {min(12, len(outcome.injected))}): " + ", ".join(
+        f"{kind} {boundary}" for boundary, kind in outcome.injected[-12:])]  # fmt: skip
     lines += ["  moves:", *(f"    {i}. {m}" for i, m in enumerate(outcome.moves, 1))]
     return "\n".join(lines)
 
