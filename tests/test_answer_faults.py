@@ -17,15 +17,16 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from bots.base import InboundMessage, ReplyQuota, ReplyTarget, RetryableSendError
+from bots.base import EventEffect, InboundMessage, ReplyQuota, ReplyTarget, RetryableSendError
 from engine.client import Completion, EngineError
 from gateway import commands
-from gateway.config import MemorySettings, WorkerSettings
+from gateway.config import MemorySettings, Settings, WorkerSettings
 from gateway.conversations import Conversations
 from gateway.keys import Keys
 from gateway.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
 from gateway.memory import Scope, Turn
 from gateway.presenters import Delivery, PiecesPresenter, StreamPresenter
+from gateway.pulled import PulledWork
 from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecords
 from gateway.scheduler import Scheduler, new_entry
 from gateway.streams import StreamStore
@@ -339,3 +340,30 @@ async def test_a_stale_puller_cannot_move_the_cursor(world: World) -> None:
     with pytest.raises(LeaseLost):
         await values.set(Fence(fence.lease_key, str(int(fence.epoch) - 1)), key, "cursor-1")
     assert await world.redis.get(key) == b"cursor-2"
+
+
+# -- msg_send_fail: a message the platform accepted and then could not deliver is not recorded as delivered -------
+
+
+async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_and_dead_lettered(world: World) -> None:
+    message = kf_message()
+    fence, _ = await leased(world, message)
+    await customer_wrote(world, message)
+    record = world.records.open(message.dedup_key, fence)
+    adapter = KfStandIn()
+    adapter.platform_message_id = lambda piece_key: "m" + piece_key.replace(":", "")[-24:]  # type: ignore[method-assign]
+    await PiecesPresenter(world.delivery, adapter, message, record, fence).finish("回答", await record.load())
+    assert await world.conversations.quota_left(message, QUOTA) == 3
+    failed_id = adapter.platform_message_id(f"{message.dedup_key}:0")
+    effect = EventEffect(label="msg_send_fail:10", failed_msgid=failed_id, fail_type="10", quota_refund=1,
+                         dead_letter=True)  # fmt: skip
+    adapter.sessions = SimpleNamespace(on_event=lambda event, target: effect)  # type: ignore[attr-defined]
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    pulled.conversations = world.conversations
+    event_message = kf_message()
+    event_record = world.records.open(event_message.dedup_key)
+    assert await pulled.event(adapter, message, {"event": "{}"}, event_record) == "msg_send_fail:10"
+    assert (await world.records.open(message.dedup_key).load()).send_failed == "10:0"
+    assert await world.conversations.quota_left(message, QUOTA) == 4, "the slot the platform did not count"
+    letters = await world.redis.xrange(world.keys.dead_letters)
+    assert any(b"msg_send_fail" in fields[b"entry"] for _, fields in letters)
