@@ -159,6 +159,11 @@ class Keys:
         """Tokens used by a user or group in one minute or day bucket (a counter)."""
         return f"{self.budget}:tok:{who}:{bucket}"
 
+    def message_window(self, who: str, window_id: str) -> str:
+        """The messages a user or group had admitted in one moving window (a sorted set by time); beside the token
+        budgets, so that one script checks a sender's and their group's windows together."""
+        return f"{self.budget}:win:{who}:{window_id}"
+
     @property
     def budget(self) -> str:
         """The hash-tagged prefix of the token budgets: one script checks a user's and their group's together."""

@@ -1,6 +1,11 @@
-"""Per-user and per-group limits: message windows (the `limits` library on Redis) and token budgets.
+"""Per-user and per-group limits: message windows and token budgets, on Redis.
 
-Message windows are moving windows shared by every replica. Token budgets are counted per
+Message windows are moving windows shared by every replica, kept as sorted sets of the messages
+admitted (member: the message's dedup key), so admitting a message is idempotent: a retry, a
+takeover or a failure between the count and its record can never count one message twice, and a
+refusal by any window counts it in none (one script checks the sender's and the group's windows
+together). The `limits` library's moving window counts hits, not messages, so it cannot do that; it
+still paces sends. Token budgets are counted per
 minute and per calendar day (in `limits.timezone`) from vLLM's `usage`: before the engine
 call the largest possible cost (prompt + max_tokens) is reserved, atomically for every
 window that applies, and only if it fits; afterwards the reservation is settled to what
@@ -41,6 +46,31 @@ for i, key in ipairs(KEYS) do
   redis.call('EXPIRE', key, ARGV[2 * i + 1])
 end
 return 0
+"""
+
+# KEYS: message windows (sorted sets of admitted messages by time, ms). ARGV: now (ms), the message, then
+# (limit, window ms) per key. Returns {0} when the message is admitted (or was already: nothing changes),
+# else {index of the first full window (1-based), ms until its oldest message leaves it}.
+_ADMIT = """
+local now, member = tonumber(ARGV[1]), ARGV[2]
+local known = true
+for i, key in ipairs(KEYS) do
+  local limit, span = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
+  if not redis.call('ZSCORE', key, member) then
+    known = false
+    if redis.call('ZCARD', key) >= limit then
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      return {i, math.max(1, tonumber(oldest[2]) + span - now)}
+    end
+  end
+end
+if known then return {0, 0} end
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'NX', now, member)
+  redis.call('PEXPIRE', key, ARGV[2 + 2 * i])
+end
+return {0, 0}
 """
 
 # KEYS: counters; ARGV: delta. Settles a reservation to what was used (never below zero).
@@ -193,13 +223,6 @@ class MovingWindowLimiter:
                 return await self._refused(key, limit)
         return LimitDecision(True)
 
-    async def check(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
-        """Whether one more hit fits every window, counting nothing (a refusal must not spend the others)."""
-        for limit in limits:
-            if not await self._limiter.test(limit, key):
-                return await self._refused(key, limit)
-        return LimitDecision(True)
-
     async def _refused(self, key: str, limit: RateLimitItem) -> LimitDecision:
         stats = await self._limiter.get_window_stats(limit, key)
         return LimitDecision(False, max(1, math.ceil(stats.reset_time - time.time())))
@@ -257,7 +280,7 @@ class Budgets:
         self._keys = keys
         self._settings = settings
         self._zone = ZoneInfo(settings.timezone)
-        self._windows = MovingWindowLimiter(redis_url, keys.limits_prefix, **redis_options)
+        self._admit = redis.register_script(_ADMIT)
         # a sender's effective budget is asked several times per message; the settings do not change
         self._user_budget = functools.lru_cache(maxsize=4096)(settings.budget_of_user)
         self._group_budget = functools.lru_cache(maxsize=4096)(settings.budget_of_group)
@@ -270,21 +293,38 @@ class Budgets:
             parties.append((f"group:{group_id}", self._group_budget(group_id)))
         return parties
 
-    async def admit_message(self, user_id: str, group_id: str | None) -> Refusal | None:
-        """Count the message in its sender's (and group's) windows; a Refusal when one is full, and then no
-        window is counted: every window is checked before any is spent. (Two messages of one sender checked at
-        the same instant on two workers may both pass a window with one place left: the check and the hits are
-        separate calls of the `limits` library. max_concurrent_per_user 1, the default, makes that rare.)"""
-        parties = [(who, budget, windows(budget.messages)) for who, budget in self._parties(user_id, group_id)]
-        for who, budget, limits in parties:
-            decision = await self._windows.check(who, limits) if limits else LimitDecision(True)
-            if not decision.allowed:
-                return Refusal("messages", who, str(budget.messages), decision.retry_after_s)
-        for who, budget, limits in parties:
-            decision = await self._windows.hit(who, limits) if limits else LimitDecision(True)
-            if not decision.allowed:  # filled in between by another worker: refused, as the check would have
-                return Refusal("messages", who, str(budget.messages), decision.retry_after_s)
-        return None
+    def _message_windows(self, user_id: str, group_id: str | None) -> list[tuple[str, str, RateLimitItem]]:
+        """(key, who, window) of every message window that applies to this sender and group."""
+        return [
+            (self._keys.message_window(who, f"{limit.amount}-{limit.get_expiry()}"), who, limit)
+            for who, budget in self._parties(user_id, group_id)
+            for limit in windows(budget.messages)
+        ]
+
+    async def admit_message(self, user_id: str, group_id: str | None, message_key: str) -> Refusal | None:
+        """Count message `message_key` in its sender's (and group's) windows, once however often it is asked;
+        a Refusal when one is full, and then no window counts it."""
+        applying = self._message_windows(user_id, group_id)
+        if not applying:
+            return None
+        argv: list[str | int] = [int(time.time() * 1000), message_key]
+        for _, _, limit in applying:
+            argv += [limit.amount, limit.get_expiry() * 1000]
+        full, wait_ms = await self._admit(keys=[key for key, _, _ in applying], args=argv)
+        if not int(full):
+            return None
+        _, who, _ = applying[int(full) - 1]
+        spec = next(str(b.messages) for w, b in self._parties(user_id, group_id) if w == who)
+        return Refusal("messages", who, spec, max(1, math.ceil(int(wait_ms) / 1000)))
+
+    async def _window_usage(self, key: str, limit: RateLimitItem) -> tuple[int, int]:
+        """(messages in the window now, seconds until one leaves it)."""
+        now_ms = int(time.time() * 1000)
+        span = limit.get_expiry() * 1000
+        await self._redis.zremrangebyscore(key, "-inf", now_ms - span)
+        oldest = await self._redis.zrange(key, 0, 0, withscores=True)
+        reset = math.ceil((oldest[0][1] + span - now_ms) / 1000) if oldest else 0
+        return int(await self._redis.zcard(key)), max(0, reset)
 
     def max_prompt_tokens(self, user_id: str, group_id: str | None) -> int | None:
         sizes = [b.max_prompt_tokens for _, b in self._parties(user_id, group_id) if b.max_prompt_tokens]
@@ -333,8 +373,10 @@ class Budgets:
         now = time.time()
         for who, budget in self._parties(who_id, who_id):
             entry: dict = {"budget": budget.model_dump(exclude_none=True), "messages": []}
-            for limit in windows(budget.messages):
-                used, reset = await self._windows.usage(who, limit)
+            for key, who_, limit in self._message_windows(who_id, who_id):
+                if who_ != who:
+                    continue
+                used, reset = await self._window_usage(key, limit)
                 entry["messages"].append({"window": str(limit), "used": used, "limit": limit.amount, "reset_s": reset})
             for counter in self._token_counters(who_id, who_id, now):
                 if counter.who == who:
@@ -347,10 +389,10 @@ class Budgets:
     async def reset(self, who_id: str) -> int:
         """Clear the windows, token counters and notice marks of a user and a group with this id."""
         cleared = 0
-        for who, budget in self._parties(who_id, who_id):
-            for limit in windows(budget.messages):
-                await self._windows.clear(who, limit)
-                cleared += 1
+        for key, _, _ in self._message_windows(who_id, who_id):
+            await self._redis.delete(key)
+            cleared += 1
+        for who, _ in self._parties(who_id, who_id):
             async for key in self._redis.scan_iter(match=self._keys.token_budget(who, "*")):
                 cleared += int(await self._redis.delete(key))
             cleared += int(await self._redis.delete(self._keys.limit_notice(who)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from bots.base import ConversationTaken, CursorRefused, EventEffect, InboundMessage, PermanentSendError, PulledItem
 from bots.text import utf8_len
@@ -194,11 +195,17 @@ class PulledWork:
 
     # -- a burst -------------------------------------------------------------------------------
 
-    async def merge(self, lease: Lease, message: InboundMessage, window_s: float) -> tuple[dict | None, float]:
-        """Absorb the person's messages queued right behind this one within `window_s` of each other.
+    async def merge(
+        self, lease: Lease, message: InboundMessage, window_s: float, alone: Callable[[str], bool]
+    ) -> tuple[dict | None, float]:
+        """Absorb the person's messages queued right behind this one within `window_s` of each other; a message
+        that `alone` says must be answered on its own (a handoff keyword, a command) is neither merged nor
+        absorbed, so "q\n转人工" is never answered as a question.
 
         Returns (the merged entry or None, seconds to wait first): a burst still arriving is waited for by
         handing the lane back with that delay, never by holding a slot."""
+        if message.msg_type == "text" and alone(message.text):
+            return None, 0.0
         behind = await self._scheduler.following(lease, MAX_MERGED)
         absorbed: list[dict] = []
         last = message.received_at
@@ -207,6 +214,8 @@ class PulledWork:
             same_person = entry.get("kind") == "chat" and other.get("sender_id") == message.sender_id
             at = float(other.get("received_at") or 0)
             if not same_person or at - last > window_s:
+                break
+            if other.get("msg_type", "text") == "text" and alone(str(other.get("text", ""))):
                 break
             absorbed.append(entry)
             last = at

@@ -108,6 +108,8 @@ class ReplyState:
     wait_notice: str = ""  # the "engine is starting" notice was sent
     card_track: str = ""  # the DingTalk card of this answer
     card_created: str = ""
+    card_deliver_started: str = ""  # the card's delivery into the conversation began
+    card_sent: str = ""  # the created card was delivered into the conversation
     card_delivered: str = ""
     overflow_started: str = ""  # the one response_url post began
     overflow_sent: str = ""
@@ -116,7 +118,6 @@ class ReplyState:
     no_answer: str = ""  # the knowledge bases had nothing above the threshold (微信客服 hands over)
     knowledge: str = ""  # which chunks the answer used (JSON), for an operator asking why it said that
     quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have
-    admitted: str = ""  # the message was counted in its sender's message windows (once, whatever the retries)
     handoff_code: str = ""  # the conversation was moved to a human: the code that move returned ('-': none)
     handoff_notice_started: str = ""  # the handoff notice took its slot and its send began
     handoff_notice_sent: str = ""

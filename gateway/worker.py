@@ -237,7 +237,9 @@ class Worker:
         job = self._job(lease, message, adapter)  # before anything that can fail: the failure path needs it
         try:
             if await self._may_merge(job):
-                merged, wait_s = await self._pulled.merge(lease, message, adapter.merge_window_s)
+                merged, wait_s = await self._pulled.merge(
+                    lease, message, adapter.merge_window_s, self._answered_alone(adapter)
+                )
                 if wait_s > 0:  # the person is still writing: look again when the burst is over
                     await self._scheduler.release(lease, "retry", delay_s=wait_s, weight=weight)
                     return
@@ -270,6 +272,16 @@ class Worker:
         if not job.adapter.merge_window_s or entry.get("kind") != "chat" or "merged" in entry:
             return False
         return not await job.record.exists()
+
+    @staticmethod
+    def _answered_alone(adapter: Adapter) -> Callable[[str], bool]:
+        """Texts a burst must not swallow: a command, and on a platform with human agents a handoff keyword."""
+        sessions = adapter.sessions
+
+        def alone(text: str) -> bool:
+            return commands.parse_command(text) is not None or (sessions is not None and sessions.wants_human(text))
+
+        return alone
 
     def _job(self, lease: Lease, message: InboundMessage, adapter: Adapter) -> Job:
         fence = Fence(self._rt.keys.lease(lease.lane), lease.epoch)
@@ -417,12 +429,9 @@ class Worker:
         message, entry = job.message, job.lease.entry
         if entry.get("kind") == "notice":
             return await self._commit(job, str(entry.get("notice", "")))
-        if not state.admitted:  # counted once, however often the answer is tried
-            refusal = await self._budgets.admit_message(message.sender_id, job.group_id)
-            if refusal is not None:
-                return await self._commit(job, await self._refusal_notice(job, refusal))
-            await job.record.mark(admitted="1")
-            state.admitted = "1"
+        refusal = await self._budgets.admit_message(message.sender_id, job.group_id, message.dedup_key)
+        if refusal is not None:  # (counted once, however often the answer is tried: by the message's key)
+            return await self._commit(job, await self._refusal_notice(job, refusal))
         if message.msg_type != "text" or not message.text.strip():
             return await self._commit(job, commands.TEXT_ONLY_TEXT)
         command = commands.parse_command(message.text)

@@ -15,12 +15,23 @@ from tests.procs import wait_for
 BUSY = {"errcode": -1, "errmsg": "system busy"}  # WeCom's documented transient answer, retried by botgw
 
 
-def test_a_photo_then_a_question_within_the_merge_window_gets_the_question_answered(kf: Kf) -> None:
+def test_a_photo_then_a_question_within_the_merge_window_gets_the_question_answered(kf: Kf, live_engine: str) -> None:
     person = customer()
     kf.write(person, "", msgtype="image")
+    kf.write(person, "这是什么问题？")
+    answers = kf.wait_sent(person, 1, timeout=90, settle=4.0)
+    assert len(answers) == 1 and answers[0]["content"] != commands.TEXT_ONLY_TEXT, "the question was lost"
+    users = [turn["content"] for turn in kf.memory(person) if turn["role"] == "user"]
+    assert users == ["这是什么问题？"]
+
+
+def test_a_handoff_keyword_right_behind_a_question_is_a_handoff_not_part_of_it(kf: Kf) -> None:
+    person = customer()
     kf.write(person, "/help")
-    answers = kf.wait_sent(person, 1, settle=4.0)
-    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the question behind the photo was lost"
+    kf.write(person, "转人工")
+    sent = kf.wait_sent(person, 2, timeout=30, settle=3.0)
+    assert [item["content"] for item in sent] == [commands.HELP_TEXT, HANDOFF_NOTICE]
+    assert kf.session(person)["service_state"] == 2
 
 
 @pytest.mark.parametrize("failing", ["service_state_trans", "send_msg_on_event"])

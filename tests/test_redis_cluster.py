@@ -62,7 +62,8 @@ def test_the_keys_each_script_touches_share_one_slot() -> None:
         [keys.lease("x"), keys.reply_quota("wecom-kf:kefu:c:u"), keys.reply("wecom-kf:kefu:m1"),
          keys.conversation_owner("wecom-kf:kefu:c:u"), keys.pull_cursor("kefu", "wk1")],
         # one user's and their group's token budgets, checked by one script
-        [keys.token_budget("user:u1", "d20261201"), keys.token_budget("group:g1", "m202612011200")],
+        [keys.token_budget("user:u1", "d20261201"), keys.token_budget("group:g1", "m202612011200"),
+         keys.message_window("user:u1", "20-60"), keys.message_window("group:g1", "300-86400")],
     ]  # fmt: skip
     for names in together:
         assert len({key_slot(name.encode()) for name in names}) == 1, names

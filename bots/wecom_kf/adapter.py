@@ -17,10 +17,12 @@ import httpx
 from bots.base import (
     CallbackKind,
     ChannelDefaults,
+    CursorRefused,
     EventEffect,
     InboundMessage,
     Owner,
     Pacing,
+    PermanentSendError,
     PulledPage,
     ReplyQuota,
     ReplyStyle,
@@ -35,6 +37,7 @@ from bots.wecom_kf.exceptions import AlreadySent
 from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
 
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
+INVALID_PARAMETER = 40058
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
 _OWNERS: dict[int, Owner] = {STATE_NEW: "free", STATE_BOT: "bot", STATE_POOL: "human", STATE_HUMAN: "human",
@@ -162,7 +165,15 @@ class WeComKfAdapter(ChannelDefaults):
 
     async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage:
         """One sync_msg page of account `channel`, from `cursor`, with the callback's token `hint`."""
-        data = await self.api.sync_msg(channel, cursor, hint)
+        try:
+            data = await self.api.sync_msg(channel, cursor, hint)
+        except PermanentSendError as exc:
+            # 40058 is the invalid-parameter answer (the table in bots/simulator/wecom_kf.py); with our own request
+            # well-formed, the one parameter that can have gone bad is a saved cursor the platform no longer knows
+            # (UNCONFIRMED: the documents give no code of its own for a stale cursor).
+            if cursor and exc.code == INVALID_PARAMETER:
+                raise CursorRefused(f"the saved cursor was refused ({exc.code})", code=exc.code) from exc
+            raise
         raw_items = [raw for raw in data.get("msg_list") or [] if isinstance(raw, dict)]
         items = [parsed for raw in raw_items if (parsed := parse_item(self.bot_id, raw)) is not None]
         cursor = str(data.get("next_cursor", ""))

@@ -207,8 +207,7 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
 
 class FaultyWindows:
-    """The `limits` library keeps a connection of its own: its calls are boundaries too (a dead worker must not
-    count a message in a window)."""
+    """The `limits` library keeps a connection of its own (send pacing): its calls are boundaries too."""
 
     def __init__(self, inner: limits.MovingWindowLimiter, faults: FaultContext, name: str) -> None:
         self.inner = inner
@@ -224,10 +223,6 @@ class FaultyWindows:
         if fault == "after":
             raise RedisTimeoutError("fault: after the window hit")
         return decision
-
-    async def check(self, key: str, windows: list[Any]) -> limits.LimitDecision:
-        self.faults.check()
-        return await self.inner.check(key, windows)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -334,9 +334,8 @@ class Run:
     async def _limit_counted(self, user: str, failed: set[str]) -> list[str]:
         """The message windows count each admitted message once, however often it was tried."""
         hits = 0
-        async for key in self.world.redis.scan_iter(match=f"*limits*{user}*", count=1000):
-            if (await self.world.redis.type(key)) == b"list":
-                hits = max(hits, int(await self.world.redis.llen(key)))
+        async for key in self.world.redis.scan_iter(match=f"*:win:user:{user}:*", count=1000):
+            hits = max(hits, int(await self.world.redis.zcard(key)))
         expected = min(self.counted[user], LIMIT)
         if hits != expected:
             return [f"limit counter: {user} sent {self.counted[user]} messages, {expected} admitted, counted {hits}"]
@@ -452,4 +451,3 @@ def report(outcome: Outcome) -> str:
         f"{kind} {boundary}" for boundary, kind in outcome.injected[-12:])]  # fmt: skip
     lines += ["  moves:", *(f"    {i}. {m}" for i, m in enumerate(outcome.moves, 1))]
     return "\n".join(lines)
-
