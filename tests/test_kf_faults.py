@@ -72,3 +72,23 @@ def test_a_cursor_the_platform_refuses_is_dropped_and_the_pull_starts_again(kf: 
     time.sleep(1.0)
     assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before, "the refused pull became a dead letter"
     assert kf.sent(first) and len(kf.sent(first)) == 1, "history was answered again after the reset"
+
+
+def test_a_message_the_platform_reports_undelivered_is_recorded_against_its_reply_and_dead_lettered(kf: Kf) -> None:
+    from gateway.keys import Keys
+
+    keys = Keys(kf.namespace)
+    person = customer()
+    kf.write(person, "/help")
+    (answer,) = kf.wait_sent(person, 1)
+    dead_before = kf.redis.xlen(keys.dead_letters)
+    failed = kf.event(person, "msg_send_fail", fail_msgid=answer["msgid"], fail_type=5)  # the session was closed
+    assert kf.callback(failed["token"]).status_code == 200
+
+    def marked() -> bool:
+        return any(kf.redis.hget(key, "send_failed") == b"5:0" for key in kf.redis.scan_iter(f"{keys.reply('*')}"))
+
+    wait_for(marked, 20, "the reply record to say its piece was not delivered")
+    wait_for(lambda: kf.redis.xlen(keys.dead_letters) == dead_before + 1, 10, "a dead letter for the operator")
+    (_, letter), *_ = kf.redis.xrevrange(keys.dead_letters, count=1)
+    assert b"msg_send_fail" in letter[b"entry"] and b"/help" in letter[b"entry"]

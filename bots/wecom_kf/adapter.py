@@ -47,6 +47,26 @@ _CHANGES: dict[int, Owner] = {1: "human", 2: "human", 3: "free", 4: "human"}
 _NOT_WORDS = re.compile(r"[\s\W_]+")
 
 
+# msg_send_fail's fail_type (wecom-kf.md §2 events): 4 the session is older than 48 h, 5 closed, 6 over the message
+# limit, 10 the customer refused. Whether the platform counted the failed message against the 5 is UNCONFIRMED:
+# the harsher reading, that it did, gives no slot back; "over the limit" means it counted more than we did, so
+# the allowance is taken as used up. An operator should see every kind but the customer's own refusal.
+_OVER_LIMIT = "6"
+_CUSTOMER_REFUSED = "10"
+
+
+def send_failure(event: dict) -> EventEffect:
+    """What a msg_send_fail means: which message, why, and what it does to the allowance."""
+    fail_type = str(event.get("fail_type", ""))
+    return EventEffect(
+        label=f"msg_send_fail:{fail_type}",
+        failed_msgid=str(event.get("fail_msgid", "")),
+        fail_type=fail_type,
+        quota_refund=-QUOTA.limit if fail_type == _OVER_LIMIT else 0,
+        dead_letter=fail_type != _CUSTOMER_REFUSED,
+    )
+
+
 def msgid_for(key: str) -> str:
     """A msgid WeCom accepts (≤ 32 bytes of [0-9a-zA-Z_-]), the same for every attempt at one piece."""
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -97,7 +117,7 @@ class KfSessions:
             text = (account.welcome_text if account and account.welcome_text else None) or self._config.welcome_text
             return EventEffect(welcome_code=str(event.get("welcome_code", "")), welcome_text=text or "", label=kind)
         if kind == "msg_send_fail":
-            return EventEffect(label=f"{kind}:{event.get('fail_type', '')}")
+            return send_failure(event)
         if kind == "session_status_change":
             change = int(number_or_zero(event.get("change_type")))
             return EventEffect(owner=_CHANGES.get(change), label=f"{kind}:{change}")

@@ -251,13 +251,24 @@ class Run:
                 counts.update(set(TOKEN.findall(item["content"])))
         return counts
 
+    def _unknown_outcomes(self) -> int:
+        """DingTalk has no duplicate check: a piece whose send had an unknown outcome (its answer lost after the
+        post, or the worker killed between the post and its mark) is sent again, at least once, never lost. The
+        README says so; each such fault may add one repeat, and nothing else may."""
+        return sum(
+            1
+            for boundary, fault in self.plan.injected
+            if (fault in ("after", "kill") and "/robot/" in boundary)
+            or (fault == "kill" and "reply_record" in boundary)
+        )
+
     async def check_safety(self) -> list[str]:
         """What must hold at every moment, faults or not."""
         found = []
         for (platform, _), user in self.users.items():
             answered = await self._answered(platform, user)
             for token, count in answered.items():
-                if count > 1:
+                if count > 1 + (self._unknown_outcomes() if platform == "ding" else 0):
                     found.append(f"answered twice: {platform} {user} {token} answered {count} times")
             for sent in self.sent:
                 if sent.user == user and sent.silent and answered[sent.token]:
