@@ -356,7 +356,7 @@ class StreamPresenter(_StoredStreamPresenter):
 
 
 class CardPresenter(Presenter):
-    """A DingTalk AI card, created once, updated with the full text so far (≤ updates_per_second)."""
+    """A DingTalk AI card, created and delivered once each, updated with the full text so far (≤ updates_per_second)."""
 
     streams = True
     always_answers = True
@@ -368,22 +368,53 @@ class CardPresenter(Presenter):
         self.track_id = ""
 
     async def open(self, state: ReplyState) -> None:
-        message, api = self.message, self.adapter.api
-        # One card per answer: a retry or a takeover continues the recorded card, never a new one.
+        """One card per answer, created and then delivered, each step recorded once it happened: a retry or a
+        takeover continues the recorded card (a failed delivery is delivered again, never created again)."""
+        message = self.message
+        if not state.card_created:
+            await self._create(state)
         self.track_id = state.card_track
-        if not self.track_id:
-            fresh = api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
-            claimed = await self.record.claim("card_track", fresh)
-            self.track_id = fresh if claimed else (await self.record.load()).card_track
-            state.card_track = self.track_id
         await self.delivery.streams.open(
             message.bot_id, message.sender_id, self.track_id, limit=CARD_STREAM_LIMIT, max_age_s=3600
         )
-        if not state.card_created:  # a first create that failed is done again on the retry
-            target = message.reply_to
-            await api.create_card(self.track_id, group_id=target.chat_id, user_id=target.user_id)
-            await self.record.mark(card_created="1")
-            state.card_created = "1"
+        if not state.card_sent:
+            await self._deliver_card(state)
+
+    async def _create(self, state: ReplyState) -> None:
+        """Create the card, each try under a track id of its own, recorded before the try: DingTalk's answer to
+        a second create of one outTrackId is UNCONFIRMED, and a try whose outcome is unknown (a 5xx, a timeout,
+        a crash) may have made its card. Such a card was never delivered, so nobody sees it."""
+        message, api = self.message, self.adapter.api
+
+        async def attempt(_: int) -> None:
+            state.card_track = api.new_track_id(message.bot_id, message.conversation_id, message.msg_id)
+            await self.record.mark(card_track=state.card_track)
+            await api.create_card(state.card_track, group_id=message.reply_to.chat_id)
+
+        await self.delivery.retry_send(attempt)
+        await self.record.mark(card_created="1")
+        state.card_created = "1"
+
+    async def _deliver_card(self, state: ReplyState) -> None:
+        """Deliver the card into the conversation. A repeat after a try whose outcome is unknown may be refused
+        because the first one arrived (DingTalk's answer is UNCONFIRMED): a refusal then counts as delivered,
+        as the same request was not refused the first time."""
+        target, api = self.message.reply_to, self.adapter.api
+        earlier = bool(state.card_deliver_started)
+        await self.record.mark(card_deliver_started="1")
+
+        async def attempt(number: int) -> None:
+            try:
+                await api.deliver_card(self.track_id, group_id=target.chat_id, user_id=target.user_id)
+            except SendError as exc:
+                if exc.retryable or not (earlier or number > 0):
+                    raise
+                log.warning("a repeated card delivery was refused; taking the earlier one to have arrived",
+                            extra={"error": str(exc)})  # fmt: skip
+
+        await self.delivery.retry_send(attempt)
+        await self.record.mark(card_sent="1")
+        state.card_sent = "1"
 
     @property
     def stream_id(self) -> str:
@@ -405,10 +436,14 @@ class CardPresenter(Presenter):
         # The card shows the full text with every update: finish with what the store settled on, so that a
         # final text that does not extend what was shown is added after it, not swapped in for it.
         final = await self._finish_stored(text)
-        await self.adapter.api.stream_card(self.track_id, final, final=True)
-        await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, final)
+        await self.delivery.retry_send(lambda attempt: self._finalize(final))
         await self.record.mark(card_delivered="1")
         state.card_delivered = "1"
+
+    async def _finalize(self, final: str) -> None:
+        """The full text, finalized, and the finished state: both idempotent, so a retry repeats them whole."""
+        await self.adapter.api.stream_card(self.track_id, final, final=True)
+        await self.adapter.api.set_card_status(self.track_id, FLOW_FINISHED, final)
 
     async def fail(self, text: str, state: ReplyState) -> None:
         if not self.track_id:

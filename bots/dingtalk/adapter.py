@@ -2,14 +2,17 @@
 
 A reply goes through the message's sessionWebhook while it is valid (about 90 minutes,
 no token needed), @-mentioning the asker in groups; after that, or if DingTalk refuses
-the webhook, through the OpenAPI with the robot's access token. The sessionWebhook comes
-in the body, which HTTP mode's signature does not cover: it is used only when it points at
-DingTalk's own origin (`oapi_base`), else the reply goes through the OpenAPI.
+the webhook, through the OpenAPI with the robot's access token: at once when DingTalk ended
+the session early (300001), after SESSION_TRIES tries when the webhook keeps failing (5xx,
+unreachable). The sessionWebhook comes in the body, which HTTP mode's signature does not
+cover: it is used only when it points at DingTalk's own origin (`oapi_base`), else the reply
+goes through the OpenAPI.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import httpx
@@ -22,6 +25,8 @@ from bots.base import (
     Pacing,
     ReplyStyle,
     ReplyTarget,
+    RetryableSendError,
+    Throttled,
     TokenStore,
     per_window,
 )
@@ -36,6 +41,11 @@ from bots.urls import trusted
 
 TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
 WEBHOOK_MARGIN_S = 60.0
+# A sessionWebhook that fails this often (5xx, unreachable) is given up for the OpenAPI, as one that answers
+# 300001: an expired webhook may well answer a gateway error instead (UNCONFIRMED; the harsher reading), and
+# retrying it alone would dead-letter an answer the OpenAPI still delivers. Counted per process (bounded).
+SESSION_TRIES = 3
+FAILED_WEBHOOKS_KEPT = 1024
 
 
 class DingTalkRobotAdapter(ChannelDefaults):
@@ -50,6 +60,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
         self._http = http
         self.api = DingTalkApiClient(config, http, tokens)
         self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
+        self._webhook_failures: OrderedDict[str, int] = OrderedDict()
 
     duplicate_check_window_s = 0.0  # DingTalk's send APIs have no duplicate check (UNCONFIRMED: none documented)
     max_answer_bytes = None  # text goes in pieces; a card takes the whole text (no documented cap)
@@ -87,17 +98,35 @@ class DingTalkRobotAdapter(ChannelDefaults):
     async def send_piece(
         self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
     ) -> None:
-        if (
-            target.webhook_url
-            and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S
-            and trusted(target.webhook_url, self.config.oapi_base, self.platform, "sessionWebhook")
-        ):
+        if self._session_usable(target):
             try:
                 await self._send_by_session(target, text)
                 return
             except SessionWebhookExpired:
                 pass  # DingTalk ended the session early: the OpenAPI still reaches the conversation
+            except Throttled:
+                raise  # the conversation is throttled, whichever way the answer goes
+            except RetryableSendError:
+                if self._webhook_failed(target.webhook_url) < SESSION_TRIES:
+                    raise  # tried again with the presenter's backoff
         await self.api.send_text(group_id=target.chat_id, user_id=target.user_id, text=text)
+
+    def _session_usable(self, target: ReplyTarget) -> bool:
+        """The message's sessionWebhook is on DingTalk's origin, not about to expire, and has not failed too often."""
+        return bool(
+            target.webhook_url
+            and time.time() < target.webhook_expires_at - WEBHOOK_MARGIN_S
+            and self._webhook_failures.get(target.webhook_url, 0) < SESSION_TRIES
+            and trusted(target.webhook_url, self.config.oapi_base, self.platform, "sessionWebhook")
+        )
+
+    def _webhook_failed(self, url: str) -> int:
+        """Count a failed post to `url`; how often it has failed. Only the most recent webhooks are kept."""
+        failures = self._webhook_failures.pop(url, 0) + 1
+        self._webhook_failures[url] = failures
+        while len(self._webhook_failures) > FAILED_WEBHOOKS_KEPT:
+            self._webhook_failures.popitem(last=False)
+        return failures
 
     async def _send_by_session(self, target: ReplyTarget, text: str) -> None:
         body: dict = {"msgtype": "text", "text": {"content": text}}

@@ -15,15 +15,27 @@ from typing import Any
 
 import httpx
 
-from bots.base import PermanentSendError, RetryableSendError, TokenStore
+from bots.base import PermanentSendError, RetryableSendError, Throttled, TokenStore
 from bots.dingtalk.config import DingTalkBotConfig
-from bots.dingtalk.exceptions import error_for
+from bots.dingtalk.exceptions import THROTTLE_PROBE_S, error_for
 from bots.http import cached_token, token_name
 
 log = logging.getLogger(__name__)
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 FLOW_PROCESSING, FLOW_INPUTTING, FLOW_FINISHED, FLOW_FAILED = 1, 2, 3, 5
+# DingTalk refuses a bad, expired or revoked token with HTTP 400 and this code, not 401 (public clients' logs:
+# satorijs/satori#240 `[400] {"code":"InvalidAuthentication", "message":"不合法的access_token"}`,
+# alibabacloud-sdk-php/dingtalk#1, ClouGence/open-cdm#342); 401 is taken as the same, whatever its body.
+TOKEN_REFUSED_CODE = "InvalidAuthentication"
+# oToMessages/batchSend answers 200 and lists the recipients it did not deliver to (aliyun/dingtalk-sdk
+# robot_1_0 BatchSendOTOResponseBody: flowControlledStaffIdList "推送频繁，被限流的用户", invalidStaffIdList
+# "无效的用户"; filteredStaffIdList in newer clients, its meaning undocumented). A flow-controlled recipient is
+# tried again; the others will be refused again.
+UNDELIVERED_LISTS = {
+    "invalidStaffIdList": "not a valid user of the organisation (left it, or a wrong id)",
+    "filteredStaffIdList": "filtered out by DingTalk",
+}
 
 
 class DingTalkApiClient:
@@ -53,7 +65,7 @@ class DingTalkApiClient:
             await self.call("POST", "/v1.0/robot/groupMessages/send", body)
         else:
             body = {"robotCode": self._config.robot, "userIds": [user_id], "msgKey": "sampleText", "msgParam": params}
-            await self.call("POST", "/v1.0/robot/oToMessages/batchSend", body)
+            _check_delivered(await self.call("POST", "/v1.0/robot/oToMessages/batchSend", body))
 
     # -- AI cards ----------------------------------------------------------------------------
 
@@ -61,8 +73,8 @@ class DingTalkApiClient:
     def new_track_id(*parts: str) -> str:
         return hashlib.sha256("|".join([*parts, uuid.uuid1().hex]).encode()).hexdigest()
 
-    async def create_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
-        """Create the AI card and deliver it into the conversation."""
+    async def create_card(self, track_id: str, *, group_id: str) -> None:
+        """Create the AI card; it shows nowhere until delivered (S13 card_replier: "两步骤：创建+投放")."""
         space = {"supportForward": True}
         body: dict[str, Any] = {
             "cardTemplateId": self._config.ai_card.template_id,
@@ -72,6 +84,9 @@ class DingTalkApiClient:
             "imGroupOpenSpaceModel" if group_id else "imRobotOpenSpaceModel": space,
         }
         await self.call("POST", "/v1.0/card/instances", body)
+
+    async def deliver_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
+        """Deliver the created card into the group, or into the user's chat with the robot."""
         deliver: dict[str, Any] = {"outTrackId": track_id, "userIdType": 1}
         if group_id:
             deliver["openSpaceId"] = f"dtv1.card//IM_GROUP.{group_id}"
@@ -104,12 +119,17 @@ class DingTalkApiClient:
     # -- transport ---------------------------------------------------------------------------
 
     async def call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """An OpenAPI call with the token; refetch the token once when DingTalk says it is invalid."""
+        """An OpenAPI call with the token; refetch the token once when DingTalk refuses it (a revoked or expired
+        token, another replica's refresh): a second refusal is an error like any other."""
         token = await self.access_token()
         try:
             return await self._call(method, path, body, token=token)
         except _TokenRejected:
+            pass
+        try:
             return await self._call(method, path, body, token=await self.access_token(stale=token))
+        except _TokenRejected as exc:  # a race with a refresh elsewhere may pass; the worker's retries are bounded
+            raise RetryableSendError("DingTalk refused a fresh access token", code=TOKEN_REFUSED_CODE) from exc
 
     async def _call(self, method: str, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         headers = {TOKEN_HEADER: token} if token else {}
@@ -117,8 +137,8 @@ class DingTalkApiClient:
             response = await self._http.request(method, f"{self._config.api_base}{path}", json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise RetryableSendError(f"DingTalk API unreachable: {type(exc).__name__}", code="network") from exc
-        data = response.json() if response.content else {}
-        if response.status_code == 401 and token:
+        data = _json_body(response)
+        if token and (response.status_code == 401 or data.get("code") == TOKEN_REFUSED_CODE):
             raise _TokenRejected
         if response.status_code == 429 or response.status_code >= 500:
             raise RetryableSendError(f"DingTalk API answered HTTP {response.status_code}", code=response.status_code)
@@ -132,5 +152,28 @@ class DingTalkApiClient:
         return data
 
 
+def _json_body(response: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object. An error page that is not JSON (a proxy's) is judged by its status alone; a 200
+    that is not JSON leaves the outcome unknown, as a failure that may pass."""
+    try:
+        data = response.json() if response.content else {}
+    except ValueError as exc:
+        if response.status_code == 200:
+            raise RetryableSendError("DingTalk API answered non-JSON", code="bad_json") from exc
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_delivered(data: dict[str, Any]) -> None:
+    """batchSend's 200 is not delivery: raise when the one recipient is in a list of those not delivered to."""
+    if data.get("flowControlledStaffIdList"):
+        raise Throttled("DingTalk flow-controlled the recipient (flowControlledStaffIdList)",
+                        code="flowControlled", retry_after=THROTTLE_PROBE_S)  # fmt: skip
+    for name, why in UNDELIVERED_LISTS.items():
+        if data.get(name):
+            raise PermanentSendError(f"DingTalk did not deliver the message: the recipient is {why} ({name})",
+                                     code=name)  # fmt: skip
+
+
 class _TokenRejected(Exception):
-    """HTTP 401 from the OpenAPI: the cached token is no longer valid."""
+    """The OpenAPI refused the cached token (400 InvalidAuthentication, or 401): it is no longer valid."""

@@ -18,7 +18,13 @@ OpenAPI (robotCode, msgKey, msgParam) and AI cards (create → deliver → updat
 A conversation that is sent more than 20 messages in a minute is throttled for 10 minutes:
 every send in that time is refused with 130101 (S14 says so of custom robots; that the same
 holds per conversation for an enterprise robot is UNCONFIRMED, and the harsher reading is
-played: the throttle is not lifted early, whoever sent the excess).
+played: the throttle is not lifted early, whoever sent the excess). oToMessages/batchSend does not
+answer 130101: it answers 200 and lists the recipients it did not deliver to (BatchSendOTOResponseBody in
+aliyun/dingtalk-sdk robot_1_0: flowControlledStaffIdList, invalidStaffIdList, filteredStaffIdList); the
+simulator lists a recipient over the same per-person rate as flow-controlled (which rate DingTalk applies
+there is UNCONFIRMED), and staff a test marks invalid or filtered in those lists. A bad, expired or
+revoked token is refused with HTTP 400 {"code": "InvalidAuthentication"} (public clients' logs:
+satorijs/satori#240, alibabacloud-sdk-php/dingtalk#1), never 401.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class DingTalkState:
     throttled: int = 0  # sends refused with 130101 by the throttle
     session_posts: dict[str, list[int]] = field(default_factory=dict)  # session -> [posts, refused]
     delivered_cards: set[str] = field(default_factory=set)
+    staff_status: dict[str, str] = field(default_factory=dict)  # userId -> "invalid" | "filtered" (test controls)
+    not_delivered: int = 0  # batchSend recipients listed as not delivered to
     system_ping_s: float = 10.0
     pings: dict[str, str] = field(default_factory=dict)  # ping frame id -> its data, until acked
     pings_sent: int = 0
@@ -142,19 +150,23 @@ def _error(errcode: int, errmsg: str) -> JSONResponse:
     return JSONResponse({"errcode": errcode, "errmsg": errmsg})
 
 
+TOKEN_REFUSED = {"code": "InvalidAuthentication", "message": "不合法的access_token"}
+
+
 def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
     router = APIRouter()
 
-    def token_ok(request: Request) -> bool:
+    def token_refusal(request: Request) -> JSONResponse | None:
+        """HTTP 400 InvalidAuthentication for a token DingTalk never issued, that expired or was revoked."""
         expires = state.tokens.get(request.headers.get("x-acs-dingtalk-access-token", ""))
-        return bool(expires and expires > time.time())
+        return None if expires and expires > time.time() else JSONResponse(TOKEN_REFUSED, 400)
 
     async def refuse_send(request: Request, *, needs_token: bool) -> JSONResponse | None:
         """The answer DingTalk gives instead of sending: no valid token, or an injected fault: an errcode (130101…),
         `http_status` (a 5xx), or `delay_s` (slow: the send waits that long, then succeeds unless the fault also
         names an errcode or a status)."""
-        if needs_token and not token_ok(request):
-            return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
+        if needs_token and (refusal := token_refusal(request)):
+            return refusal
         fault = state.fault("send")
         if fault:
             if fault.get("delay_s"):
@@ -167,20 +179,24 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             return _error(int(fault["errcode"]), fault.get("errmsg", "send too fast"))
         return None
 
-    def throttle(conversation: tuple[str, str]) -> JSONResponse | None:
-        """130101 while the conversation is throttled; a send past 20 in a minute starts 10 minutes of it."""
+    def over_rate(conversation: tuple[str, str]) -> bool:
+        """Whether the conversation is throttled; a send past 20 in a minute starts 10 minutes of it."""
         now = time.time()
         if state.throttled_until.get(conversation, 0.0) > now:
             state.throttled += 1
-            return _error(130101, "send too fast")
+            return True
         recent = [at for at in state.sends.get(conversation, []) if now - at < 60]
         state.sends[conversation] = recent
         if len(recent) >= SEND_PER_MINUTE:
             state.throttled_until[conversation] = now + state.throttle_s
             state.sends[conversation] = []  # a new minute starts when the throttle ends
             state.throttled += 1
-            return _error(130101, "send too fast")
-        return None
+            return True
+        return False
+
+    def throttle(conversation: tuple[str, str]) -> JSONResponse | None:
+        """130101 while the conversation is throttled (sessionWebhook, group messages)."""
+        return _error(130101, "send too fast") if over_rate(conversation) else None
 
     def record(**fields: Any) -> None:
         now = time.time()
@@ -236,6 +252,8 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         info = state.sessions.get(session)
         if info is None or info["expires_at"] < time.time():
             posts[1] += 1
+            if info is not None and info.get("expired_status"):
+                return JSONResponse({"code": "ServiceUnavailable", "message": "simulated"}, info["expired_status"])
             return _error(300001, "session expired")
         if refusal := await refuse_send(request, needs_token=False):
             return refusal
@@ -273,13 +291,19 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             return refusal
         if not isinstance(body["userIds"], list) or not all(isinstance(u, str) and u for u in body["userIds"]):
             return JSONResponse({"code": "invalidParameter.userIds", "message": "userIds"}, 400)
-        for user in body["userIds"]:
-            if refusal := throttle(("user", user)):
-                return refusal
         content = json.loads(body["msgParam"]).get("content", "")
+        lists: dict[str, list[str]] = {"flowControlledStaffIdList": [], "invalidStaffIdList": [],
+                                       "filteredStaffIdList": []}  # fmt: skip
         for user in body["userIds"]:
-            record(via="openapi", conversation="", user=user, group=False, content=content, at_user_ids=[])
-        return JSONResponse({"processQueryKey": secrets.token_hex(8)})
+            status = state.staff_status.get(user, "")
+            if status:
+                lists[f"{status}StaffIdList"].append(user)
+            elif over_rate(("user", user)):
+                lists["flowControlledStaffIdList"].append(user)
+            else:
+                record(via="openapi", conversation="", user=user, group=False, content=content, at_user_ids=[])
+        state.not_delivered += sum(len(users) for users in lists.values())
+        return JSONResponse({"processQueryKey": secrets.token_hex(8), **lists})
 
     def card_error(op: str, body: Any) -> str:
         """Why DingTalk would refuse this card call ('' if it would not), following the SDK's AI card calls
@@ -298,6 +322,7 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
                 return "cardTemplateId and callbackType STREAM needed"
             if not (body.get("imGroupOpenSpaceModel") or body.get("imRobotOpenSpaceModel")):
                 return "an open space model is needed"
+            # A second create of one outTrackId: DingTalk's answer is UNCONFIRMED; refused (the harsher reading).
             return "card exists" if track in state.cards else ""
         if track not in state.cards:
             return "no such card"
@@ -309,7 +334,10 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
                 ok = (body.get("imRobotOpenDeliverModel") or {}).get("spaceType") == "IM_ROBOT"
             else:
                 ok = False
-            return "" if ok and body.get("userIdType") == 1 else "openSpaceId and deliver model do not match"
+            if not ok or body.get("userIdType") != 1:
+                return "openSpaceId and deliver model do not match"
+            # A second deliver of one card: DingTalk's answer is UNCONFIRMED; refused (the harsher reading).
+            return "card already delivered" if track in state.delivered_cards else ""
         if track not in state.delivered_cards:
             return "card not delivered"
         if op == "stream":
@@ -320,11 +348,18 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         return ""
 
     async def card_event(request: Request, op: str) -> JSONResponse:
-        if not token_ok(request):
-            return JSONResponse({"code": "InvalidAuthentication", "message": "token"}, 401)
+        """A card call, checked as card_error says. An injected fault (endpoint `card.<op>`, `http_status`)
+        fails it before its effect, or with `after` once the effect happened (the caller cannot tell which)."""
+        if refusal := token_refusal(request):
+            return refusal
         body = await request.json()
         if problem := card_error(op, body):
             return JSONResponse({"code": "param.invalid", "message": problem}, 400)
+        failed = None
+        if fault := state.fault(f"card.{op}"):
+            failed = JSONResponse({"code": "ServiceUnavailable", "message": "simulated"}, int(fault["http_status"]))
+            if not fault.get("after"):
+                return failed
         track = body.get("outTrackId", "")
         params = (body.get("cardData") or {}).get("cardParamMap") or {}
         event = {"op": op, "at": time.time(), "flowStatus": params.get("flowStatus"),
@@ -333,7 +368,7 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             event["openSpaceId"] = body.get("openSpaceId")
             state.delivered_cards.add(track)
         state.cards.setdefault(track, []).append(event)
-        return JSONResponse({"success": True, "result": {"outTrackId": track}})
+        return failed or JSONResponse({"success": True, "result": {"outTrackId": track}})
 
     card_routes = [
         ("POST", "/v1.0/card/instances", "create"),
@@ -470,11 +505,35 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
 
     @router.post("/__sim__/dingtalk/session/expire")
     async def expire_session(request: Request) -> dict[str, bool]:
-        """End a session before its sessionWebhookExpiredTime (DingTalk may: the webhook then answers 300001)."""
-        info = state.sessions.get(str((await request.json()).get("session", "")))
+        """End a session before its sessionWebhookExpiredTime (DingTalk may: the webhook then answers 300001).
+        With `http_status` the ended webhook answers that (a 5xx) instead: whether DingTalk ever does is
+        UNCONFIRMED, and it is the harsher answer (nothing in it says the webhook is gone)."""
+        body = await request.json()
+        info = state.sessions.get(str(body.get("session", "")))
         if info is not None:
             info["expires_at"] = 0.0
+            info["expired_status"] = int(body.get("http_status", 0))
         return {"expired": info is not None}
+
+    @router.post("/__sim__/dingtalk/tokens/revoke")
+    async def revoke_tokens() -> dict[str, int]:
+        """Revoke every access token issued (a secret reset, DingTalk ending tokens early): they are refused."""
+        revoked = len(state.tokens)
+        state.tokens.clear()
+        return {"revoked": revoked}
+
+    @router.post("/__sim__/dingtalk/staff")
+    async def set_staff(request: Request) -> dict[str, Any]:
+        """Mark a userId `invalid` (left the organisation) or `filtered` for batchSend; `""` makes it valid."""
+        body = await request.json()
+        status = str(body.get("status", ""))
+        if status not in ("", "invalid", "filtered"):
+            return {"error": "status is invalid, filtered or empty"}
+        if status:
+            state.staff_status[str(body["user"])] = status
+        else:
+            state.staff_status.pop(str(body["user"]), None)
+        return {"user": body["user"], "status": status, "not_delivered": state.not_delivered}
 
     @router.get("/__sim__/dingtalk/session-posts")
     async def session_posts(session: str) -> dict[str, int]:
@@ -486,7 +545,7 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
     async def set_throttle(request: Request) -> dict[str, float]:
         """How long a throttled conversation stays throttled (DingTalk: 10 minutes; tests shorten it)."""
         state.throttle_s = float((await request.json()).get("throttle_s", THROTTLE_S))
-        return {"throttle_s": state.throttle_s, "throttled": state.throttled}
+        return {"throttle_s": state.throttle_s, "throttled": state.throttled, "not_delivered": state.not_delivered}
 
     @router.get("/__sim__/dingtalk/messages")
     async def messages(conversation: str = "", user: str = "") -> list[dict[str, Any]]:
