@@ -24,22 +24,32 @@ from gateway.streams import StreamStore
 
 
 class CardApi:
-    """Records what the presenter asked of DingTalk; `create_failures` creates fail before one succeeds."""
+    """Records what the presenter asked of DingTalk; the first `create_failures` creates and `deliver_failures`
+    deliveries fail (before their effect)."""
 
-    def __init__(self, create_failures: int = 0) -> None:
+    def __init__(self, create_failures: int = 0, deliver_failures: int = 0) -> None:
         self.calls: list[tuple] = []
         self.create_failures = create_failures
+        self.deliver_failures = deliver_failures
         self.cards_created: list[str] = []
+        self.cards_delivered: list[str] = []
 
     @staticmethod
     def new_track_id(*parts: str) -> str:
         return secrets.token_hex(8)
 
-    async def create_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
+    async def create_card(self, track_id: str, *, group_id: str) -> None:
         if self.create_failures:
             self.create_failures -= 1
             raise RetryableSendError("card create failed")
         self.cards_created.append(track_id)
+
+    async def deliver_card(self, track_id: str, *, group_id: str, user_id: str) -> None:
+        assert track_id in self.cards_created, "delivered a card that was never created"
+        if self.deliver_failures:
+            self.deliver_failures -= 1
+            raise RetryableSendError("card deliver failed")
+        self.cards_delivered.append(track_id)
 
     async def set_card_status(self, track_id: str, flow_status: int, content: str | None = None) -> None:
         self.calls.append(("status", track_id, flow_status, content))
@@ -53,7 +63,8 @@ async def delivery(redis_url: str) -> AsyncIterator[Delivery]:
     client = aioredis.Redis.from_url(redis_url)
     keys = Keys("p" + secrets.token_hex(4))
     pacer = MovingWindowLimiter(redis_url, f"{keys.namespace}:pace")
-    yield Delivery(client, keys, StreamStore(client, keys), pacer, WorkerSettings())
+    settings = WorkerSettings(backoff_base_s=0.01, backoff_max_s=0.05)
+    yield Delivery(client, keys, StreamStore(client, keys), pacer, settings)
     await client.aclose()
 
 
@@ -87,16 +98,18 @@ async def test_a_final_text_that_does_not_extend_the_card_is_added_after_it(deli
 
 
 async def test_a_card_whose_create_failed_is_created_on_the_retry_and_finished_once(delivery: Delivery) -> None:
-    api, message = CardApi(create_failures=1), card_message()
+    attempts = delivery.settings.max_send_attempts
+    api, message = CardApi(create_failures=attempts), card_message()  # every try of the first attempt fails
     first = card_presenter(delivery, api, message)
     with pytest.raises(SendError):
         await first.open(await first.record.load())
     assert api.cards_created == []
 
-    # The retry (another presenter, as after a hand-back) reuses the recorded card and creates it.
+    # The retry (another presenter, as after a hand-back) creates the card, under an id no try has used (a try
+    # whose outcome is unknown may have made a card of its id), delivers it and finishes it.
     retry = card_presenter(delivery, api, message)
     await retry.finish("the answer", await retry.record.load())
-    assert api.cards_created == [first.track_id] == [retry.track_id]
+    assert api.cards_created == api.cards_delivered == [retry.track_id]
     finished = [call for call in api.calls if call[0] == "status" and call[2] == FLOW_FINISHED]
     assert finished == [("status", retry.track_id, FLOW_FINISHED, "the answer")]
 
@@ -104,7 +117,21 @@ async def test_a_card_whose_create_failed_is_created_on_the_retry_and_finished_o
     calls = len(api.calls)
     again = card_presenter(delivery, api, message)
     await again.deliver("the answer", await again.record.load())
-    assert len(api.calls) == calls and api.cards_created == [first.track_id]
+    assert len(api.calls) == calls and api.cards_created == api.cards_delivered == [retry.track_id]
+
+
+async def test_a_card_whose_delivery_failed_is_delivered_on_the_retry_not_created_again(delivery: Delivery) -> None:
+    attempts = delivery.settings.max_send_attempts
+    api, message = CardApi(deliver_failures=attempts), card_message()
+    first = card_presenter(delivery, api, message)
+    with pytest.raises(SendError):
+        await first.open(await first.record.load())
+    assert len(api.cards_created) == 1 and api.cards_delivered == []
+
+    retry = card_presenter(delivery, api, message)
+    await retry.finish("the answer", await retry.record.load())
+    assert api.cards_created == api.cards_delivered == [retry.track_id]
+    assert api.calls[-1] == ("status", retry.track_id, FLOW_FINISHED, "the answer")
 
 
 async def test_a_failed_card_ends_failed_with_what_was_shown_kept(delivery: Delivery) -> None:
