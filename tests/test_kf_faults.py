@@ -92,3 +92,17 @@ def test_a_message_the_platform_reports_undelivered_is_recorded_against_its_repl
     wait_for(lambda: kf.redis.xlen(keys.dead_letters) == dead_before + 1, 10, "a dead letter for the operator")
     (_, letter), *_ = kf.redis.xrevrange(keys.dead_letters, count=1)
     assert b"msg_send_fail" in letter[b"entry"] and b"/help" in letter[b"entry"]
+
+
+def test_a_handoff_to_a_servicer_not_on_duty_goes_to_the_queue_and_the_customer_is_told(kf: Kf) -> None:
+    from gateway.cli import main
+
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    kf.sim("POST", "/__sim__/kf/servicer", json={"servicer_userid": "agent-off", "on_duty": False})
+    args = ["kf", "handoff", "--config", str(kf.path), "--bot", "kefu", "--customer", person, "--servicer", "agent-off"]
+    assert main(args) == 0
+    handed = kf.wait_sent(person, 2, timeout=30)
+    assert handed[1]["content"] == HANDOFF_NOTICE and handed[1]["code"], "the customer was not told"
+    assert kf.session(person)["service_state"] == 2, "95014 left the customer with the bot"

@@ -185,6 +185,7 @@ class KfState:
     used_msgids: set[tuple[str, str]] = field(default_factory=set)  # (open_kfid, msgid), unique per account
     delivered: list[KfDelivered] = field(default_factory=list)
     faults: list[KfFault] = field(default_factory=list)
+    off_duty: set[str] = field(default_factory=set)  # servicers who are not 正在接待 (trans to them: 95014)
     calls: dict[str, int] = field(default_factory=dict)
     refusals: dict[int, int] = field(default_factory=dict)
 
@@ -526,6 +527,8 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
         servicer = body.get("servicer_userid") or ""
         if target == HUMAN and not (isinstance(servicer, str) and servicer):
             return refuse(ERR_NOT_SERVICER, "invalid servicer_userid")
+        if target == HUMAN and servicer in state.off_duty:  # not on duty or not activated (wecom-kf.md §5)
+            return refuse(ERR_NOT_SERVICER, "servicer is not on duty")
         sess.state = target
         sess.servicer_userid = servicer if target == HUMAN else ""
         answer: dict[str, Any] = {"errcode": 0, "errmsg": "ok"}
@@ -600,6 +603,16 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
             state.append(open_kfid, item)
             msgids.append(item["msgid"])
         return JSONResponse({"msgids": msgids, "token": state.new_sync_token(open_kfid, body.get("token_ttl_s"))})
+
+    @router.post("/__sim__/kf/servicer")
+    async def servicer_duty(request: Request) -> JSONResponse:
+        """A human agent goes off duty (`on_duty: false`) or comes back."""
+        body = await request.json()
+        userid = str(body.get("servicer_userid", ""))
+        if not userid:
+            return JSONResponse({"error": "servicer_userid is required"}, status_code=400)
+        (state.off_duty.discard if body.get("on_duty", True) else state.off_duty.add)(userid)
+        return JSONResponse({"off_duty": sorted(state.off_duty)})
 
     @router.post("/__sim__/kf/agent")
     async def agent(request: Request) -> JSONResponse:

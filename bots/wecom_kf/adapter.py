@@ -8,6 +8,7 @@ the pull itself is queued work (gateway/pull.py), as is every message it finds.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 from collections.abc import Mapping
@@ -36,8 +37,11 @@ from bots.wecom_kf.crypto import kf_crypto
 from bots.wecom_kf.exceptions import AlreadySent
 from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
 
+log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
 INVALID_PARAMETER = 40058
+NOT_ON_DUTY = 95014  # trans to 3: the servicer is not 正在接待 or not activated (wecom-kf.md §5)
+MOVE_REFUSED = 95016  # trans: a move the session's state does not allow (UNCONFIRMED, the simulator's table)
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
 _OWNERS: dict[int, Owner] = {STATE_NEW: "free", STATE_BOT: "bot", STATE_POOL: "human", STATE_HUMAN: "human",
@@ -95,9 +99,27 @@ class KfSessions:
         await self._api.trans(target.chat_id, target.user_id, STATE_BOT)
 
     async def hand_off(self, target: ReplyTarget, servicer: str | None) -> str:
+        """Move the customer to a named agent, else the queue; returns the msg_code for the notice ('' none).
+
+        A named agent who is not on duty (95014) is no reason to keep the customer with the bot: the queue
+        takes them. A move refused because a human already holds the session (95016, the state changed under
+        us) is a handoff already made: nothing to notify."""
         servicer = servicer or self._config.handoff.servicer
-        state = STATE_HUMAN if servicer else STATE_POOL
-        return await self._api.trans(target.chat_id, target.user_id, state, servicer)
+        try:
+            if servicer:
+                try:
+                    return await self._api.trans(target.chat_id, target.user_id, STATE_HUMAN, servicer)
+                except PermanentSendError as exc:
+                    if exc.code != NOT_ON_DUTY:
+                        raise
+                    log.warning("the handoff's servicer is not on duty; handing to the queue",
+                                extra={"code": exc.code})  # fmt: skip
+            return await self._api.trans(target.chat_id, target.user_id, STATE_POOL)
+        except PermanentSendError as exc:
+            if exc.code == MOVE_REFUSED and await self.owner(target) == "human":
+                log.info("the session is already with a human; no handoff move needed")
+                return ""
+            raise
 
     async def send_notice(
         self, target: ReplyTarget, code: str, text: str, notice_key: str, *, resend: bool = False
