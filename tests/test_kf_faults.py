@@ -106,3 +106,21 @@ def test_a_handoff_to_a_servicer_not_on_duty_goes_to_the_queue_and_the_customer_
     handed = kf.wait_sent(person, 2, timeout=30)
     assert handed[1]["content"] == HANDOFF_NOTICE and handed[1]["code"], "the customer was not told"
     assert kf.session(person)["service_state"] == 2, "95014 left the customer with the bot"
+
+
+def test_a_piece_whose_answer_was_lost_is_resent_refused_and_the_rest_of_the_answer_still_goes(kf: Kf) -> None:
+    from gateway.keys import Keys
+
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    dead_before = kf.redis.xlen(Keys(kf.namespace).dead_letters)
+    refused_before = kf.stats()["refusals"].get("40058", 0)
+    # The next send is delivered and its answer lost: the resend with the same msgid is refused (no documented code).
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "send_msg", "deliver": True, "http_status": 502})
+    kf.enqueue_notice(person, "".join(f"第{i}段。" for i in range(900)))  # over 5 pieces: the 3 allowed are sent
+    sent = kf.wait_sent(person, 4, timeout=60, settle=3.0)
+    pieces = [item["content"] for item in sent[1:]]
+    assert len(pieces) == 3 and len(set(pieces)) == 3, "a piece was doubled or the rest of the answer dropped"
+    assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before, "the refused resend became a dead letter"
+    assert kf.stats()["refusals"].get("40058", 0) == refused_before + 1, "the resend was never refused"

@@ -25,7 +25,8 @@ UNCONFIRMED (chosen here; a gateway must not depend on more than "refused"):
   95016          a trans move the state machine forbids (recalled from WeCom's global errcode page,
                  "不允许这种状态转换"; not found in the searchable sources)
   95014          trans to 3 without a servicer_userid (recalled: "用户不是接待人员")
-  95030          a repeated msgid (LangBot #1687 reports "MSG_ID重复" as a refusal, without the number)
+  40058          a repeated msgid (LangBot #1687 reports "MSG_ID重复" as a refusal, without the number: UNCONFIRMED,
+                 answered with the generic invalid-parameter code so that nothing can build on a guessed one)
   40058          a malformed parameter: msgid, cursor, limit, text over 2048 bytes (40058 is what WeCom's robots answer
                  for an over-long text), and an unknown, used or expired welcome_code/msg_code — the three are one
                  answer here, on purpose: a caller cannot tell them apart
@@ -91,7 +92,9 @@ ERR_SESSION_ENDED = 95013
 ERR_NOT_SERVICER = 95014  # UNCONFIRMED
 ERR_BAD_TRANSITION = 95016  # UNCONFIRMED
 ERR_SESSION_STATE = 95018
-ERR_MSGID_REPEATED = 95030  # UNCONFIRMED
+# UNCONFIRMED: the documents say only that a repeated msgid is refused. The simulator answers the generic
+# invalid-parameter code, which botgw does not special-case: the harsher reading (no code to recognise).
+ERR_MSGID_REPEATED = 40058
 
 # Session states (servicestate.go): 0 new, 1 the API's smart assistant, 2 the pool, 3 a human agent, 4 ended.
 NEW, ASSISTANT, POOL, HUMAN, ENDED = 0, 1, 2, 3, 4

@@ -34,7 +34,7 @@ from bots.wecom.adapter import verified_echo, verified_plaintext
 from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.crypto import kf_crypto
-from bots.wecom_kf.exceptions import AlreadySent
+from bots.wecom_kf.exceptions import refused_as_repeat
 from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,11 @@ class KfSessions:
     ) -> None:
         try:
             await self._api.send_on_event(code, text, msgid_for(notice_key))
-        except AlreadySent:
-            return
+        except PermanentSendError as exc:
+            if not (resend and refused_as_repeat(exc)):
+                raise
+            log.warning("a resent notice was refused; taken as delivered by the earlier attempt (UNCONFIRMED)",
+                        extra={"code": exc.code})  # fmt: skip
 
     def handoff_text(self) -> str:
         return self._config.handoff.notice_text
@@ -198,8 +201,14 @@ class WeComKfAdapter(ChannelDefaults):
         try:
             msgid = msgid_for(piece_key or secrets.token_hex(16))
             await self.api.send_text(target.chat_id, target.user_id, text, msgid)
-        except AlreadySent:
-            return
+        except PermanentSendError as exc:
+            # A resend (an earlier attempt's outcome is unknown) with the same msgid that is refused is most likely
+            # the repeat refused: the documents give no code for that, so any refusal that means nothing else is
+            # taken as "delivered before" (UNCONFIRMED), and the answer's other pieces still go out.
+            if not (duplicate_check and refused_as_repeat(exc)):
+                raise
+            log.warning("a resent piece was refused; taken as delivered by the earlier attempt (UNCONFIRMED)",
+                        extra={"code": exc.code})  # fmt: skip
 
     def platform_message_id(self, piece_key: str) -> str:
         """send_msg's msgid of a piece: msg_send_fail names it as `fail_msgid`."""

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from bots.base import ConversationTaken, SendError
+from bots.base import ConversationTaken, PermanentSendError, SendError
+from bots.wecom.exceptions import BAD_SECRET, IP_NOT_TRUSTED
 from bots.wecom.exceptions import error_for as wecom_error_for
 
 SESSION_NOT_OURS = 95018  # "send msg session status invalid": a human (or the queue for one) holds the session
 QUOTA_CODES = frozenset({95001, 95002})  # 5 messages since the customer's last one; 48 h passed since it
-# A repeated msgid is refused; our msgids are deterministic per piece, so this means "sent before".
-# UNCONFIRMED which errcode WeCom uses ("MSG_ID重复" is reported without its number): 95030 is the simulator's.
-DUPLICATE_MSGID_CODES = frozenset({95030})
+# A repeated msgid is refused, but the documents give no errcode for it (wecom-kf.md §4: "an error is returned"),
+# so nothing here recognises one by its number. A resend after an unknown outcome reads any unclassified refusal
+# as "sent before" instead (bots/wecom_kf/adapter.py, UNCONFIRMED).
+NOT_A_REPEAT = frozenset({IP_NOT_TRUSTED, BAD_SECRET})  # refusals that say nothing about an earlier attempt
 
 
-class AlreadySent(SendError):
-    """The platform refused a msgid it has seen: this piece was delivered by an earlier attempt."""
-
-    retryable = False
+def refused_as_repeat(exc: SendError) -> bool:
+    """Whether a permanent refusal of a resend may be the platform refusing a msgid (or code) it has seen: any
+    refusal that is not one we know to mean something else (a human holds it, the quota, the configuration)."""
+    return (
+        isinstance(exc, PermanentSendError) and not isinstance(exc, ConversationTaken) and exc.code not in NOT_A_REPEAT
+    )
 
 
 def error_for(errcode: int, errmsg: str) -> SendError:
@@ -23,6 +27,4 @@ def error_for(errcode: int, errmsg: str) -> SendError:
         return ConversationTaken("a human agent holds this 微信客服 session (95018)", code=errcode)
     if errcode in QUOTA_CODES:
         return ConversationTaken(f"the customer's reply allowance is used up ({errcode})", code=errcode)
-    if errcode in DUPLICATE_MSGID_CODES:
-        return AlreadySent(f"msgid already used ({errcode})", code=errcode)
     return wecom_error_for(errcode, errmsg)
