@@ -46,3 +46,13 @@ PLATFORMS: dict[str, Platform] = {
 def build_adapter(config: Any, http: httpx.AsyncClient, tokens: TokenStore) -> Any:
     """The adapter for one configured bot."""
     return PLATFORMS[config.platform].build(config, http, tokens)
+
+
+def build_adapters(configs: list[Any], http: httpx.AsyncClient, tokens: TokenStore) -> dict[str, Any]:
+    """Every configured bot's adapter, with a pulled channel joined to the app whose callback URL it shares."""
+    adapters = {config.id: build_adapter(config, http, tokens) for config in configs}
+    for adapter in adapters.values():
+        app = getattr(adapter, "app_id", None)
+        if app is not None:
+            adapters[app].attach_pulled(adapter)
+    return adapters

@@ -51,7 +51,10 @@ class AppCallbacks:
 
     async def handle(self, request: CallbackRequest) -> CallbackReply:
         message = self.adapter.parse(request.query, request.body, request.now)
-        outcome = "ignored" if message is None else await self._ingest.accept(message)
+        if message is None:
+            outcome = "ignored"
+        else:  # a pull: a 微信客服 callback to the app's URL (one self-built app serving both)
+            outcome = await self._ingest.accept(message, kind="pull" if message.msg_type == "pull" else "chat")
         metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
         return CallbackReply(200, "")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
@@ -122,6 +122,17 @@ class Settings(BaseSettings):
                 "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", {given}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _kefu_apps_exist(self) -> Settings:
+        """A 微信客服 bot's `app` names the `wecom` bot whose callback URL receives its callbacks."""
+        platforms = {bot.id: bot.platform for bot in self.bots}
+        for bot in self.bots:
+            app = getattr(bot, "app", None)
+            if app is not None and platforms.get(app) != "wecom":
+                found = f"a {platforms[app]!r} bot" if app in platforms else "no such bot"
+                raise ValueError(f"bots.{bot.id}.app must name a bot of platform 'wecom' (found {found} {app!r})")
+        return self
 
     def redis_options(self) -> dict[str, float]:
         """Timeouts for every Redis client: a blackholed Redis fails a call instead of hanging it (WeCom waits

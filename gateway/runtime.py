@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from bots.registry import build_adapter
+from bots.registry import build_adapters
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
 from gateway.config import Settings
@@ -71,7 +71,7 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
         keys=keys,
         scheduler=Scheduler(redis, keys),
         engine=engine,
-        adapters={bot.id: build_adapter(bot, http, tokens) for bot in settings.bots},
+        adapters=build_adapters(settings.bots, http, tokens),
     )
     await engine.start()
     try:

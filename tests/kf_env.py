@@ -52,10 +52,11 @@ class Kf:
         response.raise_for_status()
         return response.json()
 
-    def callback(self, token: str) -> httpx.Response:
+    def callback(self, token: str, to: str = "") -> httpx.Response:
+        """WeCom calls back that there is something to pull, at the Kefu bot's URL (or the shared app's, `to`)."""
         signed = WeComKfCallbackSigner(self.bot).kf_msg_or_event(token, KFID)
-        return httpx.post(f"{self.gateway_url}/callback/{self.bot.id}", params=signed.params, content=signed.body,
-                          timeout=10)  # fmt: skip
+        return httpx.post(f"{self.gateway_url}/callback/{to or self.bot.id}", params=signed.params,
+                          content=signed.body, timeout=10)  # fmt: skip
 
     def write(self, customer: str, text: str, *, callback: bool = True, **extra: object) -> str:
         """The customer writes; WeCom calls back (unless told not to). Returns the callback Token."""
@@ -118,10 +119,13 @@ def kf(stack: Stack) -> Iterator[Kf]:
     bot = {
         "id": "kefu", "platform": "wecom-kf", "corp_id": "wwkf" + secrets.token_hex(5),
         "secret": secrets.token_urlsafe(24), "token": secrets.token_hex(8), "encoding_aes_key": random_aes_key(),
-        "api_base": sim_url, "open_kfids": [KFID], "welcome_text": "欢迎光临，我是智能客服。",
+        "api_base": sim_url, "open_kfids": [KFID], "welcome_text": "欢迎光临，我是智能客服。", "app": "staff",
     }  # fmt: skip
+    # One self-built app serves the employees and 微信客服: its callback URL receives the Kefu callbacks too.
+    staff = {"id": "staff", "platform": "wecom", "agent_id": 1000002, "api_base": sim_url,
+             **{key: bot[key] for key in ("corp_id", "secret", "token", "encoding_aes_key")}}  # fmt: skip
     config = stack_config(stack.config["redis_url"], stack.config["engine"]["base_url"], sim_url, namespace)
-    config["bots"] = [bot]
+    config["bots"] = [bot, staff]
     config["worker"] = {**config["worker"], "concurrency": 16}
     config["limits"] = {"per_user": "100/minute"}
     path = write_config(stack.log_dir / f"{namespace}.yaml", config)

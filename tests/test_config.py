@@ -209,3 +209,15 @@ def test_a_redis_that_refuses_the_password_is_one_clear_line_at_once(tmp_path: P
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_kefu_bot_whose_app_is_not_a_wecom_bot_is_refused_at_start() -> None:
+    from gateway.config import Settings
+
+    kefu = {"id": "kefu", "platform": "wecom-kf", "corp_id": "ww1", "secret": "s" * 24, "token": "t" * 8,
+            "encoding_aes_key": "a" * 43, "app": "robot"}  # fmt: skip
+    robot = {"id": "robot", "platform": "wecom-webhook", "key": "k" * 24}
+    with pytest.raises(ValueError, match=r"bots\.kefu\.app must name a bot of platform 'wecom'"):
+        Settings(bots=[kefu, robot])
+    with pytest.raises(ValueError, match="no such bot 'staff'"):
+        Settings(bots=[{**kefu, "app": "staff"}])

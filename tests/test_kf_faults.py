@@ -124,3 +124,11 @@ def test_a_piece_whose_answer_was_lost_is_resent_refused_and_the_rest_of_the_ans
     assert len(pieces) == 3 and len(set(pieces)) == 3, "a piece was doubled or the rest of the answer dropped"
     assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before, "the refused resend became a dead letter"
     assert kf.stats()["refusals"].get("40058", 0) == refused_before + 1, "the resend was never refused"
+
+
+def test_a_kefu_callback_at_the_shared_apps_url_is_pulled_and_answered(kf: Kf) -> None:
+    person = customer()
+    token = kf.write(person, "/help", callback=False)
+    assert kf.callback(token, to="staff").status_code == 200  # the app's one callback URL (`app: staff`)
+    answers = kf.wait_sent(person, 1, timeout=30)
+    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the Kefu callback was dropped"

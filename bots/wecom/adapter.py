@@ -8,6 +8,7 @@ before the signature checks out, and nothing is trusted before the receiver id d
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import httpx
 
@@ -70,6 +71,12 @@ def verified_plaintext(crypto: WeComCrypto, query: Mapping[str, str], body: byte
     return crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
 
 
+class PulledFromApp(Protocol):
+    """A pulled channel whose callbacks share an app's URL (微信客服 on the same self-built app)."""
+
+    def pull_for(self, plaintext: str, now: float) -> InboundMessage | None: ...
+
+
 class WeComAppAdapter(ChannelDefaults):
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
@@ -84,15 +91,23 @@ class WeComAppAdapter(ChannelDefaults):
             config.token.get_secret_value(), config.encoding_aes_key.get_secret_value(), config.corp_id
         )
         self._api = WeComApiClient(config, http, tokens)
+        self.pulled: PulledFromApp | None = None
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         """GET URL verification: the decrypted echostr, to be answered bare."""
         return verified_echo(self.crypto, query, now, self.config.replay_window_s)
 
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
-        """POST callback → InboundMessage (None for events that need no answer)."""
+        """POST callback → InboundMessage (None for events that need no answer). When the same app also serves
+        微信客服, its kf_msg_or_event callbacks arrive here and become the Kefu bot's pull requests."""
         plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
+        if self.pulled is not None and (pull := self.pulled.pull_for(plaintext, now)) is not None:
+            return pull
         return parse_app_message(self.bot_id, plaintext, now)
+
+    def attach_pulled(self, channel: PulledFromApp) -> None:
+        """The 微信客服 bot whose callbacks come to this app's URL (`app: <this bot>` in its config)."""
+        self.pulled = channel
 
     def ack(self) -> tuple[int, str]:
         """WeCom app callbacks are acknowledged with 200 and an empty body; replies go by message/send."""

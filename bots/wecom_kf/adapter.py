@@ -172,6 +172,15 @@ class WeComKfAdapter(ChannelDefaults):
     def parse(self, query: Mapping[str, str], body: bytes, now: float) -> InboundMessage | None:
         """The callback → a pull request for its account (None: another event, or an account not served)."""
         plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
+        return self.pull_for(plaintext, now)
+
+    @property
+    def app_id(self) -> str | None:
+        """The `wecom` bot whose callback URL receives this bot's callbacks (one self-built app for both)."""
+        return self.config.app
+
+    def pull_for(self, plaintext: str, now: float) -> InboundMessage | None:
+        """A verified, decrypted callback → a pull request for a served account, or None (another event)."""
         pull = parse_pull_callback(self.bot_id, plaintext, now)
         served = self.config.open_kfids
         return None if pull is None or (served is not None and pull.conversation_id not in served) else pull

@@ -37,7 +37,15 @@ class WeComKfConfig(_CallbackSecrets):
 
     platform: Literal["wecom-kf"] = "wecom-kf"
     corp_id: str
-    secret: SecretStr = Field(description="the 微信客服 secret (its own, not an app's)")
+    secret: SecretStr = Field(
+        description="the secret of the self-built app set under 微信客服 → 可调用接口的应用 (since 2023-12-01 the "
+        "微信客服 system app's own secret no longer works for companies that did not use it before)"
+    )
+    app: str | None = Field(
+        default=None,
+        description="the `wecom` bot of that same app, when it also serves employees: its one callback URL receives "
+        "the kf_msg_or_event callbacks too, and hands them to this bot (token and encoding_aes_key are that app's)",
+    )
     api_base: str = WECOM_API_BASE
     open_kfids: list[str] | None = Field(default=None, description="accounts to serve; none: all (kf/account/list)")
     accounts: dict[str, KfAccountSettings] = Field(default_factory=dict, description="per open_kfid overrides")

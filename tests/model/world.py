@@ -22,7 +22,7 @@ import redis
 from redis.asyncio import Redis
 
 from bots.dingtalk.config import DingTalkBotConfig
-from bots.registry import build_adapter
+from bots.registry import build_adapters
 from bots.simulator.dingtalk_user import DingTalkUser
 from bots.simulator.wecom_callback import WeComCallbackSigner
 from bots.simulator.wecom_kf import WeComKfCallbackSigner
@@ -159,7 +159,7 @@ async def start_worker(services: Services, plan: FaultPlan, name: str, engine_ap
     keys = Keys(settings.namespace)
     tokens = RedisTokenStore(client, keys)
     engine = EnginePool(settings.engine, engine_http)
-    adapters = {bot.id: build_adapter(bot, http, tokens) for bot in settings.bots}
+    adapters = build_adapters(settings.bots, http, tokens)
     runtime = Runtime(settings, client, http, keys, Scheduler(client, keys), engine, adapters)
     await engine.start()
     worker = Worker(runtime, name)
