@@ -23,7 +23,9 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
     apps = {(bot.corp_id, bot.secret.get_secret_value()) for bot in bots if isinstance(bot, WeComAppConfig)}
     kf_bots = [bot for bot in bots if isinstance(bot, WeComKfConfig)]
     apps |= {(bot.corp_id, bot.secret.get_secret_value()) for bot in kf_bots}  # gettoken for the 微信客服 secret
-    wecom = WeComApiState(apps=apps)
+    app_bots = [bot for bot in bots if isinstance(bot, WeComAppConfig)]
+    agents = {bot.agent_id: (bot.corp_id, bot.secret.get_secret_value()) for bot in app_bots}
+    wecom = WeComApiState(apps=apps, agents=agents)
     kf = KfState.from_bots(kf_bots)
     robots = RobotState()
     dingtalk = DingTalkState(

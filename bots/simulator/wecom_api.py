@@ -75,6 +75,9 @@ class WeComApiState:
 
     apps: set[tuple[str, str]] = field(default_factory=set)  # (corpid, secret)
     tokens: dict[str, float] = field(default_factory=dict)  # token -> expires_at
+    token_apps: dict[str, tuple[str, str]] = field(default_factory=dict)  # token -> the (corpid, secret) it is for
+    agents: dict[int, tuple[str, str]] = field(default_factory=dict)  # agentid -> its app's (corpid, secret)
+    unknown_users: set[str] = field(default_factory=set)  # userids that are not (or no longer) members
     delivered: list[Delivered] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     gettoken_calls: int = 0
@@ -116,6 +119,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             return _error(40001, "invalid credential")
         token = secrets.token_urlsafe(48)
         state.tokens[token] = time.time() + TOKEN_LIFETIME_S
+        state.token_apps[token] = (corpid, corpsecret)  # an access_token is one app's (gettoken is per secret)
         return JSONResponse({"errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": TOKEN_LIFETIME_S})
 
     @router.post("/cgi-bin/message/send")
@@ -145,6 +149,14 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             return _error(47001, "data format error")
         if body.get("msgtype") != "text" or not body.get("touser"):
             return _error(40008, "invalid message type")
+        owner = state.agents.get(int(body.get("agentid") or 0))
+        if owner is not None and state.token_apps.get(access_token) != owner:
+            # Another app's token: UNCONFIRMED which errcode WeCom gives; refused as an invalid token (the harsher
+            # reading: nothing is delivered, and a client that mixes up its apps' tokens keeps failing).
+            return _error(40014, "invalid access_token for this agentid")
+        if str(body["touser"]) in state.unknown_users:
+            # errcode 0, the user listed as invalid, nothing delivered (message/send's documented answer shape).
+            return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": str(body["touser"]), "msgid": ""})
         content = str(body.get("text", {}).get("content", ""))
         encoded = content.encode("utf-8")
         truncated = len(encoded) > TEXT_CUT_BYTES
@@ -172,6 +184,12 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             )
         )
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
+
+    @router.post("/__sim__/wecom/unknown-user")
+    async def unknown_user(request: Request) -> dict[str, Any]:
+        """A member leaves the company (or never was one): message/send lists them as `invaliduser`."""
+        state.unknown_users.add(str((await request.json()).get("userid", "")))
+        return {"unknown_users": sorted(state.unknown_users)}
 
     @router.get("/__sim__/wecom/messages")
     async def messages(touser: str = "", since: float = 0.0) -> list[dict[str, Any]]:

@@ -95,11 +95,15 @@ ERR_SESSION_STATE = 95018
 # UNCONFIRMED: the documents say only that a repeated msgid is refused. The simulator answers the generic
 # invalid-parameter code, which botgw does not special-case: the harsher reading (no code to recognise).
 ERR_MSGID_REPEATED = 40058
+FAIL_REFUSED = 10  # msg_send_fail's fail_type: the customer refused the message
 
 # Session states (servicestate.go): 0 new, 1 the API's smart assistant, 2 the pool, 3 a human agent, 4 ended.
 NEW, ASSISTANT, POOL, HUMAN, ENDED = 0, 1, 2, 3, 4
-ALLOWED_MOVES: dict[int, frozenset[int]] = {  # [ref §6]; 4 is final
-    NEW: frozenset({1, 2, 3, 4}),
+# [ref §6]; 4 is final and left only by a customer's new message, never by the API. 0→4 is refused: the official
+# trans page lists 1/2/3 as the moves out of 0 (as checked for issue 18), while the reference's K1 summary lists 4
+# too; the harsher reading is played.
+ALLOWED_MOVES: dict[int, frozenset[int]] = {
+    NEW: frozenset({1, 2, 3}),
     ASSISTANT: frozenset({1, 2, 3, 4}),
     POOL: frozenset({2, 3, 4}),
     HUMAN: frozenset({3, 4}),
@@ -188,6 +192,7 @@ class KfState:
     used_msgids: set[tuple[str, str]] = field(default_factory=set)  # (open_kfid, msgid), unique per account
     delivered: list[KfDelivered] = field(default_factory=list)
     faults: list[KfFault] = field(default_factory=list)
+    refusing: set[tuple[str, str]] = field(default_factory=set)  # (open_kfid, customer) refusing messages
     off_duty: set[str] = field(default_factory=set)  # servicers who are not 正在接待 (trans to them: 95014)
     calls: dict[str, int] = field(default_factory=dict)
     refusals: dict[int, int] = field(default_factory=dict)
@@ -355,7 +360,15 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
     def deliver(sess: KfSession, open_kfid: str, user: str, msgid: str, content: str, via: str, code: str) -> None:
         now = time.time()
         state.used_msgids.add((open_kfid, msgid))
-        state.delivered.append(KfDelivered(msgid, open_kfid, user, content, via, code, now))
+        if (open_kfid, user) in state.refusing:
+            # send_msg's success is not delivery (page 96427): the customer refuses messages, so the platform
+            # accepted this one (errcode 0), counts it (UNCONFIRMED: the harsher reading) and reports it later as
+            # msg_send_fail with fail_type 10 in the account's log (wecom-kf.md §2 events).
+            failed = {"event_type": "msg_send_fail", "open_kfid": open_kfid, "external_userid": user,
+                      "fail_msgid": msgid, "fail_type": FAIL_REFUSED}  # fmt: skip
+            state.append(open_kfid, _event_item(failed, now))
+        else:
+            state.delivered.append(KfDelivered(msgid, open_kfid, user, content, via, code, now))
         sess.sent_since_customer += 1
         sess.last_api_send_at = now
         if via == "send_msg_on_event" and state.codes[code].kind == "welcome":
@@ -606,6 +619,13 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
             state.append(open_kfid, item)
             msgids.append(item["msgid"])
         return JSONResponse({"msgids": msgids, "token": state.new_sync_token(open_kfid, body.get("token_ttl_s"))})
+
+    @router.post("/__sim__/kf/refuse")
+    async def refuse_messages(request: Request) -> JSONResponse:
+        """The customer refuses the account's messages: sends are accepted, then reported failed (fail_type 10)."""
+        body = await request.json()
+        state.refusing.add((str(body.get("open_kfid", "")), str(body.get("external_userid", ""))))
+        return JSONResponse({"refusing": len(state.refusing)})
 
     @router.post("/__sim__/kf/servicer")
     async def servicer_duty(request: Request) -> JSONResponse:

@@ -1,0 +1,44 @@
+"""The simulated WeCom app API is never kinder than WeCom: a token is one app's, a non-member is `invaliduser`."""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import FastAPI
+
+from bots.simulator.wecom_api import WeComApiState, wecom_api_router
+
+APP_A, APP_B = ("wwcorp", "secret-a"), ("wwcorp", "secret-b")
+
+
+def client() -> httpx.AsyncClient:
+    app = FastAPI()
+    app.include_router(wecom_api_router(WeComApiState(apps={APP_A, APP_B}, agents={1: APP_A, 2: APP_B})))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wecom")
+
+
+async def token(http: httpx.AsyncClient, app: tuple[str, str]) -> str:
+    answer = await http.get("/cgi-bin/gettoken", params={"corpid": app[0], "corpsecret": app[1]})
+    return str(answer.json()["access_token"])
+
+
+def text(agentid: int, touser: str) -> dict:
+    return {"touser": touser, "msgtype": "text", "agentid": agentid, "text": {"content": "hi"}}
+
+
+async def test_a_token_of_one_app_is_refused_by_another() -> None:
+    async with client() as http:
+        a = await token(http, APP_A)
+        sent = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "zhangsan"))
+        assert sent.json()["errcode"] == 0
+        refused = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(2, "zhangsan"))
+        assert refused.json()["errcode"] == 40014
+        assert len((await http.get("/__sim__/wecom/messages")).json()) == 1
+
+
+async def test_a_user_who_is_not_a_member_is_invaliduser_and_gets_nothing() -> None:
+    async with client() as http:
+        await http.post("/__sim__/wecom/unknown-user", json={"userid": "left-the-company"})
+        a = await token(http, APP_A)
+        answer = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "left-the-company"))
+        assert answer.json()["errcode"] == 0 and answer.json()["invaliduser"] == "left-the-company"
+        assert (await http.get("/__sim__/wecom/messages")).json() == []
