@@ -126,12 +126,22 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _kefu_apps_exist(self) -> Settings:
         """A 微信客服 bot's `app` names the `wecom` bot whose callback URL receives its callbacks."""
-        platforms = {bot.id: bot.platform for bot in self.bots}
+        by_id = {bot.id: bot for bot in self.bots}
+        served: dict[str, str] = {}
         for bot in self.bots:
             app = getattr(bot, "app", None)
-            if app is not None and platforms.get(app) != "wecom":
-                found = f"a {platforms[app]!r} bot" if app in platforms else "no such bot"
+            if app is None:
+                continue
+            if getattr(by_id.get(app), "platform", None) != "wecom":
+                found = f"a {by_id[app].platform!r} bot" if app in by_id else "no such bot"
                 raise ValueError(f"bots.{bot.id}.app must name a bot of platform 'wecom' (found {found} {app!r})")
+            if app in served:
+                raise ValueError(f"bots.{bot.id}.app: {app!r} already serves bots.{served[app]} (one Kefu bot an app)")
+            served[app] = bot.id
+            # The app's URL verifies and decrypts the Kefu callbacks, and its secret calls the Kefu API.
+            for key in ("corp_id", "secret", "token", "encoding_aes_key"):
+                if _plain(getattr(bot, key)) != _plain(getattr(by_id[app], key)):
+                    raise ValueError(f"bots.{bot.id}.{key} must be the app's own (bots.{app}.{key}): one app for both")
         return self
 
     def redis_options(self) -> dict[str, float]:
@@ -149,6 +159,11 @@ class Settings(BaseSettings):
         """Dedup must outlive every replay window, so that no replay is processed twice."""
         windows = [getattr(bot, "replay_window_s", 0) for bot in self.bots]
         return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
+
+
+def _plain(value: Any) -> Any:
+    """A setting's value, a secret's revealed for comparing (never for printing)."""
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
 def _expand_env(value: Any) -> Any:

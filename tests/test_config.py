@@ -221,3 +221,11 @@ def test_a_kefu_bot_whose_app_is_not_a_wecom_bot_is_refused_at_start() -> None:
         Settings(bots=[kefu, robot])
     with pytest.raises(ValueError, match="no such bot 'staff'"):
         Settings(bots=[{**kefu, "app": "staff"}])
+    staff = {"id": "staff", "platform": "wecom", "agent_id": 1, **{k: kefu[k] for k in ("corp_id", "secret", "token")},
+             "encoding_aes_key": "b" * 43}  # fmt: skip
+    with pytest.raises(ValueError, match=r"bots\.kefu\.encoding_aes_key must be the app's own") as refused:
+        Settings(bots=[{**kefu, "app": "staff"}, staff])
+    assert "b" * 43 not in str(refused.value) and "a" * 43 not in str(refused.value)
+    twice = {**kefu, "id": "kefu2", "app": "staff"}
+    with pytest.raises(ValueError, match=r"already serves bots\.kefu"):
+        Settings(bots=[{**kefu, "app": "staff"}, twice, {**staff, "encoding_aes_key": kefu["encoding_aes_key"]}])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from gateway import commands
@@ -132,3 +133,11 @@ def test_a_kefu_callback_at_the_shared_apps_url_is_pulled_and_answered(kf: Kf) -
     assert kf.callback(token, to="staff").status_code == 200  # the app's one callback URL (`app: staff`)
     answers = kf.wait_sent(person, 1, timeout=30)
     assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the Kefu callback was dropped"
+
+
+def test_a_kefu_callback_for_an_account_not_served_is_acknowledged_at_the_apps_url_not_refused(kf: Kf) -> None:
+    from bots.simulator.wecom_kf import WeComKfCallbackSigner
+
+    signed = WeComKfCallbackSigner(kf.bot).kf_msg_or_event("some-token", "wk-another-account")
+    answer = httpx.post(f"{kf.gateway_url}/callback/staff", params=signed.params, content=signed.body, timeout=10)
+    assert answer.status_code == 200, "a 400 would make WeCom retry it for ever"

@@ -543,7 +543,7 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
         servicer = body.get("servicer_userid") or ""
         if target == HUMAN and not (isinstance(servicer, str) and servicer):
             return refuse(ERR_NOT_SERVICER, "invalid servicer_userid")
-        if target == HUMAN and servicer in state.off_duty:  # not on duty or not activated (wecom-kf.md §5)
+        if target == HUMAN and servicer in state.off_duty:  # not on duty or not activated (wecom-kf.md, trans)
             return refuse(ERR_NOT_SERVICER, "servicer is not on duty")
         sess.state = target
         sess.servicer_userid = servicer if target == HUMAN else ""

@@ -16,10 +16,10 @@ def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> Inboun
     fields = parse_flat_xml(plaintext.encode("utf-8"))
     msg_type = fields.get("MsgType", "")
     sender = fields.get("FromUserName", "")
+    if msg_type == "event":  # before the sender check: a 微信客服 kf_msg_or_event at an app's URL names none
+        return None
     if not msg_type or not sender:
         raise CallbackRejected("missing_fields", 400, "MsgType or FromUserName missing")
-    if msg_type == "event":
-        return None
     msg_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
     text = fields.get("Content", "") if msg_type == "text" else fields.get("Recognition", "")
     return InboundMessage(

@@ -40,7 +40,7 @@ from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pul
 log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
 INVALID_PARAMETER = 40058
-NOT_ON_DUTY = 95014  # trans to 3: the servicer is not 正在接待 or not activated (wecom-kf.md §5)
+NOT_ON_DUTY = 95014  # trans to 3: the servicer is not 正在接待 or not activated (wecom-kf.md, service_state/trans)
 MOVE_REFUSED = 95016  # trans: a move the session's state does not allow (UNCONFIRMED, the simulator's table)
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
