@@ -37,6 +37,7 @@ from tests.procs import (
     Proc,
     free_port,
     start_gateway,
+    start_redis,
     start_simulator,
     start_worker,
     wait_for,
@@ -64,22 +65,11 @@ def log_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def redis_url(log_dir: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if not binary:
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    port = free_port()
-    proc = Proc([binary, "--port", str(port), "--save", "", "--appendonly", "no"], log_dir / "redis.log")
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                pytest.fail(f"redis-server did not start:\n{proc.tail()}")
-            time.sleep(0.1)
-    yield f"redis://127.0.0.1:{port}/0"
+    try:
+        proc, url = start_redis(log_dir, "redis")
+    except RuntimeError as exc:
+        pytest.fail(f"{exc} (`make test` installs it)")
+    yield url
     proc.stop()
 
 
@@ -342,8 +332,13 @@ def start_member_burst(stack: Stack) -> None:
         scheduler = Scheduler(client, Keys(stack.namespace))
         for i in range(MEMBER_BURST):
             message = InboundMessage(
-                platform="wecom", bot_id="app", msg_id=f"burst-{user}-{i}", conversation_id=user, sender_id=user,
-                text="", reply_to=ReplyTarget(user_id=user),
+                platform="wecom",
+                bot_id="app",
+                msg_id=f"burst-{user}-{i}",
+                conversation_id=user,
+                sender_id=user,
+                text="",
+                reply_to=ReplyTarget(user_id=user),
             )
             await enqueue_notice(scheduler, message, f"notice {i} of the burst", rid="test")
         await client.aclose()
@@ -445,8 +440,11 @@ class Cluster:
         """A worker, once it has started and sees every engine ready (so that routing starts from a known state)."""
         proc = start_worker(path or self.path, self.log_dir, f"{self.namespace}-{name}")
         self.procs[name] = proc
-        wait_for(lambda: proc.log_path.read_bytes().count(b'"engine ready"') >= len(self.engines), 30,
-                 f"worker {name} to start and see its engines ready:\n{proc.tail()}")
+        wait_for(
+            lambda: proc.log_path.read_bytes().count(b'"engine ready"') >= len(self.engines),
+            30,
+            f"worker {name} to start and see its engines ready:\n{proc.tail()}",
+        )
         wait_for(lambda: b"worker started" in proc.log_path.read_bytes(), 30, f"worker {name} to start")
         return proc
 

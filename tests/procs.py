@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import redis
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,3 +171,22 @@ def metric(url: str, name: str, **labels: str) -> float:
         if all(f'{key}="{wanted}"' in series for key, wanted in labels.items()):
             total += float(value)
     return total
+
+
+def start_redis(log_dir: Path, name: str = "model-redis") -> tuple[Proc, str]:
+    """A redis-server of our own on a free port (the tests' session fixture, bench/model_test.py)."""
+    binary = shutil.which("redis-server")
+    if not binary:
+        raise RuntimeError("redis-server is not installed: run `make install`")
+    port = free_port()
+    proc = Proc([binary, "--port", str(port), "--save", "", "--appendonly", "no"], log_dir / f"{name}.log")
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{proc.tail()}") from None
+            time.sleep(0.1)

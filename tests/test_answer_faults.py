@@ -27,7 +27,7 @@ from gateway.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
 from gateway.memory import Scope, Turn
 from gateway.presenters import Delivery, PiecesPresenter, StreamPresenter
 from gateway.pulled import PulledWork
-from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecords
+from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
 from gateway.scheduler import Scheduler, new_entry
 from gateway.streams import StreamStore
 from gateway.worker import Job, PromptPlan, Worker
@@ -102,14 +102,19 @@ async def customer_wrote(world: World, message: InboundMessage) -> None:
     await world.conversations.renew_quota(message, QUOTA)
 
 
+async def kf_turn(world: World, text: str = "你好") -> tuple[InboundMessage, Fence, ReplyRecord]:
+    """A customer who just wrote `text`: the message leased, their allowance renewed, its reply record open."""
+    message = kf_message(text)
+    fence, _ = await leased(world, message)
+    await customer_wrote(world, message)
+    return message, fence, world.records.open(message.dedup_key, fence)
+
+
 # -- defect 11 and 5: the quota slot and the send's begin mark are one step; notices take slots too --------------
 
 
 async def test_a_lease_lost_before_a_piece_is_sent_spends_no_quota_slot(world: World) -> None:
-    message = kf_message()
-    fence, _ = await leased(world, message)
-    await customer_wrote(world, message)
-    record = world.records.open(message.dedup_key, fence)
+    message, fence, record = await kf_turn(world)
     stale = world.records.open(message.dedup_key, Fence(fence.lease_key, str(int(fence.epoch) - 1)))
     adapter = KfStandIn()
     presenter = PiecesPresenter(world.delivery, adapter, message, stale, stale.fence)
@@ -120,10 +125,7 @@ async def test_a_lease_lost_before_a_piece_is_sent_spends_no_quota_slot(world: W
 
 
 async def test_the_engine_starting_notice_takes_a_quota_slot_so_the_handoff_slot_survives(world: World) -> None:
-    message = kf_message()
-    fence, _ = await leased(world, message)
-    await customer_wrote(world, message)
-    record = world.records.open(message.dedup_key, fence)
+    message, fence, record = await kf_turn(world)
     adapter = KfStandIn()
     presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
     assert await presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice")
@@ -348,10 +350,7 @@ async def test_a_stale_puller_cannot_move_the_cursor(world: World) -> None:
 
 
 async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_and_dead_lettered(world: World) -> None:
-    message = kf_message()
-    fence, _ = await leased(world, message)
-    await customer_wrote(world, message)
-    record = world.records.open(message.dedup_key, fence)
+    message, fence, record = await kf_turn(world)
     adapter = KfStandIn()
     adapter.platform_message_id = lambda piece_key: "m" + piece_key.replace(":", "")[-24:]  # type: ignore[method-assign]
     await PiecesPresenter(world.delivery, adapter, message, record, fence).finish("回答", await record.load())

@@ -234,6 +234,9 @@ class Run:
             self.human.add(user)
             await self.world.kf_agent(user, "您好，我是小李")
         elif move.kind == "end" and await self._held_by_human(user):  # only the agent holding it can end it
+            notices = sum(1 for item in await self.world.delivered("kf", user) if item["content"] == HANDOFF_NOTICE)
+            if notices < self.episodes[user] - self.taken[user]:
+                self.taken[user] += 1  # the agent ended the session before the notice could go: none is owed
             self.human.discard(user)
             await self.world.kf_event(user, "session_status_change", change_type=3)
         elif move.kind == "enter":

@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import shutil
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 from redis.asyncio import Redis
 
 from bots.dingtalk.config import DingTalkBotConfig
@@ -72,25 +69,6 @@ def model_config(redis_url: str, sim_url: str, namespace: str) -> dict:
     config["worker"] = {"claim_idle_ms": LEASE_MS, "backoff_base_s": 0.1, "backoff_max_s": 0.8, "block_ms": 200,
                         "max_send_attempts": 6, "concurrency": 8, "drain_s": 1.0}  # fmt: skip
     return config
-
-
-def start_redis(log_dir: Path) -> tuple[Proc, str]:
-    """A redis-server of our own on a free port (bench/model_test.py has no pytest fixture to lean on)."""
-    binary = shutil.which("redis-server")
-    if not binary:
-        raise RuntimeError("redis-server is not installed: run `make install`")
-    port = free_port()
-    proc = Proc([binary, "--port", str(port), "--save", "", "--appendonly", "no"], log_dir / "model-redis.log")
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start:\n{proc.tail()}") from None
-            time.sleep(0.1)
 
 
 @dataclass
