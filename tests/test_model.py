@@ -39,3 +39,12 @@ def test_model_seed(services: Services, seed: int) -> None:
 
     failure = asyncio.run(run())
     assert not failure, failure
+
+
+def test_the_benchmark_entry_point_starts() -> None:
+    """bench/model_test.py is how more seeds are run: it must at least parse its flags and import."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "bench/model_test.py", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--seeds" in done.stdout, done.stderr
