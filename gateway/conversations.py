@@ -32,21 +32,28 @@ if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return
 """
 
 # KEYS: lease (the record when unfenced), quota hash {used, since}, reply record. ARGV: epoch ('' = unfenced),
-# limit, slots kept back, record ttl, then field/value pairs to mark in the record with the slot. Returns 1 when
-# a slot was taken (and the marks written, in the same step: a crash can neither send without a slot counted
-# nor count a slot for a send that is not recorded as begun), 0 when none is left (or the window since the
-# person last wrote has passed: the hash is gone), -1 when the lease is lost.
+# limit, slots kept back, record ttl, no window is fine ('1': a welcome before the person wrote), then
+# field/value pairs to mark in the record with the slot. Returns 1 when a slot was taken (and the marks written,
+# in the same step: a crash can neither send without a slot counted nor count a slot for a send that is not
+# recorded as begun), 2 when there is no window and that is fine (marks written), 0 when none is left (or the
+# window since the person last wrote has passed: the hash is gone), -1 when the lease is lost.
 _TAKE_SLOT = (
     _FENCED
     + """
+local function mark()
+  if #ARGV > 5 then
+    for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
+  end
+end
 local used = redis.call('HGET', KEYS[2], 'used')
-if not used then return 0 end
+if not used then
+  if ARGV[5] == '1' then mark() return 2 end
+  return 0
+end
 if tonumber(used) + 1 > tonumber(ARGV[2]) - tonumber(ARGV[3]) then return 0 end
 redis.call('HINCRBY', KEYS[2], 'used', 1)
-if #ARGV > 4 then
-  for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
-end
+mark()
 return 1
 """
 )
@@ -136,13 +143,15 @@ class Conversations:
         marks: dict[str, str | int],
         *,
         for_handoff: bool = False,
+        outside_window_ok: bool = False,
     ) -> bool:
         """Count one message against the quota and mark `marks` in the reply record, together and under the
-        record's lease; False when it may not be sent."""
+        record's lease; False when it may not be sent. `outside_window_ok`: a message bound to an event code
+        (a welcome) may go when the person has not written yet; it is counted when they have."""
         keep = 0 if for_handoff else quota.reserve
         key = self._keys.reply_quota(self._lane(message))
         lease_key, epoch = _fence_of(record.fence, record.key)
-        argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s]
+        argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else ""]
         for name, value in marks.items():
             argv += [name, value]
         taken = int(await self._take_slot(keys=[lease_key, key, record.key], args=argv))

@@ -157,14 +157,20 @@ class PulledWork:
         return effect.label
 
     async def _welcome(self, adapter, message: InboundMessage, effect: EventEffect, record: ReplyRecord) -> None:  # type: ignore[no-untyped-def]
-        """Send the welcome once: marked begun before the send and sent after it, so that a failed send is tried
-        again (with the same msgid) instead of being taken for done."""
+        """Send the welcome once: marked begun before the send (with its quota slot) and sent after it, so that a
+        failed send is tried again (with the same msgid) instead of being taken for done."""
         state = await record.load()
         if state.welcome_sent:
             return
         resend = bool(state.welcome_started)
-        if not resend:
+        quota = adapter.reply_quota
+        if not resend and quota is None:
             await record.mark(welcome_started="1")
+        elif not resend and not await self.conversations.take_slot(
+            message, quota, record, {"welcome_started": "1"}, outside_window_ok=True
+        ):  # the welcome counts like any message (the simulator's reading: UNCONFIRMED); never the handoff's slot
+            log.info("no message left in the person's allowance for the welcome")
+            return
         try:
             await adapter.sessions.send_notice(
                 message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}",

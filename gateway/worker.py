@@ -126,7 +126,15 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set; then take nothing new, finish what is held within drain_s, hand back the rest."""
-        await self._scheduler.load_scripts()
+        while True:  # a Redis blip at start must not end the worker (nothing would take the queue's work)
+            try:
+                await self._scheduler.load_scripts()
+                break
+            except RedisError as exc:
+                log.warning("could not load the scheduler's scripts; trying again", extra={"error": str(exc)})
+                if stop.is_set():
+                    return
+                await asyncio.sleep(1.0)
         log.info("worker started", extra={"consumer": self._consumer})
         taking = asyncio.create_task(self._take_loop(stop))
         keeping = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._sweep_loop())]

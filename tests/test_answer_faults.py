@@ -368,3 +368,23 @@ async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_an
     assert await world.conversations.quota_left(message, QUOTA) == 4, "the slot the platform did not count"
     letters = await world.redis.xrange(world.keys.dead_letters)
     assert any(b"msg_send_fail" in fields[b"entry"] for _, fields in letters)
+
+
+async def test_a_welcome_takes_a_slot_when_the_customer_has_written_and_never_the_handoffs(world: World) -> None:
+    sent: list[str] = []
+
+    async def send_notice(target: ReplyTarget, code: str, text: str, key: str, *, resend: bool = False) -> None:
+        sent.append(code)
+
+    adapter = SimpleNamespace(reply_quota=QUOTA, sessions=SimpleNamespace(send_notice=send_notice))
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    pulled.conversations = world.conversations
+    welcome = EventEffect(welcome_code="W1", welcome_text="欢迎", label="enter_session")
+    newcomer = kf_message()  # entered, has not written: the welcome goes, outside any window
+    await pulled._welcome(adapter, newcomer, welcome, world.records.open(newcomer.dedup_key))
+    message, _, record = await kf_turn(world)
+    for slot in range(4):  # an answer used every slot but the handoff's
+        assert await world.conversations.take_slot(message, QUOTA, record, {f"s{slot}": 1})
+    await pulled._welcome(adapter, message, welcome, world.records.open("w:" + message.dedup_key))
+    assert sent == ["W1"], "the welcome took the slot kept for the handoff notice"
+    assert await world.conversations.take_slot(message, QUOTA, record, {}, for_handoff=True)
