@@ -22,14 +22,12 @@ from gateway import metrics
 from gateway.keys import Keys
 from gateway.memory import GroupMemory, Scope
 from gateway.redis_text import as_text
-from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord
+from gateway.reply_record import FENCE_LUA, Fence, FencedValues, LeaseLost, ReplyRecord, fence_args
 
 log = logging.getLogger(__name__)
 OWNER_CACHE_S = 600  # a holder learnt from the platform is asked again after this; events update it sooner
 
-_FENCED = """
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-"""
+_FENCED = FENCE_LUA + "\nif fenced() then return -1 end\n"
 
 # KEYS: lease (the record when unfenced), quota hash {used, since}, reply record. ARGV: epoch ('' = unfenced),
 # limit, slots kept back, record ttl, no window is fine ('1': a welcome before the person wrote), then
@@ -85,10 +83,6 @@ return 1
 """
 
 
-def _fence_of(fence: Fence | None, key: str) -> tuple[str, str]:
-    return (fence.lease_key, fence.epoch) if fence else (key, "")
-
-
 class Conversations:
     """The holder cache, the reply quota and the handoff, for adapters that have `sessions`."""
 
@@ -125,7 +119,7 @@ class Conversations:
     async def renew_quota(self, message: InboundMessage, quota: ReplyQuota, fence: Fence | None = None) -> None:
         """The person wrote (at `message.received_at`): their allowance starts again, for the platform's window."""
         key = self._keys.reply_quota(self._lane(message))
-        lease_key, epoch = _fence_of(fence, key)
+        lease_key, epoch = fence_args(fence, key)
         args = [epoch, f"{message.received_at:.3f}", quota.window_s, f"{time.time():.3f}"]
         if int(await self._renew(keys=[lease_key, key], args=args)) < 0:
             raise LeaseLost(key)
@@ -150,7 +144,7 @@ class Conversations:
         (a welcome) may go when the person has not written yet; it is counted when they have."""
         keep = 0 if for_handoff else quota.reserve
         key = self._keys.reply_quota(self._lane(message))
-        lease_key, epoch = _fence_of(record.fence, record.key)
+        lease_key, epoch = fence_args(record.fence, record.key)
         argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else ""]
         for name, value in marks.items():
             argv += [name, value]

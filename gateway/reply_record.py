@@ -154,6 +154,15 @@ class Fence:
     epoch: str
 
 
+FENCE_LUA = _FENCE  # for other modules' fenced scripts: defines fenced() over KEYS[1] (lease) and ARGV[1] (epoch)
+
+
+def fence_args(fence: Fence | None, own_key: str) -> tuple[str, str]:
+    """(lease key, epoch) for a fenced script; unfenced, the written key itself stands in (every key given to a
+    script must be of its one cluster slot) and the empty epoch says there is no lease to check."""
+    return (fence.lease_key, fence.epoch) if fence else (own_key, "")
+
+
 class FencedValues:
     """Plain values (a cursor, a cached holder) written only while the writer still holds its lease, so that a
     worker that stalled and lost its message cannot overwrite what its successor wrote."""
@@ -163,7 +172,7 @@ class FencedValues:
 
     async def set(self, fence: Fence | None, key: str, value: str, ttl_s: int = 0) -> None:
         """Set (or, with value '', delete) `key`; LeaseLost when the fence no longer holds."""
-        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (key, "")
+        lease_key, epoch = fence_args(fence, key)
         if int(await self._script(keys=[lease_key, key], args=[epoch, ttl_s, value])) < 0:
             raise LeaseLost(key)
 
@@ -192,9 +201,7 @@ class ReplyRecord:
     _scripts: dict = field(default_factory=dict, repr=False)
 
     def _fence_args(self) -> tuple[str, str]:
-        """(lease key, epoch); unfenced, the record's own key stands in (every key given to a script must be of
-        its one cluster slot) and the empty epoch says there is no lease to check."""
-        return (self.fence.lease_key, self.fence.epoch) if self.fence else (self.key, "")
+        return fence_args(self.fence, self.key)
 
     async def exists(self) -> bool:
         """Whether anything was recorded for this message yet (an answer, a step of one)."""
