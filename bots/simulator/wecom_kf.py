@@ -369,7 +369,7 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
             state.append(open_kfid, _event_item(failed, now))
         else:
             state.delivered.append(KfDelivered(msgid, open_kfid, user, content, via, code, now))
-        sess.sent_since_customer += 1
+        sess.sent_since_customer += 1  # every API message counts, a welcome too (UNCONFIRMED: the harsher reading)
         sess.last_api_send_at = now
         if via == "send_msg_on_event" and state.codes[code].kind == "welcome":
             sess.last_welcome_at = now
