@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from typing import Literal
 
@@ -70,6 +71,41 @@ class WebUser(BaseModel):
         return bool(self.password_hash) and _check_hash(password, self.password_hash)
 
 
+class LoginThrough(BaseModel):
+    """Sign-in on the page through a platform's own login (OAuth), with the credentials of one of its bots."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bot: str = Field(description="the id of the wecom app (or dingtalk bot) whose credentials and members it uses")
+
+
+class WebLogin(BaseModel):
+    """Which company logins the page offers besides passwords: a person signed in through WeCom is that WeCom
+    member (the same identity, memory and limits as in the WeCom app), likewise DingTalk."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wecom: LoginThrough | None = None
+    dingtalk: LoginThrough | None = None
+
+
+class LoginGuard(BaseModel):
+    """How many wrong passwords the page takes before it asks a name, or an address, to wait."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_name: str = Field(default="5/minute;20/hour", description="failed sign-ins per user name")
+    per_address: str = Field(default="20/minute;100/hour", description="failed sign-ins per client address")
+
+
+def _network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError as exc:
+        raise ValueError(f"trusted_proxies: {value!r} is not an IP address or CIDR (like 10.0.0.0/8)") from exc
+    return value.strip()
+
+
 class WebBotConfig(BaseModel):
     """The chat page (Chainlit), talking to the gateway's /web endpoints with `api_key`."""
 
@@ -80,10 +116,36 @@ class WebBotConfig(BaseModel):
     api_key: SecretStr
     users: list[WebUser] = Field(default_factory=list)
     trusted_header: str | None = Field(default=None, description="behind an SSO proxy: the header naming the user")
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="addresses or CIDRs of the proxies whose trusted_header is believed; none: nobody"
+    )
+    trusted_header_secret: SecretStr | None = Field(
+        default=None, description="if set, the proxy must also send it in trusted_header_secret_header"
+    )
+    trusted_header_secret_header: str = "X-Botgw-Proxy-Secret"
+    allow_unlisted: bool = Field(default=False, description="trusted_header: accept names not in `users`")
+    web_login: WebLogin = Field(default_factory=WebLogin)
+    login_guard: LoginGuard = Field(default_factory=LoginGuard)
     gateway_url: str = "http://127.0.0.1:8080"
     auth_secret: SecretStr | None = Field(default=None, description="Chainlit's session signing secret")
     answer_timeout_s: float = Field(default=300.0, gt=0)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_parse(cls, value: list[str]) -> list[str]:
+        return [_network(item) for item in value]
+
+    def trusts_proxy(self, address: str) -> bool:
+        """Whether a TCP peer is one of the trusted proxies (never decided by a forwarded header)."""
+        try:
+            peer = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(peer in ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+
+    def listed(self, name: str) -> bool:
+        return any(user.name == name for user in self.users)
 
     def user(self, name: str, password: str) -> WebUser | None:
         for user in self.users:
