@@ -44,10 +44,38 @@ class InboundMessage(BaseModel):
     received_at: float = Field(default_factory=time.time)
     reply_to: ReplyTarget = Field(default_factory=ReplyTarget)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="the user's preset, if any")
+    family: str = Field(default="", description="whose users these are: wecom, dingtalk, wecom-kf, web ('' = platform)")
+    tenant: str = Field(default="", description="the organisation the sender belongs to (a corp id); '' = the bot")
+    memory_by_person: bool = Field(
+        default=False,
+        description="one-to-one: the memory is the person's, shared by every bot of their family (app, AI bot, page)",
+    )
+
+    @property
+    def person(self) -> str:
+        """Who sent it, qualified so that no two platforms' or organisations' users can collide:
+        `<family>:<tenant>:<user>` (wecom:<corp_id>:<userid>, web:<bot>:<name>). Limits and budgets count it."""
+        return qualified(self.family or self.platform, self.tenant or self.bot_id, self.sender_id)
+
+    @property
+    def group(self) -> str:
+        """The group conversation it was written in, qualified like `person`; '' one-to-one."""
+        if not self.group_id:
+            return ""
+        return qualified(self.family or self.platform, self.tenant or self.bot_id, self.group_id)
 
     @property
     def session_key(self) -> str:
-        """Whose memory this message belongs to: platform, bot, conversation and user."""
+        """Whose memory this message belongs to: the person's own (`dm:<person>`) for a one-to-one message of a
+        family that shares it, else platform, bot, conversation and user."""
+        if self.memory_by_person and not self.group_id:
+            return f"dm:{self.person}"
+        return self.bot_session_key
+
+    @property
+    def bot_session_key(self) -> str:
+        """The memory's name per bot and conversation (every session's name before memory followed the person:
+        a one-to-one memory of that time is adopted under `session_key` when first read)."""
         return f"{self.platform}:{self.bot_id}:{self.conversation_id}:{self.sender_id}"
 
     @property
@@ -60,6 +88,25 @@ class InboundMessage(BaseModel):
         """Which delivery this is: the same for every retry of one platform message."""
         digest = hashlib.sha1(self.msg_id.encode()).hexdigest()[:20]
         return f"{self.platform}:{self.bot_id}:{digest}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """How a bot's senders are named: their family (whose users: wecom, dingtalk, wecom-kf, web), their
+    organisation, and whether a one-to-one conversation's memory is the person's across the family's bots."""
+
+    family: str
+    tenant: str
+    memory_by_person: bool = False
+
+    def stamp(self, message: InboundMessage) -> InboundMessage:
+        update = {"family": self.family, "tenant": self.tenant, "memory_by_person": self.memory_by_person}
+        return message.model_copy(update=update)
+
+
+def qualified(family: str, tenant: str, user: str) -> str:
+    """`<family>:<tenant>:<user>`: an identity that names its platform family and organisation."""
+    return f"{family}:{tenant}:{user}"
 
 
 class CallbackRejected(Exception):

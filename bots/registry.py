@@ -55,4 +55,7 @@ def build_adapters(configs: list[Any], http: httpx.AsyncClient, tokens: TokenSto
         app = getattr(adapter, "app_id", None)
         if app is not None:
             adapters[app].attach_pulled(adapter)
+        join = getattr(adapter, "join_bots", None)
+        if join is not None:
+            join({config.id: config for config in configs})
     return adapters

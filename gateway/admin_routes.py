@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from bots.base import CallbackRejected
 from bots.safe_json import parse_json_object
 from bots.wecom_kf.models import handoff_for
+from gateway.identities import IdentityError, qualify, tenants_by_family
 from gateway.limits import Budgets
 from gateway.push import enqueue_handoff
 from gateway.routes import BodyTooLarge, read_body
@@ -44,17 +45,35 @@ def _budgets(request: Request) -> Budgets:
     return Budgets(runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits)
 
 
+def _identity(who: str, request: Request) -> str | JSONResponse:
+    """The qualified identity an operator named (`wecom:zhangsan` → `wecom:<corp>:zhangsan`), or a 400 with the
+    forms a bare id could mean."""
+    try:
+        return qualify(who, tenants_by_family(request.app.state.runtime.settings.bots))
+    except IdentityError as exc:
+        return JSONResponse({"error": "unqualified_identity", "message": str(exc)}, status_code=400)
+
+
 @router.get("/limits/{who}")
 async def show_limits(who: str, request: Request) -> JSONResponse:
     """A user's or group's usage against its limits (as `botgw limits show`)."""
-    return refused(request) or JSONResponse(await _budgets(request).show(who))
+    refusal = refused(request)
+    if refusal:
+        return refusal
+    identity = _identity(who, request)
+    return identity if isinstance(identity, JSONResponse) else JSONResponse(await _budgets(request).show(identity))
 
 
 @router.delete("/limits/{who}")
 async def reset_limits(who: str, request: Request) -> JSONResponse:
     """Clear a user's or group's windows and budgets (as `botgw limits reset`)."""
     refusal = refused(request) or _not_an_id(who)
-    return refusal or JSONResponse({"reset": who, "cleared": await _budgets(request).reset(who)})
+    if refusal:
+        return refusal
+    identity = _identity(who, request)
+    if isinstance(identity, JSONResponse):
+        return identity
+    return JSONResponse({"reset": identity, "cleared": await _budgets(request).reset(identity)})
 
 
 @router.post("/kf/{bot_id}/handoff")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -19,11 +20,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from bots.registry import PLATFORMS
 from engine.settings import EngineSettings
 from gateway import redis_client
+from gateway.identities import IdentityError, qualify, tenants_by_family
 from gateway.limits import LimitSettings
 from gateway.memory import GroupMemory
 from knowledge.config import KnowledgeSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MIN_ADMIN_TOKEN_CHARS = 24
 
 
 class ConfigError(Exception):
@@ -144,6 +147,67 @@ class Settings(BaseSettings):
                     raise ValueError(f"bots.{bot.id}.{key} must be the app's own (bots.{app}.{key}): one app for both")
         return self
 
+    @model_validator(mode="after")
+    def _ai_bots_know_their_corp(self) -> Settings:
+        """An AI bot's members are its corporation's: without a corp_id it takes the one WeCom corporation
+        configured (so that the app, the AI bot and the page name a member alike); with several, say which."""
+        corps = sorted({bot.corp_id for bot in self.bots if bot.platform in ("wecom", "wecom-kf")})
+        for bot in self.bots:
+            if bot.platform == "wecom-ai" and not bot.corp_id:
+                if len(corps) > 1:
+                    raise ValueError(f"bots.{bot.id}.corp_id: several WeCom corporations are configured "
+                                     f"({', '.join(corps)}): say which the AI bot belongs to")
+                bot.corp_id = corps[0] if corps else ""
+        return self
+
+    @model_validator(mode="after")
+    def _limits_name_qualified_identities(self) -> Settings:
+        """`limits.users` and `limits.groups` keys name a person as every limit counts them: qualified."""
+        tenants = tenants_by_family(self.bots)
+        for field in ("users", "groups"):
+            written: dict = getattr(self.limits, field)
+            full = {}
+            for key, budget in written.items():
+                try:
+                    full[qualify(key, tenants)] = budget
+                except IdentityError as exc:
+                    raise ValueError(f"limits.{field}: {exc}") from None
+            setattr(self.limits, field, full)
+        return self
+
+    @model_validator(mode="after")
+    def _web_logins_exist(self) -> Settings:
+        """A page's `web_login` names a bot whose credentials sign people in: a WeCom app (an AI bot has no
+        secret to call auth/getuserinfo with), or a DingTalk bot with its corp_id (a staffId is the corp's)."""
+        by_id = {bot.id: bot for bot in self.bots}
+        for bot in self.bots:
+            login = getattr(bot, "web_login", None)
+            for via, platform in (("wecom", "wecom"), ("dingtalk", "dingtalk")):
+                through = getattr(login, via, None)
+                if through is None:
+                    continue
+                named = by_id.get(through.bot)
+                if named is None or named.platform != platform:
+                    found = f"a {named.platform!r} bot" if named else "no such bot"
+                    raise ValueError(f"bots.{bot.id}.web_login.{via}.bot must name a {platform!r} bot "
+                                     f"(found {found} {through.bot!r})")
+                if via == "dingtalk" and not named.corp_id:
+                    raise ValueError(f"bots.{bot.id}.web_login.dingtalk: bots.{named.id}.corp_id must be set "
+                                     "(a staffId names a person only within its organisation)")
+        return self
+
+    @model_validator(mode="after")
+    def _no_empty_secrets(self) -> Settings:
+        """An empty credential is no credential: `Bearer ` must never open the admin API. Named, never shown."""
+        for where, secret in _secrets(self):
+            if not secret.get_secret_value().strip():
+                raise ValueError(f"{where} is empty: set it, or remove the key to turn its feature off")
+        token = self.admin.token
+        if token is not None and len(token.get_secret_value().strip()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"admin.token is shorter than {MIN_ADMIN_TOKEN_CHARS} characters: make one with "
+                             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        return self
+
     def redis_options(self) -> dict[str, float]:
         """Timeouts for every Redis client: a blackholed Redis fails a call instead of hanging it (WeCom waits
         5 s for an ack). A worker's blocking read waits less than this (worker.block_ms)."""
@@ -159,6 +223,22 @@ class Settings(BaseSettings):
         """Dedup must outlive every replay window, so that no replay is processed twice."""
         windows = [getattr(bot, "replay_window_s", 0) for bot in self.bots]
         return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
+
+
+def _secrets(model: BaseModel, where: str = "") -> Iterator[tuple[str, SecretStr]]:
+    """Every secret in the settings with its dotted key (a bot by its id, a list item by its index)."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{where}{name}"
+        if isinstance(value, SecretStr):
+            yield key, value
+        elif isinstance(value, BaseModel):
+            yield from _secrets(value, f"{key}.")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    label = getattr(item, "id", None) or getattr(item, "name", None) or index
+                    yield from _secrets(item, f"{key}.{label}.")
 
 
 def _plain(value: Any) -> Any:
@@ -213,8 +293,9 @@ def describe_errors(exc: ValidationError) -> str:
     """Which keys are wrong and why, never the values given: a mistyped key may hold a secret."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        lines.append(f"{where}: {error['msg']}")
+        text = error["msg"].removeprefix("Value error, ")
+        where = ".".join(str(part) for part in error["loc"])
+        lines.append(f"{where}: {text}" if where else text)  # a whole-settings check names its key itself
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

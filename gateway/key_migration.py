@@ -78,3 +78,49 @@ async def migrate_keys(redis: Redis, keys: Keys, dry_run: bool = False) -> dict[
                     if moved:
                         await redis.hset(new, "active", moved)
     return counts
+
+
+def _bare_counter(keys: Keys, name: str) -> tuple[str, str, str, str] | None:
+    """(kind: tok|win, who: user|group, bare id, bucket) of a limit counter named by a bare id, else None.
+
+    Before identities were qualified, `{<ns>:budget}:tok:user:zhangsan:d20261201` counted every platform's
+    zhangsan; today's names carry `<family>:<tenant>:` before the id (two more ':')."""
+    rest = name[len(keys.budget) + 1 :]
+    parts = rest.split(":")
+    if len(parts) != 4 or parts[0] not in ("tok", "win") or parts[1] not in ("user", "group"):
+        return None
+    kind, who, bare, bucket = parts
+    return kind, who, bare, bucket
+
+
+async def qualify_counters(
+    redis: Redis, keys: Keys, tenants: dict[str, list[str]], dry_run: bool = False
+) -> dict[str, int]:
+    """Carry the limit counters of bare ids over to qualified identities (gateway/identities.py).
+
+    A bare counter was shared by every platform's user of that id, so which person it was is not known: it is
+    copied to the identity of every configured family and tenant (each keeps what was used, so nobody gains
+    a fresh budget by the upgrade; a day's budget and a message window end within a day anyway), then
+    removed. A qualified counter that exists already is left as it is. Both names are in the budgets' slot:
+    COPY works on a cluster too."""
+    counts = {"counters_qualified": 0, "counters_kept_existing": 0}
+    targets = [(family, tenant) for family, names in tenants.items() for tenant in names]
+    for kind in ("tok", "win"):
+        async for raw in redis.scan_iter(match=f"{keys.budget}:{kind}:*", count=1000):
+            old = raw.decode() if isinstance(raw, bytes) else raw
+            parsed = _bare_counter(keys, old)
+            if parsed is None:
+                continue
+            _, who, bare, bucket = parsed
+            for family, tenant in targets:
+                new = f"{keys.budget}:{kind}:{who}:{family}:{tenant}:{bare}:{bucket}"
+                if dry_run:
+                    exists = await redis.exists(new)
+                elif await redis.copy(old, new):
+                    exists = False
+                else:
+                    exists = True
+                counts["counters_kept_existing" if exists else "counters_qualified"] += 1
+            if not dry_run:
+                await redis.delete(old)
+    return counts

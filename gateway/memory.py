@@ -7,11 +7,13 @@ trimming to the budget needs no tokenizer at read time and never counts characte
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from bots.base import InboundMessage
 from gateway.keys import Keys
@@ -49,7 +51,8 @@ class Scope:
 
     With `per_user` every member of a group has a conversation of their own, so members are answered in
     parallel; with `shared` the group is one conversation, answered in order. `owner` is who is given
-    fair turns and the per-user concurrency cap: the sender, or the group when it is shared.
+    fair turns and the per-user concurrency cap: the sender (the qualified person, whichever bot they write
+    to), or the group when it is shared.
     """
 
     lane: str
@@ -59,7 +62,7 @@ class Scope:
     def of(cls, message: InboundMessage, group: GroupMemory) -> Scope:
         if group == "shared":
             return cls(message.conversation_key, message.conversation_key)
-        return cls(message.session_key, f"{message.platform}:{message.bot_id}:{message.sender_id}")
+        return cls(message.session_key, message.person)
 
 
 class ConversationMemory:
@@ -71,8 +74,17 @@ class ConversationMemory:
         self._ttl_s = ttl_s
         self._max_items = max_turns * 2
 
+    async def adopt(self, session_key: str, old_name: str) -> None:
+        """Move a session's memory kept under an older name (one-to-one memory kept per bot, before it followed
+        the person) under its name now, if that has none yet: an upgrade forgets no conversation. Both names
+        are in the core slot, so RENAMENX is one step even on a cluster."""
+        if old_name and old_name != session_key:
+            with contextlib.suppress(ResponseError):  # nothing under the old name
+                await self._redis.renamenx(self._keys.memory(old_name), self._keys.memory(session_key))
+
     async def load(self, session_key: str) -> list[Turn]:
-        raw = await self._redis.lrange(self._keys.memory(session_key), 0, -1)
+        key = self._keys.memory(session_key)
+        raw = await self._redis.lrange(key, 0, -1)
         return [Turn(**json.loads(item)) for item in raw]
 
     async def clear(self, session_key: str) -> None:

@@ -107,7 +107,7 @@ async def web_chat(bot_id: str, request: Request) -> Response:
         return JSONResponse({"error": exc.reason, "message": exc.detail}, status_code=exc.status)
     streams: StreamStore = request.app.state.streams
     stream_id = message.reply_to.stream_id
-    if not await streams.open(bot_id, message.sender_id, stream_id, limit=MAX_OPEN_PER_USER, max_age_s=600):
+    if not await streams.open(bot_id, message.person, stream_id, limit=MAX_OPEN_PER_USER, max_age_s=600):
         message_text = "Please wait for your earlier questions to be answered."
         return JSONResponse({"error": "busy", "message": message_text}, status_code=429)
     outcome = await request.app.state.ingest.accept(message)

@@ -71,7 +71,8 @@ class Job:
 
     @property
     def group_id(self) -> str | None:
-        return self.message.group_id or None
+        """The group it was written in, qualified (its limits' name), or None one-to-one."""
+        return self.message.group or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,11 +438,13 @@ class Worker:
         message, entry = job.message, job.lease.entry
         if entry.get("kind") == "notice":
             return await self._commit(job, str(entry.get("notice", "")))
-        refusal = await self._budgets.admit_message(message.sender_id, job.group_id, message.dedup_key)
+        refusal = await self._budgets.admit_message(message.person, job.group_id, message.dedup_key)
         if refusal is not None:  # (counted once, however often the answer is tried: by the message's key)
             return await self._commit(job, await self._refusal_notice(job, refusal))
         if message.msg_type != "text" or not message.text.strip():
             return await self._commit(job, commands.TEXT_ONLY_TEXT)
+        if job.scope.lane == message.session_key:  # before /reset too: a cleared memory stays cleared
+            await self._memory.adopt(message.session_key, message.bot_session_key)
         command = commands.parse_command(message.text)
         if command == "help":
             return await self._commit(job, commands.HELP_TEXT)
@@ -454,7 +457,7 @@ class Worker:
             if exc.too_long:
                 log.info("the engine found the request too long; the user is told", extra={"error": str(exc)})
                 limit = self._rt.engine.max_model_len or 0
-                refusal = Refusal("prompt", f"user:{message.sender_id}", str(limit), 0, size=utf8_len(message.text))
+                refusal = Refusal("prompt", f"user:{message.person}", str(limit), 0, size=utf8_len(message.text))
                 return await self._commit(job, refusal.notice(self._settings.limits.notices))
             failures = int(await self._rt.redis.get(self._rt.keys.entry_failures(job.lease.entry_id)) or 0)
             if exc.retryable and failures + 1 < self._cfg.max_send_attempts:
@@ -509,7 +512,7 @@ class Worker:
         text = job.message.text
         max_tokens = answer_token_cap(job.adapter, self._settings.engine.max_tokens)
         context = self._rt.engine.max_model_len
-        max_prompt = self._budgets.max_prompt_tokens(job.message.sender_id, job.group_id)
+        max_prompt = self._budgets.max_prompt_tokens(job.message.person, job.group_id)
         system = await self._count_system_tokens(job)
         room = [limit for limit in (context and context - max_tokens, max_prompt) if limit]
         prompt_room = min(room) if room else None
@@ -519,9 +522,9 @@ class Worker:
             message_tokens = size = await self._rt.engine.count_tokens(text)
         fixed = system + size + TEMPLATE_TOKENS
         if max_prompt and fixed > max_prompt:
-            return Refusal("prompt", f"user:{job.message.sender_id}", str(max_prompt), 0, size=size)
+            return Refusal("prompt", f"user:{job.message.person}", str(max_prompt), 0, size=size)
         if context and fixed + MIN_ANSWER_TOKENS > context:
-            return Refusal("prompt", f"user:{job.message.sender_id}", str(context - MIN_ANSWER_TOKENS), 0, size=size)
+            return Refusal("prompt", f"user:{job.message.person}", str(context - MIN_ANSWER_TOKENS), 0, size=size)
         if context and fixed + max_tokens > context:
             max_tokens = context - fixed  # a long message leaves less room for the answer, but still some
         history_room = self._settings.memory.token_budget
@@ -568,7 +571,7 @@ class Worker:
         plan = await self._plan(job, turns)
         if isinstance(plan, Refusal):
             return await self._commit(job, await self._refusal_notice(job, plan))
-        reservation = await self._budgets.reserve(message.sender_id, job.group_id, plan.prompt_bound + plan.max_tokens)
+        reservation = await self._budgets.reserve(message.person, job.group_id, plan.prompt_bound + plan.max_tokens)
         if isinstance(reservation, Refusal):
             return await self._commit(job, await self._refusal_notice(job, reservation))
         prompt = [

@@ -36,7 +36,7 @@ from tests.procs import free_port, start_gateway, write_config
 
 MAX_BODY = 64 * 1024
 WEB_KEY = "web-key-" + secrets.token_hex(8)
-ADMIN_TOKEN = "adm-" + secrets.token_hex(8)
+ADMIN_TOKEN = "adm-" + secrets.token_hex(12)
 
 BILLION_LAUGHS = (
     '<?xml version="1.0"?><!DOCTYPE xml [<!ENTITY a "lol">'
@@ -591,14 +591,19 @@ def test_a_body_cut_off_on_the_wire_changes_nothing(gw: Gateway, user: str, path
 def test_admin_reset_of_a_pattern_clears_no_one(gw: Gateway, user: str) -> None:
     """`who` is an id, not a pattern: a reset of `*` must not clear every user's token budgets."""
     victim = gw.stack.redis
-    key = Keys(gw.stack.namespace).token_budget(f"user:{user}", "d20990101")
+    corp = next(bot["corp_id"] for bot in gw.stack.config["bots"] if bot["id"] == "app")
+    key = Keys(gw.stack.namespace).token_budget(f"user:wecom:{corp}:{user}", "d20990101")
     victim.set(key, 123, ex=600)
     for who in ("*", "?*", "[a-z]*", user[:3] + "*"):
         url = f"{gw.stack.gateway_url}/admin/limits/{quote(who, safe='')}"
         response = httpx.delete(url, headers=_bearer(ADMIN_TOKEN), timeout=10)
         assert response.status_code == 400, (who, response.text)
     assert victim.get(key) == b"123"
-    cleared = httpx.delete(f"{gw.stack.gateway_url}/admin/limits/{user}", headers=_bearer(ADMIN_TOKEN), timeout=10)
+    bare = httpx.delete(f"{gw.stack.gateway_url}/admin/limits/{user}", headers=_bearer(ADMIN_TOKEN), timeout=10)
+    assert bare.status_code == 400 and f"wecom:{corp}:{user}" in bare.json()["message"], bare.text
+    assert victim.get(key) == b"123"
+    cleared = httpx.delete(f"{gw.stack.gateway_url}/admin/limits/wecom:{user}", headers=_bearer(ADMIN_TOKEN),
+                           timeout=10)
     assert cleared.status_code == 200 and cleared.json()["cleared"] >= 1
     assert victim.get(key) is None
 

@@ -410,7 +410,7 @@ def test_stream_frame_routing_always_acks(frame: dict[str, Any]) -> None:
 # -- the HTTP API from its OpenAPI schema (schemathesis) ----------------------------------------------------------
 
 WEB_KEY = "web-key-" + secrets.token_hex(8)
-ADMIN_TOKEN = "adm-" + secrets.token_hex(8)
+ADMIN_TOKEN = "adm-" + secrets.token_hex(12)
 BOT_IDS = ["app", "ai", "ding-http", "ding-stream", "robot", "web", "nobody"]
 
 

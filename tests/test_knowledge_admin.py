@@ -22,7 +22,7 @@ from tests.procs import ROOT, Proc, free_port, start_gateway, write_config
 from tests.test_knowledge_served import EmbeddingsStub
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
-TOKEN = "admin-" + secrets.token_hex(8)
+TOKEN = "admin-" + secrets.token_hex(12)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RETURNS = "# 退货说明\n\n## 退货期限\n\n签收后十五天之内，商品完好即可申请退货，运费由蓝鲸公司承担。\n"
 PARKING = "# 园区停车\n\n## 访客车位\n\n访客车辆请停在东门外的地下二层，凭前台发放的停车券免费停放四小时。\n"

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Stack
 from tests.procs import BOTGW, Proc, free_port, start_gateway, wait_for, write_config
 
-ADMIN_TOKEN = "adm-" + secrets.token_hex(8)
+ADMIN_TOKEN = "adm-" + secrets.token_hex(12)
 
 
 @pytest.fixture

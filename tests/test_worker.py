@@ -147,7 +147,7 @@ def test_budgets_hold_across_two_gateways_and_two_workers(cluster: Callable[...,
         0.3,
         limits={
             "per_user": "4/minute",
-            "users": {vip: {"messages": "100/minute"}},
+            "users": {f"wecom:{vip}": {"messages": "100/minute"}},  # the one WeCom corporation's member
             "user": {"tokens_per_day": budget},
             "max_concurrent_per_user": 3,
         },
@@ -178,7 +178,7 @@ def test_budgets_hold_across_two_gateways_and_two_workers(cluster: Callable[...,
 
 
 def test_over_limit_ai_bot_streams_are_finished_with_the_notice(cluster: Callable[..., Cluster], user: str) -> None:
-    c = cluster(0.2, limits={"per_user": "2/minute"}, admin={"token": "admin-test-token"})
+    c = cluster(0.2, limits={"per_user": "2/minute"}, admin={"token": "admin-test-token-of-24-chars"})
     gateway = c.add_gateway()
     c.add_worker("a")
     bot = WeComAIBotConfig(**next(b for b in c.config["bots"] if b["id"] == "ai"))
@@ -192,11 +192,12 @@ def test_over_limit_ai_bot_streams_are_finished_with_the_notice(cluster: Callabl
     assert [v.text for v in views[:2]] == ["answer to: question 0", "answer to: question 1"]
     for view in views[2:]:  # the second over-limit message too: its stream is open, it must be finished
         assert view.finished and "2/minute" in view.text, view.text
-    headers = {"Authorization": "Bearer admin-test-token"}
-    shown = httpx.get(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()
-    assert shown[f"user:{user}"]["messages"][0]["used"] == 2
-    assert httpx.get(f"{gateway}/admin/limits/{user}", timeout=5).status_code == 401
-    assert httpx.delete(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()["cleared"] >= 1
+    headers = {"Authorization": "Bearer admin-test-token-of-24-chars"}
+    corp = next(b["corp_id"] for b in c.config["bots"] if b["id"] == "app")  # the AI bot's corp: the one configured
+    shown = httpx.get(f"{gateway}/admin/limits/wecom:{user}", headers=headers, timeout=5).json()
+    assert shown[f"user:wecom:{corp}:{user}"]["messages"][0]["used"] == 2
+    assert httpx.get(f"{gateway}/admin/limits/wecom:{user}", timeout=5).status_code == 401
+    assert httpx.delete(f"{gateway}/admin/limits/wecom:{user}", headers=headers, timeout=5).json()["cleared"] >= 1
 
     async def ask_again():
         async with httpx.AsyncClient(timeout=30) as http:
@@ -208,13 +209,14 @@ def test_over_limit_ai_bot_streams_are_finished_with_the_notice(cluster: Callabl
 def test_a_message_tried_again_after_an_engine_failure_counts_once_in_its_window(
     cluster: Callable[..., Cluster], user: str
 ) -> None:
-    c = cluster(0.1, limits={"per_user": "5/minute"}, admin={"token": "admin-test-token"})
+    c = cluster(0.1, limits={"per_user": "5/minute"}, admin={"token": "admin-test-token-of-24-chars"})
     gateway = c.add_gateway()
     c.add_worker("a")
     body = c.stack.signer().text(user, "fail-once please")
     assert httpx.post(f"{gateway}/callback/app", params=body.params, content=body.body, timeout=10).status_code == 200
     answer = c.stack.wait_delivered(user, 1, timeout=60)
     assert [item["content"] for item in answer] == ["answer to: fail-once please"]
-    headers = {"Authorization": "Bearer admin-test-token"}
-    shown = httpx.get(f"{gateway}/admin/limits/{user}", headers=headers, timeout=5).json()
-    assert shown[f"user:{user}"]["messages"][0]["used"] == 1, "each attempt spent another place in the window"
+    headers = {"Authorization": "Bearer admin-test-token-of-24-chars"}
+    corp = next(b["corp_id"] for b in c.config["bots"] if b["id"] == "app")
+    shown = httpx.get(f"{gateway}/admin/limits/wecom:{corp}:{user}", headers=headers, timeout=5).json()
+    assert shown[f"user:wecom:{corp}:{user}"]["messages"][0]["used"] == 1, "each attempt spent another place in the window"

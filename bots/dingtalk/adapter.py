@@ -77,7 +77,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
         verify_headers(headers, self.config.app_secret.get_secret_value(), now, self.config.replay_window_s)
         payload = parse_json_object(body, "body")
         self._check_addressee(payload)
-        return parse_robot_message(self.bot_id, payload, now)
+        return self.config.identity.stamp(parse_robot_message(self.bot_id, payload, now))
 
     def _check_addressee(self, payload: dict) -> None:
         """A message for another robot or organisation is refused, whatever its signature says."""

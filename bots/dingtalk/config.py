@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from bots.base import Identity
 from knowledge.config import KnowledgeUse
 
 DINGTALK_API_BASE = "https://api.dingtalk.com"
@@ -49,6 +50,12 @@ class DingTalkBotConfig(BaseModel):
     @classmethod
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
+
+    @property
+    def identity(self) -> Identity:
+        """The organisation's staff, `dingtalk:<corpId>:<staffId>` (the robot's id stands in without a corp_id:
+        a staffId is unique only within its organisation)."""
+        return Identity("dingtalk", self.corp_id or self.id, memory_by_person=True)
 
     @property
     def robot(self) -> str:

@@ -181,7 +181,7 @@ class DingTalkStreamConnection:
 
     async def _robot_message(self, message_id: str, data: Any) -> str:
         try:
-            message = parse_robot_message(self.config.id, _frame_data(data), time.time())
+            message = self.config.identity.stamp(parse_robot_message(self.config.id, _frame_data(data), time.time()))
         except (ValueError, TypeError, CallbackRejected) as exc:
             log.warning("unreadable dingtalk stream message", extra={"error": str(exc)})
             return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")

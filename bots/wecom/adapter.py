@@ -103,7 +103,8 @@ class WeComAppAdapter(ChannelDefaults):
         plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
         if self.pulled is not None and (pull := self.pulled.pull_for(plaintext, now)) is not None:
             return pull
-        return parse_app_message(self.bot_id, plaintext, now)
+        message = parse_app_message(self.bot_id, plaintext, now)
+        return self.config.identity.stamp(message) if message is not None else None
 
     def attach_pulled(self, channel: PulledFromApp) -> None:
         """The 微信客服 bot whose callbacks come to this app's URL (`app: <this bot>` in its config)."""

@@ -149,6 +149,7 @@ class WeComAIBotAdapter(ChannelDefaults):
             ),
         )
         stream_id = stream_id_for(message.dedup_key)
+        message = self.config.identity.stamp(message)
         return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
 
     # -- replies ---------------------------------------------------------------------------

@@ -6,11 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from bots.base import Identity
 from bots.wecom.crypto import decode_aes_key
 from knowledge.config import KnowledgeUse
 
 WECOM_API_BASE = "https://qyapi.weixin.qq.com"
 BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+FAMILY = "wecom"  # the members of a corporation: `wecom:<corp_id>:<userid>`
 
 
 class _CallbackSecrets(BaseModel):
@@ -49,6 +51,11 @@ class WeComAppConfig(_CallbackSecrets):
 
     _api_base = field_validator("api_base")(_strip_slash)
 
+    @property
+    def identity(self) -> Identity:
+        """Members of the corporation: one person whichever of its apps, AI bots or pages they write to."""
+        return Identity(FAMILY, self.corp_id, memory_by_person=True)
+
 
 class WeComAIBotConfig(_CallbackSecrets):
     """A WeCom 智能机器人 (AI bot): JSON callbacks, answers streamed through WeCom's refresh polling."""
@@ -58,8 +65,17 @@ class WeComAIBotConfig(_CallbackSecrets):
     api_base: str = Field(default=WECOM_API_BASE, description="WeCom's API origin: a response_url must point there")
     stream_limit_s: float = Field(default=330.0, gt=0, le=360, description="WeCom stops polling after 6 minutes")
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
+    corp_id: str = Field(
+        default="",
+        description="the corporation the AI bot belongs to (its members' identities); the one configured if omitted",
+    )
 
     _api_base = field_validator("api_base")(_strip_slash)
+
+    @property
+    def identity(self) -> Identity:
+        """The corporation's members, as in its apps (the bot's own id stands in while no corp id is known)."""
+        return Identity(FAMILY, self.corp_id or self.id, memory_by_person=True)
 
 
 class WeComWebhookConfig(BaseModel):

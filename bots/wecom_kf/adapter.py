@@ -235,6 +235,11 @@ class WeComKfAdapter(ChannelDefaults):
                 raise CursorRefused(f"the saved cursor was refused ({exc.code})", code=exc.code) from exc
             raise
         raw_items = [raw for raw in data.get("msg_list") or [] if isinstance(raw, dict)]
-        items = [parsed for raw in raw_items if (parsed := parse_item(self.bot_id, raw)) is not None]
+        identity = self.config.identity
+        items = [
+            parsed.model_copy(update={"message": identity.stamp(parsed.message)})
+            for raw in raw_items
+            if (parsed := parse_item(self.bot_id, raw)) is not None
+        ]
         cursor = str(data.get("next_cursor", ""))
         return PulledPage(items=items, next_cursor=cursor, has_more=bool(data.get("has_more")))

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from bots.base import Identity
 from bots.wecom.config import WECOM_API_BASE, _CallbackSecrets, _strip_slash
 from knowledge.config import KnowledgeUse
 
@@ -56,3 +57,9 @@ class WeComKfConfig(_CallbackSecrets):
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     _api_base = field_validator("api_base")(_strip_slash)
+
+    @property
+    def identity(self) -> Identity:
+        """WeChat customers of the corporation (`wecom-kf:<corp_id>:<external_userid>`), never its members; each
+        account's conversation keeps its own memory (the platform's session and quota are per account)."""
+        return Identity("wecom-kf", self.corp_id)

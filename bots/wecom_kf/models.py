@@ -113,4 +113,4 @@ def handoff_for(bot: object, open_kfid: str | None, customer: str) -> InboundMes
         text="",
         msg_type="handoff",
         reply_to=target_of(open_kfid, customer),
-    )
+    ).model_copy(update={"family": bot.identity.family, "tenant": bot.identity.tenant})

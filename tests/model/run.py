@@ -351,7 +351,7 @@ class Run:
     async def _limit_counted(self, user: str, failed: set[str]) -> list[str]:
         """The message windows count each admitted message once, however often it was tried."""
         hits = 0
-        async for key in self.world.redis.scan_iter(match=f"*:win:user:{user}:*", count=1000):
+        async for key in self.world.redis.scan_iter(match=f"*:win:user:*:{user}:*", count=1000):
             hits = max(hits, int(await self.world.redis.zcard(key)))
         expected = min(self.counted[user], LIMIT)
         if hits != expected:
