@@ -45,6 +45,7 @@ class DeadLetter:
             "at": int(self.letter_id.split("-")[0]) / 1000,
             "bot": message.bot_id,
             "user": message.sender_id,
+            "person": message.person,  # qualified, as `botgw limits show` takes it
             "text": text,
             "reason": self.reason,
         }
