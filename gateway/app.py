@@ -48,7 +48,9 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
                 if app.state.knowledge is not None:
                     await app.state.knowledge.aclose()
 
-    app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No schema or docs routes on any listener: /openapi.json would list every admin route to anyone on the public
+    # port (and the admin listener serves only operator paths anyway, gateway.admin_listener).
+    app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # Flood guard at the HTTP layer; per-user fairness is MovingWindowLimiter's job, after decryption.
     app.state.limiter = Limiter(
         key_func=get_remote_address,

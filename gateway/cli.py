@@ -34,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.http_bounds import BoundedHttpToolsProtocol
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
@@ -45,8 +46,14 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(settings, admin_port=admin_port or None)
     # On SIGTERM uvicorn stops accepting, lets in-flight callbacks finish (their acks are milliseconds), then
     # the lifespan flushes the batcher: nothing acknowledged is left unqueued.
+    # httptools with a 64 KiB bound on request heads (431), on both listeners: see gateway.http_bounds.
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app,
+        http=BoundedHttpToolsProtocol,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     uvicorn.Server(config).run(sockets=sockets)
     return 0

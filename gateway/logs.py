@@ -9,10 +9,24 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
+import uuid
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+# What a caller's X-Request-Id may be to be kept: anything else (too long, a space, a control character, non-ASCII)
+# would let a client write what it likes into every log line of its request and into the queued entry.
+_GIVEN_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def request_id_for(given: str | None) -> str:
+    """The request id of a request: the caller's X-Request-Id if it is 1-64 characters of [A-Za-z0-9._-], else a
+    new one (16 hex digits)."""
+    if given and _GIVEN_REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex[:16]
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 

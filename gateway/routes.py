@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -14,7 +13,7 @@ from starlette.requests import ClientDisconnect
 from bots.base import CallbackRejected
 from gateway import metrics
 from gateway.callbacks import CallbackRequest
-from gateway.logs import request_id
+from gateway.logs import request_id, request_id_for
 from gateway.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,7 @@ async def verify_url(bot_id: str, request: Request) -> Response:
 async def receive(bot_id: str, request: Request) -> Response:
     """A platform callback: verify, parse, dedup, enqueue, and acknowledge at once."""
     started = time.perf_counter()
-    request_id.set(request.headers.get("x-request-id") or uuid.uuid4().hex[:16])
+    request_id.set(request_id_for(request.headers.get("x-request-id")))
     handler = request.app.state.callbacks.get(bot_id)
     if handler is None:
         return PlainTextResponse("unknown bot", status_code=404)

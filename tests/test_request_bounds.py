@@ -1,0 +1,381 @@
+"""Bounded request cost at the HTTP layer, against a gateway process of its own (no worker, no engine).
+
+- A request head (request line and headers) over 64 KiB is answered 431 without being read: a 64 MB header costs the
+  gateway under 50 ms of CPU and under 10 MB of RSS (before the bound: seconds of CPU and hundreds of MB, growing
+  with the square of the size), while another client's /healthz and signed callback are answered as usual.
+- A 70 KB request line is refused the same way; a 60 KB header block is still served, also with its body in the
+  same write, and two such requests pipelined in one write.
+- X-Request-Id is kept only if it is 1-64 characters of [A-Za-z0-9._-]; anything else is replaced by a new id (seen
+  in the queued entry's `rid`, which the worker logs its turn under, and in the gateway's log).
+- /openapi.json and the docs routes answer 404 on the public port and on the admin listener.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+import pytest
+import redis
+
+from bots.simulator.wecom_callback import SignedCallback
+from tests.conftest import Stack, stack_config
+from tests.procs import free_port, start_gateway, write_config
+
+MB = 1 << 20
+LIMIT = 64 * 1024
+CPU_BOUND_S = 0.050  # the bound itself: before it, a 64 MB header took 5.7 s, a 16 MB one 0.33 s
+RSS_BOUND_MB = 10.0
+ANSWER_BOUND_S = 1.0  # another client's answer while a flood is under way (WeCom allows 5 s)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+GENERATED_ID = re.compile(r"[0-9a-f]{16}")
+
+
+@pytest.fixture(scope="module")
+def gw(redis_url: str, log_dir: Path) -> Iterator[Stack]:
+    """A gateway of its own namespace, nothing else: what is queued stays in its lane, and its CPU is its own."""
+    namespace = "rb" + secrets.token_hex(4)
+    nowhere = f"http://127.0.0.1:{free_port()}"  # no engine, no simulator: nothing is answered or sent
+    config = stack_config(redis_url, nowhere, nowhere, namespace)
+    path = write_config(log_dir / f"{namespace}.yaml", config)
+    port = free_port()
+    client = redis.Redis.from_url(redis_url)
+    made = Stack(config, path, f"http://127.0.0.1:{port}", nowhere, client, namespace, log_dir)
+    made.procs["gateway"] = start_gateway(path, port, log_dir, name=f"gw-request-bounds-{namespace}")
+    yield made
+    made.procs["gateway"].stop()
+
+
+# -- the gateway process from outside ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process, from /proc/<pid>/stat (clock ticks, 10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+class PeakRss:
+    """The highest RSS of a process over a span: its kernel high-water mark, reset at the start where the kernel
+    allows (clear_refs 5), and VmRSS sampled every 2 ms besides."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.hwm_reset = False
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as reset:
+                reset.write("5")
+            self.hwm_reset = True
+        except OSError:
+            pass
+        self.start = status_mb(pid, "VmRSS")
+        self.peak = self.start
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, status_mb(self.pid, "VmRSS"))
+
+    def growth(self) -> float:
+        self._done.set()
+        self._sampler.join()
+        peak = max(self.peak, status_mb(self.pid, "VmRSS"))
+        if self.hwm_reset:
+            peak = max(peak, status_mb(self.pid, "VmHWM"))
+        return peak - self.start
+
+
+# -- raw HTTP ------------------------------------------------------------------------------------------------------
+
+
+def port_of(url: str) -> int:
+    return urlsplit(url).port or 80
+
+
+def read_all(sock: socket.socket, timeout: float = 30.0) -> bytes:
+    """Everything the server sends until it closes (a reset after its answer counts as the close)."""
+    sock.settimeout(timeout)
+    got = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return got
+        if not data:
+            return got
+        got += data
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Send `data` in one write, then read until the server closes (`data` asks it to, or is refused). No half-close:
+    uvicorn takes one for the end of the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(data)
+        return read_all(sock)
+
+
+def status_of(response: bytes) -> int:
+    match = re.match(rb"HTTP/1\.[01] (\d{3}) ", response)
+    assert match, f"not an HTTP response: {response[:200]!r}"
+    return int(match.group(1))
+
+
+def statuses_of(responses: bytes) -> list[int]:
+    return [int(code) for code in re.findall(rb"^HTTP/1\.1 (\d{3}) ", responses, re.MULTILINE)]
+
+
+def flood(
+    port: int, prefix: bytes, size: int, started: threading.Event | None = None, go: threading.Event | None = None
+) -> tuple[int, bytes]:
+    """A head of `prefix` and `size` bytes of one header value, sent in 64 KiB writes (the server may close long
+    before the end: that is the point); returns (bytes sent, what the server answered). With `started`/`go`: the
+    first 32 KiB are sent, `started` is set, and the rest waits for `go`."""
+    block = b"a" * 65536
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        try:
+            sock.sendall(prefix)
+            if started is not None and go is not None:
+                sock.sendall(block[: 32 * 1024])
+                sent = 32 * 1024
+                started.set()
+                go.wait(30)
+            while sent < size:
+                sock.sendall(block)
+                sent += len(block)
+            sock.sendall(b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return sent, read_all(sock)
+
+
+def callback_request(
+    gw: Stack, callback: SignedCallback, *, headers: dict[str, bytes] | None = None, pad: int = 0
+) -> bytes:
+    """A complete signed WeCom app callback as bytes: head (with `headers`, and a header of `pad` bytes) and body."""
+    lines = [
+        f"POST /callback/{gw.bot.id}?{urlencode(callback.params)} HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Content-Type: text/xml",
+        f"Content-Length: {len(callback.body)}".encode(),
+    ]
+    lines += [name + b": " + value for name, value in (headers or {}).items()]
+    if pad:
+        lines.append(b"X-Pad: " + b"p" * pad)
+    return b"\r\n".join(lines) + b"\r\n\r\n" + callback.body
+
+
+def message(gw: Stack, user: str | None = None) -> tuple[SignedCallback, str]:
+    """A fresh signed text callback and its msg id."""
+    msg_id = str(secrets.randbits(62))
+    return gw.signer().text(user or "rb-" + secrets.token_hex(4), "hello", msg_id=msg_id), msg_id
+
+
+def queued_entry(gw: Stack, msg_id: str) -> dict:
+    """The queued entry of a message, from its lane (no worker runs, so it stays there)."""
+    for key in gw.redis.scan_iter(match=gw.keys.core + ":sched:lane:*", count=1000):
+        for raw in gw.redis.lrange(key, 0, -1):
+            entry = json.loads(raw)
+            if entry.get("msg", {}).get("msg_id") == msg_id:
+                return entry
+    raise AssertionError(f"message {msg_id} is not queued")
+
+
+def log_text(gw: Stack) -> str:
+    return gw.procs["gateway"].log_path.read_text(errors="replace")
+
+
+# -- (a) the 64 MB header ------------------------------------------------------------------------------------------
+
+
+def test_a_64_mb_header_is_refused_431_within_the_cpu_and_memory_bound(gw: Stack) -> None:
+    pid, port = gw.procs["gateway"].pid, port_of(gw.gateway_url)
+    prefix = f"POST /callback/{gw.bot.id} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".encode()
+    httpx.get(f"{gw.gateway_url}/healthz", timeout=5).raise_for_status()  # warm: nothing below is a first time
+
+    rss = PeakRss(pid)
+    before = cpu_seconds(pid)
+    sent, answer = flood(port, prefix, 64 * MB)
+    time.sleep(0.1)  # anything the gateway still does for that connection is in the count
+    cpu = cpu_seconds(pid) - before
+    grew = rss.growth()
+    print(f"64 MB header: {cpu * 1000:.0f} ms of gateway CPU, RSS +{grew:.1f} MB, {sent / MB:.1f} MB sent")
+    assert cpu < CPU_BOUND_S, f"a 64 MB header cost the gateway {cpu * 1000:.0f} ms of CPU (sent {sent / MB:.1f} MB)"
+    assert grew < RSS_BOUND_MB, f"a 64 MB header grew the gateway's RSS by {grew:.1f} MB"
+    assert status_of(answer) == 431, answer[:200]
+    assert b"connection: close" in answer.lower()
+
+
+def test_a_others_are_answered_while_a_64_mb_header_is_sent(gw: Stack) -> None:
+    port = port_of(gw.gateway_url)
+    prefix = f"POST /callback/{gw.bot.id} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".encode()
+    started, go = threading.Event(), threading.Event()
+    result: list[tuple[int, bytes]] = []
+    attacker = threading.Thread(target=lambda: result.append(flood(port, prefix, 64 * MB, started, go)), daemon=True)
+    attacker.start()
+    assert started.wait(10), "the flood did not start"
+    answers: list[tuple[str, int, float]] = []
+
+    def others(http: httpx.Client) -> None:
+        for what in ("healthz", "callback"):
+            began = time.perf_counter()
+            if what == "healthz":
+                status = http.get(f"{gw.gateway_url}/healthz").status_code
+            else:
+                callback, _ = message(gw)
+                url = f"{gw.gateway_url}/callback/{gw.bot.id}"
+                status = http.post(url, params=callback.params, content=callback.body).status_code
+            answers.append((what, status, time.perf_counter() - began))
+
+    with httpx.Client(timeout=10) as http:
+        others(http)  # the attacker's connection holds 32 KiB of an unfinished head now
+        go.set()
+        while attacker.is_alive():
+            others(http)
+        attacker.join(60)
+        others(http)
+    assert result, "the flood did not finish"
+    assert status_of(result[0][1]) == 431
+    assert all(status == 200 for _, status, _ in answers), answers
+    slowest = max(answers, key=lambda answer: answer[2])
+    assert slowest[2] < ANSWER_BOUND_S, f"{slowest[0]} took {slowest[2]:.2f} s during the flood"
+
+
+# -- (b) the limit's edges -----------------------------------------------------------------------------------------
+
+
+def test_b_a_70_kb_request_line_is_refused_and_60_kb_heads_are_served(gw: Stack) -> None:
+    port = port_of(gw.gateway_url)
+    long_line = b"GET /healthz?q=" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    assert status_of(exchange(port, long_line)) == 431
+
+    # 60 KB of headers through an ordinary client
+    callback, msg_id = message(gw)
+    answer = httpx.post(
+        f"{gw.gateway_url}/callback/{gw.bot.id}",
+        params=callback.params,
+        content=callback.body,
+        headers={"x-pad": "p" * 60_000},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    queued_entry(gw, msg_id)
+
+    # a head 100 bytes under the limit and its body in one write: a body that follows its head within the same read
+    # is not head
+    callback, msg_id = message(gw)
+    unpadded = callback_request(gw, callback, headers={b"Connection": b"close"}, pad=1)
+    head_size = unpadded.index(b"\r\n\r\n") + 4
+    request = callback_request(gw, callback, headers={b"Connection": b"close"}, pad=LIMIT - 100 - head_size + 1)
+    assert request.index(b"\r\n\r\n") + 4 == LIMIT - 100 < len(request)
+    assert status_of(exchange(port, request)) == 200
+    queued_entry(gw, msg_id)
+
+    # two 40 KB heads pipelined in one write: each head is counted on its own
+    pair = [message(gw) for _ in range(2)]
+    first = callback_request(gw, pair[0][0], pad=40_000)
+    second = callback_request(gw, pair[1][0], headers={b"Connection": b"close"}, pad=40_000)
+    assert statuses_of(exchange(port, first + second)) == [200, 200]
+    for _, msg_id in pair:
+        queued_entry(gw, msg_id)
+
+    # just over the limit, by one byte: refused; at it: served
+    base = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Pad: "
+    fill = LIMIT - len(base) - 4
+    assert status_of(exchange(port, base + b"p" * fill + b"\r\n\r\n")) == 200
+    assert status_of(exchange(port, base + b"p" * (fill + 1) + b"\r\n\r\n")) == 431
+
+
+# -- (c) X-Request-Id ----------------------------------------------------------------------------------------------
+
+KEPT = ["a", "r" * 64, "Req-1.2_3", "0f8c1d2e-4b5a-4c3d-9e8f-7a6b5c4d3e2f"]
+REPLACED = {
+    "65 characters": b"r" * 65,
+    "a space": b"abc def",
+    "a tab": b"abc\tdef",
+    "a slash": b"abc/../def",
+    "non-ASCII": "请求-1".encode(),
+    "a line folded onto the next": b"abc\r\n def",
+    "a JSON quote": b'abc"def',
+    "empty": b"",
+}
+
+
+def test_c_request_id_is_kept_only_if_valid(gw: Stack) -> None:
+    """Each id rides on an accepted callback; the queued entry's rid is what the gateway made of it."""
+    port = port_of(gw.gateway_url)
+    wrong: list[str] = []
+    cases = [(given, given.encode(), True) for given in KEPT] + [(case, raw, False) for case, raw in REPLACED.items()]
+    for case, raw, kept in cases:
+        callback, msg_id = message(gw)
+        request = callback_request(gw, callback, headers={b"X-Request-Id": raw, b"Connection": b"close"})
+        status = status_of(exchange(port, request))
+        if status == 400 and case == "a line folded onto the next":
+            continue  # the HTTP parser refused the folded line itself: nothing of it was kept
+        if status != 200:
+            wrong.append(f"{case}: answered {status}")
+            continue
+        rid = queued_entry(gw, msg_id)["rid"]
+        if kept and rid != raw.decode():
+            wrong.append(f"{case}: replaced by {rid!r}")
+        if not kept and not GENERATED_ID.fullmatch(rid):
+            wrong.append(f"{case}: kept as {rid!r}")
+    assert not wrong, wrong
+
+
+def test_c_request_id_rule() -> None:
+    """What no HTTP/1.1 parser lets through to the application (a bare or folded line break), checked on the rule
+    itself, with its edges."""
+    from gateway.logs import request_id_for
+
+    for kept in ("a", "A" * 64, "Req-1.2_3"):
+        assert request_id_for(kept) == kept
+    for replaced in (None, "", "a" * 65, "abc\ndef", "abc\r\n def", "abc\n", "\u8bf7\u6c42", "a b", "a\x00", "é"):
+        assert GENERATED_ID.fullmatch(request_id_for(replaced)), repr(replaced)
+
+
+def test_c_an_invalid_request_id_does_not_reach_the_log(gw: Stack) -> None:
+    """A refused callback is logged with its request id: a new one, never the caller's."""
+    token = secrets.token_hex(8)
+    given = f"{token}-" + "x" * 64  # 81 characters, otherwise valid
+    before = len(log_text(gw))
+    answer = httpx.post(f"{gw.gateway_url}/callback/{gw.bot.id}", headers={"x-request-id": given}, timeout=10)
+    assert answer.status_code == 400
+    deadline = time.monotonic() + 10
+    while "callback rejected" not in log_text(gw)[before:] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [json.loads(line) for line in log_text(gw)[before:].splitlines() if "callback rejected" in line]
+    assert lines, "the refused callback was not logged"
+    assert token not in log_text(gw)
+    assert GENERATED_ID.fullmatch(lines[-1]["request_id"])
+
+
+# -- (d) schema and docs -------------------------------------------------------------------------------------------
+
+
+def test_d_no_schema_or_docs_route(gw: Stack) -> None:
+    served = []
+    for path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"):
+        for base in (gw.gateway_url, gw.admin_url):
+            answer = httpx.get(base + path, timeout=10)
+            if answer.status_code != 404 or "/admin/" in answer.text:
+                served.append(f"{base}{path}: {answer.status_code}")
+    assert not served, served
