@@ -11,6 +11,8 @@ from knowledge.config import KnowledgeUse
 
 DINGTALK_API_BASE = "https://api.dingtalk.com"
 DINGTALK_OAPI_BASE = "https://oapi.dingtalk.com"
+# 钉钉登录 (open-dingtalk/developerpedia get_user_app_token_browser.md): login.dingtalk.com/oauth2/auth
+DINGTALK_LOGIN_BASE = "https://login.dingtalk.com"
 AI_CARD_TEMPLATE = "382e4302-551d-4880-bf29-a30acfab2e71.schema"
 
 
@@ -38,6 +40,7 @@ class DingTalkBotConfig(BaseModel):
     corp_id: str = Field(default="", description="the organisation's corpId: callbacks of another are refused")
     api_base: str = DINGTALK_API_BASE
     oapi_base: str = DINGTALK_OAPI_BASE
+    login_base: str = Field(default=DINGTALK_LOGIN_BASE, description="DingTalk's OAuth login page (web_login)")
     replay_window_s: int = Field(default=3600, ge=0)
     per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
     ai_card: AICardSettings = Field(default_factory=AICardSettings)
@@ -46,7 +49,7 @@ class DingTalkBotConfig(BaseModel):
     stream_ping_interval_s: float = Field(default=5.0, gt=0)
     stream_ping_timeout_s: float = Field(default=5.0, gt=0)
 
-    @field_validator("api_base", "oapi_base")
+    @field_validator("api_base", "oapi_base", "login_base")
     @classmethod
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")

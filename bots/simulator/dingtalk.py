@@ -68,6 +68,7 @@ class DingTalkState:
 
     apps: set[tuple[str, str]] = field(default_factory=set)
     tokens: dict[str, float] = field(default_factory=dict)
+    token_apps: dict[str, str] = field(default_factory=dict)  # app token -> its app's key (appKey)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
     cards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -243,6 +244,7 @@ def dingtalk_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             return JSONResponse({"code": "InvalidAuthentication", "message": "bad appKey/appSecret"}, 400)
         token = secrets.token_hex(16)
         state.tokens[token] = time.time() + TOKEN_LIFETIME_S
+        state.token_apps[token] = body["appKey"]
         return JSONResponse({"accessToken": token, "expireIn": TOKEN_LIFETIME_S})
 
     @router.post("/robot/sendBySession")

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
+from bots.simulator.web_login import LoginState, web_login_router
 from bots.simulator.wecom_api import WeComApiState, wecom_api_router
 from bots.simulator.wecom_kf import KfState, kf_router
 from bots.simulator.wecom_robots import RobotState, robots_router
@@ -49,6 +50,7 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
     app.include_router(kf_router(kf, wecom))
     app.include_router(robots_router(robots))
     app.include_router(dingtalk_router(dingtalk, relay))
+    app.include_router(web_login_router(LoginState(), wecom, dingtalk))  # the pages' sign-in
 
     @app.get("/__sim__/healthz")
     async def healthz() -> dict[str, str]:

@@ -17,6 +17,7 @@ from chainlit.input_widget import Select, Switch
 from starlette.datastructures import Headers
 
 from bots.web.config import PRESETS, WebBotConfig
+from bots.web.oauth import install as install_company_logins
 from gateway.config import load_settings
 from knowledge.prompt import CITATION_MARK
 
@@ -38,6 +39,7 @@ def _bot() -> WebBotConfig:
 BOT = _bot()
 API = f"{BOT.gateway_url.rstrip('/')}/web/{BOT.id}"
 AUTH = {"Authorization": f"Bearer {BOT.api_key.get_secret_value()}"}
+LOGINS = install_company_logins(BOT)  # WeCom/DingTalk sign-in if web_login names them (bots/web/oauth.py)
 
 
 @cl.password_auth_callback
@@ -86,7 +88,11 @@ async def on_message(message: cl.Message) -> None:
     settings = cl.user_session.get("settings") or {}
     preset = settings.get("preset") or next(iter(PRESETS))
     user = cl.user_session.get("user")
-    body = {"user": user.identifier if user else "anonymous", "text": message.content,
+    meta = (user.metadata or {}) if user else {}
+    # The gateway qualifies the name by how it signed in: wecom → the WeCom member, dingtalk → the DingTalk staff
+    # member (bots/web/oauth.py), otherwise the page's own user web:<bot>:<name>.
+    body = {"user": meta.get("name") or (user.identifier if user else "anonymous"),
+            "login": meta.get("login") or "password", "text": message.content,
             "temperature": PRESETS.get(preset, 0.1)}
     if await engine_status() == "loading":
         await cl.Message(content=STATUS_TEXT["loading"], author="status").send()

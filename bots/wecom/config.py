@@ -11,6 +11,8 @@ from bots.wecom.crypto import decode_aes_key
 from knowledge.config import KnowledgeUse
 
 WECOM_API_BASE = "https://qyapi.weixin.qq.com"
+# 企业微信Web登录 (developer.work.weixin.qq.com/document/path/98171): login.work.weixin.qq.com/wwlogin/sso/login
+WECOM_LOGIN_BASE = "https://login.work.weixin.qq.com"
 BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 FAMILY = "wecom"  # the members of a corporation: `wecom:<corp_id>:<userid>`
 
@@ -44,12 +46,13 @@ class WeComAppConfig(_CallbackSecrets):
     agent_id: int
     secret: SecretStr
     api_base: str = WECOM_API_BASE
+    login_base: str = Field(default=WECOM_LOGIN_BASE, description="WeCom's web login page (web_login)")
     duplicate_check_interval_s: int = Field(
         default=1800, ge=60, le=14400, description="WeCom drops a repeated send within this window (max 4 h)"
     )
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
-    _api_base = field_validator("api_base")(_strip_slash)
+    _api_base = field_validator("api_base", "login_base")(_strip_slash)
 
     @property
     def identity(self) -> Identity:
