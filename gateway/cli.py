@@ -141,9 +141,8 @@ def _web(args: argparse.Namespace) -> int:
             filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])
         ),
     }
-    app = Path(__file__).resolve().parent.parent / "bots" / "web" / "app.py"
-    argv = [sys.executable, "-m", "chainlit", "run", str(app), "--headless"]
-    argv += ["--host", args.host, "--port", str(args.port)]
+    # Chainlit's app behind botgw's guard, with Chainlit's settings botgw's (bots/web/serve.py), not `chainlit run`
+    argv = [sys.executable, "-m", "bots.web.serve", "--host", args.host, "--port", str(args.port)]
     os.execve(argv[0], argv, env)
     return 0
 

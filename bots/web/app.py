@@ -17,7 +17,10 @@ from chainlit.input_widget import Select, Switch
 from starlette.datastructures import Headers
 
 from bots.web.config import PRESETS, WebBotConfig
+from bots.web.guard import header_user
+from bots.web.markdown import ImageLinks, images_as_links
 from bots.web.oauth import install as install_company_logins
+from bots.web.passwords import PasswordSignIn
 from gateway.config import load_settings
 from knowledge.prompt import CITATION_MARK
 
@@ -42,18 +45,23 @@ AUTH = {"Authorization": f"Bearer {BOT.api_key.get_secret_value()}"}
 LOGINS = install_company_logins(BOT)  # WeCom/DingTalk sign-in if web_login names them (bots/web/oauth.py)
 
 
+PASSWORDS = PasswordSignIn(BOT)
+
+
 @cl.password_auth_callback
-def password_auth(username: str, password: str) -> cl.User | None:
-    user = BOT.user(username, password)
-    return cl.User(identifier=user.name) if user else None
+async def password_auth(username: str, password: str) -> cl.User | None:
+    """scrypt off the event loop, failed sign-ins limited per name and address (bots/web/passwords.py)."""
+    user = await PASSWORDS.check(username, password)
+    return cl.User(identifier=user.name, metadata={"login": "password", "name": user.name}) if user else None
 
 
 if BOT.trusted_header:
 
     @cl.header_auth_callback
     async def header_auth(headers: Headers) -> cl.User | None:
-        name = headers.get(BOT.trusted_header or "")
-        return cl.User(identifier=name) if name else None
+        """Only what a trusted proxy sent (bots/web/guard.py), and only a listed name unless allow_unlisted."""
+        name = header_user(BOT, headers)
+        return cl.User(identifier=name, metadata={"login": "header", "name": name}) if name else None
 
 
 async def engine_status() -> str:
@@ -113,15 +121,20 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def read_events(response: httpx.Response, answer: cl.Message, show_experts: bool) -> None:
+    """The answer as it streams; an image from elsewhere reaches the page as a link (bots/web/markdown.py)."""
+    images = ImageLinks()
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
         event = json.loads(line[5:])
         if "delta" in event:
-            await answer.stream_token(event["delta"])
+            if shown := images.feed(event["delta"]):
+                await answer.stream_token(shown)
         elif event.get("done"):
+            if rest := images.flush():
+                await answer.stream_token(rest)
             if not answer.content:
-                answer.content = event.get("text", "")
+                answer.content = images_as_links(event.get("text", ""))
             if event.get("sources"):  # grounded in a knowledge base: the sources go under the answer, once
                 answer.content = without_citation(answer.content)
                 answer.elements = [cl.Text(name="参考资料", content=sources_text(event["sources"]), display="inline")]
@@ -130,13 +143,16 @@ async def read_events(response: httpx.Response, answer: cl.Message, show_experts
             await answer.send() if not answer.id else await answer.update()
             return
         elif "error" in event:
-            await cl.ErrorMessage(content=event.get("message", "Something went wrong; please try again.")).send()
+            message = images_as_links(event.get("message", "Something went wrong; please try again."))
+            await cl.ErrorMessage(content=message).send()
             return
 
 
 def sources_text(sources: list[dict]) -> str:
-    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer."""
-    return CITATION_MARK + "；".join(f"《{source['doc']}》{source.get('section', '')}" for source in sources)
+    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer (names and
+    sections come from the documents: an image in them is shown as a link)."""
+    text = "；".join(f"《{source['doc']}》{source.get('section', '')}" for source in sources)
+    return CITATION_MARK + images_as_links(text)
 
 
 def without_citation(text: str) -> str:

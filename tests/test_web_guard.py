@@ -1,0 +1,376 @@
+"""Who may come in through the web page, and what the page may make a browser fetch (issue 19), against running
+processes: two page processes (`botgw web`) on one gateway and worker with a stub engine, Chromium for what a
+browser does. Page "web" trusts proxies in 10.0.0.0/8 only (so nothing on loopback); page "proxied" trusts
+127.0.0.1 and wants the proxy's secret."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bots.web.config import WebBotConfig, hash_password
+from tests.conftest import stack_config, start_stub_engine
+from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
+from tests.test_web import CHROMIUM, CHROMIUM_ARGS
+
+PASSWORD = "correct horse battery staple"
+PROXY_SECRET = "proxy-secret-0123456789abcdef"
+USER_HEADER = "X-Forwarded-User"
+SECRET_HEADER = "X-Botgw-Proxy-Secret"
+BURST = 8
+TIMED = 7  # sign-ins timed per kind of name
+
+
+@dataclass
+class Pages:
+    web: str  # trusted_proxies: 10.0.0.0/8
+    proxied: str  # trusted_proxies: 127.0.0.1/32, with a secret
+    web_root: Path
+    config: dict = field(default_factory=dict)
+
+
+def web_bot(bot_id: str, gateway_url: str, users: list[dict], **extra: object) -> dict:
+    return {"id": bot_id, "platform": "web", "api_key": f"key-{bot_id}-0123456789abcdef", "gateway_url": gateway_url,
+            "trusted_header": USER_HEADER, "users": users, **extra}
+
+
+@pytest.fixture(scope="module")
+def pages(redis_url: str, log_dir: Path) -> Iterator[Pages]:
+    engine, engine_url = start_stub_engine(log_dir, 0.05, "guard-engine", chunk_delay_s=0.15)
+    gateway_port, web_port, proxied_port = free_port(), free_port(), free_port()
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    hashed = hash_password(PASSWORD)
+    users = [
+        {"name": "alice", "password": PASSWORD},  # plain, from the environment in real life
+        {"name": "carol", "password_hash": hashed},
+        {"name": "dave", "password_hash": hashed},
+        {"name": "erin", "password": PASSWORD},  # the browser tests' (the others spend their names' limits)
+        *({"name": f"burst{i}", "password_hash": hashed} for i in range(BURST)),
+        *({"name": f"hashed{i}", "password_hash": hashed} for i in range(TIMED)),
+        *({"name": f"plain{i}", "password": PASSWORD} for i in range(TIMED)),
+    ]
+    bots = [
+        web_bot("web", gateway_url, users, trusted_proxies=["10.0.0.0/8"],
+                login_guard={"per_name": "5/minute", "per_address": "1000/minute"}),
+        web_bot("proxied", gateway_url, [{"name": "alice", "password_hash": hashed}],
+                trusted_proxies=["127.0.0.1/32"], trusted_header_secret=PROXY_SECRET,
+                login_guard={"per_name": "50/minute", "per_address": "3/minute"}),
+    ]
+    namespace = "g" + secrets.token_hex(4)
+    config = stack_config(redis_url, engine_url, "http://127.0.0.1:9", namespace, bots=bots)
+    path = write_config(log_dir / f"guard-{namespace}.yaml", config)
+    procs = [engine, start_gateway(path, gateway_port, log_dir, f"gw-{namespace}"),
+             start_worker(path, log_dir, f"worker-{namespace}")]
+    web_root = log_dir / "guard-chainlit-web"
+    for bot, port, root in (("web", web_port, web_root), ("proxied", proxied_port, log_dir / "guard-chainlit-px")):
+        procs.append(Proc([*BOTGW, "web", "--config", str(path), "--bot", bot, "--port", str(port),
+                           "--app-root", str(root)], log_dir / f"guard-{bot}.log"))
+    try:
+        for proc, port in ((procs[-2], web_port), (procs[-1], proxied_port)):
+            wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+        wait_http(f"{gateway_url}/healthz", 60, procs[1])
+        yield Pages(f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{proxied_port}", web_root, config)
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+def header_sign_in(page: str, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{page}/auth/header", headers=headers, timeout=10)
+
+
+def login(page: str, name: str, password: str) -> httpx.Response:
+    return httpx.post(f"{page}/login", files={"username": (None, name), "password": (None, password)}, timeout=30)
+
+
+# trusted_header only from the proxy
+
+
+def test_trusted_header_only_from_the_proxy_with_its_secret(pages: Pages) -> None:
+    forged = {USER_HEADER: "alice"}
+    assert header_sign_in(pages.web, forged).status_code == 401, "any client signed in as anyone"
+    assert header_sign_in(pages.web, {**forged, "X-Forwarded-For": "10.1.2.3"}).status_code == 401, (
+        "a forwarded address decided trust"
+    )
+    assert header_sign_in(pages.web, {**forged, SECRET_HEADER: PROXY_SECRET}).status_code == 401
+
+    signed = header_sign_in(pages.proxied, {**forged, SECRET_HEADER: PROXY_SECRET})
+    assert signed.status_code == 200, signed.text
+    me = httpx.get(f"{pages.proxied}/user", cookies=signed.cookies, timeout=10).json()
+    assert me["identifier"] == "alice" and me["metadata"] == {"login": "header", "name": "alice"}
+    assert header_sign_in(pages.proxied, {**forged, SECRET_HEADER: "wrong"}).status_code == 401, "a wrong secret"
+    assert header_sign_in(pages.proxied, forged).status_code == 401, "no secret"
+    assert header_sign_in(pages.proxied, {USER_HEADER: "mallory", SECRET_HEADER: PROXY_SECRET}).status_code == 401, (
+        "a name that is not a listed user"
+    )
+
+
+def test_the_guard_with_either_config() -> None:
+    """The middleware and the header check in process, for what the two pages above do not configure:
+    `allow_unlisted`, a chain of proxies, and the headers Chainlit's app is left with."""
+    from starlette.datastructures import Headers
+
+    from bots.web.guard import FACTS, PageGuard, header_user
+
+    seen: list[dict] = []
+
+    async def chainlit_stand_in(scope: dict, receive: object, send: object) -> None:
+        headers = Headers(scope=scope)
+        seen.append({"client": scope["client"][0], "user": header_user(bot, headers),
+                     "secret": headers.get(SECRET_HEADER), "address": FACTS.get().address})  # type: ignore[union-attr]
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    async def ask(peer: str, headers: dict[str, str]) -> tuple[dict, httpx.Response]:
+        transport = httpx.ASGITransport(PageGuard(chainlit_stand_in, bot, "img-src 'self' data:"), client=(peer, 1))
+        async with httpx.AsyncClient(transport=transport, base_url="http://page") as client:
+            response = await client.post("/auth/header", headers=headers)
+        return seen[-1], response
+
+    for allow_unlisted in (False, True):
+        bot = WebBotConfig.model_validate(web_bot("w", "http://gw", [{"name": "alice", "password": PASSWORD}],
+                                                  trusted_proxies=["10.0.0.0/8", "192.168.1.1"],
+                                                  allow_unlisted=allow_unlisted, trusted_header_secret=PROXY_SECRET))
+        request = {USER_HEADER: "bob", SECRET_HEADER: PROXY_SECRET, "X-Forwarded-For": "203.0.113.7, 10.0.0.2"}
+        facts, response = asyncio.run(ask("192.168.1.1", request))
+        assert facts == {"client": "203.0.113.7", "user": "bob" if allow_unlisted else None, "secret": None,
+                         "address": "203.0.113.7"}
+        assert response.headers["content-security-policy"] == "img-src 'self' data:"
+        facts, _ = asyncio.run(ask("192.168.1.2", {**request, USER_HEADER: "alice"}))
+        assert facts == {"client": "192.168.1.2", "user": None, "secret": None, "address": "192.168.1.2"}
+        facts, _ = asyncio.run(ask("10.9.9.9", {**request, USER_HEADER: "alice"}))
+        assert facts["user"] == "alice"
+        facts, _ = asyncio.run(ask("10.9.9.9", {**request, USER_HEADER: "al:ice"}))
+        assert facts["user"] is None, "a name no page user could have"
+        upload = asyncio.run(_upload(PageGuard(chainlit_stand_in, bot, "")))
+        assert upload.status_code == 403 and "Uploads are off" in upload.json()["detail"]
+
+
+def test_a_header_without_trusted_proxies_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from bots.web.serve import warn_about
+
+    bot = web_bot("w", "http://gw", [], trusted_header_secret=PROXY_SECRET)
+    warn_about(WebBotConfig.model_validate(bot))
+    assert [record.levelname for record in caplog.records] == ["WARNING"]
+    assert "trusted_proxies is empty" in caplog.text and PROXY_SECRET not in caplog.text
+    caplog.clear()
+    warn_about(WebBotConfig.model_validate({**bot, "trusted_proxies": ["10.0.0.1"]}))
+    assert not caplog.records
+
+
+async def _upload(app: object) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://page") as client:  # type: ignore[arg-type]
+        return await client.post("/project/file?session_id=x", files={"file": ("a.txt", b"x" * 1000)})
+
+
+# Login
+
+
+def health_latencies(page: str, stop: threading.Event) -> list[float]:
+    times: list[float] = []
+    with httpx.Client(timeout=10) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            client.get(f"{page}/health")
+            times.append(time.perf_counter() - started)
+            time.sleep(0.005)
+    return times
+
+
+def test_a_burst_of_wrong_passwords_does_not_freeze_the_page(pages: Pages) -> None:
+    """Eight concurrent wrong passwords for hashed users, twice over, while another client asks the page for
+    /health: scrypt on the event loop held that client up for about 400 ms; off the loop it is not held up."""
+    baseline = statistics.median(health_latencies_for(pages.web, 0.5))
+    stop = threading.Event()
+    with ThreadPoolExecutor(BURST + 1) as pool:
+        watcher = pool.submit(health_latencies, pages.web, stop)
+        time.sleep(0.1)
+        for _ in range(2):
+            codes = list(pool.map(lambda i: login(pages.web, f"burst{i}", "wrong").status_code, range(BURST)))
+            assert codes == [401] * BURST
+        stop.set()
+        during = watcher.result()
+    worst = max(during)
+    print(f"\n/health during {2 * BURST} wrong sign-ins: worst {worst * 1000:.0f} ms, median "
+          f"{statistics.median(during) * 1000:.1f} ms ({len(during)} requests); before: {baseline * 1000:.1f} ms")
+    assert worst < 0.15, f"the page stalled {worst * 1000:.0f} ms for everyone during the burst"
+
+
+def health_latencies_for(page: str, seconds: float) -> list[float]:
+    stop = threading.Event()
+    threading.Timer(seconds, stop.set).start()
+    return health_latencies(page, stop)
+
+
+def test_failed_sign_ins_are_limited_with_a_clear_message(pages: Pages, chromium: object) -> None:
+    for _ in range(5):  # per_name: 5/minute
+        assert login(pages.web, "dave", "wrong").status_code == 401
+    refused = login(pages.web, "dave", PASSWORD)  # even the right password: the name must wait
+    assert refused.status_code == 429
+    assert "Too many failed sign-ins" in refused.json()["detail"] and int(refused.headers["retry-after"]) > 0
+    assert login(pages.web, "carol", PASSWORD).status_code == 200, "another name was refused too"
+
+    for name in ("x1", "x2", "x3"):  # per_address on the other page: 3/minute, whatever the names
+        assert login(pages.proxied, name, "wrong").status_code == 401
+    assert login(pages.proxied, "alice", PASSWORD).status_code == 429
+
+    page = chromium.new_page(locale="en-US")  # type: ignore[attr-defined]
+    page.goto(pages.web, wait_until="networkidle")
+    page.fill("input:not([type=password])", "dave")
+    page.fill("input[type=password]", "wrong again")
+    page.click("button:has-text('Sign In')")
+    page.wait_for_selector("text=Too many failed sign-ins", timeout=10000)
+    page.close()
+
+
+def test_unknown_and_known_names_take_the_same_time(pages: Pages) -> None:
+    def timed(name: str) -> float:
+        started = time.perf_counter()
+        assert login(pages.web, name, "wrong").status_code == 401
+        return time.perf_counter() - started
+
+    samples: dict[str, list[float]] = {"hashed": [], "plain": [], "unknown": []}
+    kinds = list(samples)
+    for i in range(TIMED):  # interleaved and rotated, so that a busy moment of the machine falls on all alike
+        for kind in kinds[i % 3 :] + kinds[: i % 3]:
+            samples[kind].append(timed(f"{'nobody' if kind == 'unknown' else kind}{i}"))
+    medians = {kind: statistics.median(times) for kind, times in samples.items()}
+    print("\nsign-in medians: " + ", ".join(f"{kind} {value * 1000:.1f} ms" for kind, value in medians.items()))
+    for kind in ("plain", "unknown"):
+        assert abs(medians[kind] - medians["hashed"]) < 0.3 * medians["hashed"], medians
+
+
+# Uploads
+
+
+def test_an_upload_is_refused(pages: Pages, chromium: object) -> None:
+    context = chromium.new_context()  # type: ignore[attr-defined]
+    page = context.new_page()
+    sessions: list[str] = []
+    # socket.io's connect packet carries the session id, over HTTP polling or the websocket
+    page.on("request", lambda request: sessions.append(request.post_data or ""))
+    page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sessions.append(str(frame))))
+    sign_in(page, pages.web, "erin")
+    session_id = next(text.split('"sessionId":"')[1].split('"')[0] for text in sessions if '"sessionId":"' in text)
+    upload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"x" * 4096}
+    response = page.request.post(f"{pages.web}/project/file?session_id={session_id}", multipart={"file": upload})
+    assert response.status == 403, f"an upload was taken: {response.status} {response.text()}"
+    assert not any(path.is_file() for path in (pages.web_root / ".files").rglob("*"))
+    settings = page.request.get(f"{pages.web}/project/settings?language=en-US").json()
+    assert settings["features"]["spontaneous_file_upload"]["enabled"] is False, "the page offers uploads"
+    context.close()
+
+
+# No remote content
+
+
+class Listener:
+    """A TCP server on another port standing in for the attacker: it counts whoever connects."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._server.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._server.close()
+
+
+def sign_in(page: object, url: str, name: str) -> None:
+    page.goto(url, wait_until="networkidle")  # type: ignore[attr-defined]
+    page.fill("input:not([type=password])", name)  # type: ignore[attr-defined]
+    page.fill("input[type=password]", PASSWORD)  # type: ignore[attr-defined]
+    page.click("button:has-text('Sign In')")  # type: ignore[attr-defined]
+    page.wait_for_selector("text=/reset", timeout=30000)  # type: ignore[attr-defined]  (the chat has started)
+
+
+def test_an_answer_with_a_remote_image_fetches_nothing(pages: Pages, chromium: object) -> None:
+    listener = Listener()
+    try:
+        page = chromium.new_page()  # type: ignore[attr-defined]
+        violations: list[str] = []
+        page.on("console", lambda message: violations.append(message.text)
+                if "Content Security Policy" in message.text and "127.0.0.1:" + str(listener.port) not in message.text
+                else None)
+        response = page.goto(pages.web, wait_until="networkidle")
+        sign_in(page, pages.web, "erin")
+        remote = f"http://127.0.0.1:{listener.port}"
+        # The stub engine answers "answer to: <the message>", streamed in pieces that cut the image in two. Filled,
+        # not typed key by key: a "/" typed in the box can open the page's command menu.
+        page.fill("#chat-input", f"see ![chart]({remote}/md.png?q=secret) and <img src=\"{remote}/html.png\"> ok")
+        page.press("#chat-input", "Enter")
+        page.wait_for_selector("[data-step-type=assistant_message] >> text=answer to:", timeout=30000)
+        page.wait_for_timeout(2500)
+        images = page.eval_on_selector_all(
+            "[data-step-type=assistant_message] img", "els => els.map(e => e.getAttribute('src'))")
+        links = page.eval_on_selector_all(
+            "[data-step-type=assistant_message] a", "els => els.map(e => e.getAttribute('href'))")
+        assert listener.connections == 0, f"the browser fetched from the attacker's port {listener.connections} time(s)"
+        assert not [src for src in images if src and remote in src], images
+        assert f"{remote}/md.png?q=secret" in links, "the image should be shown as a link"
+        csp = response.headers.get("content-security-policy", "")
+        assert "img-src 'self' data:" in csp and "connect-src 'self'" in csp, f"the page's policy: {csp!r}"
+        assert httpx.get(f"{pages.web}/health", timeout=5).headers["content-security-policy"] == csp
+        assert not violations, f"the page itself broke its policy: {violations}"
+        page.close()
+    finally:
+        listener.close()
+
+
+def test_images_from_elsewhere_become_links() -> None:
+    """The rewrite the answers and the sources box go through, including answers streamed in pieces."""
+    from bots.web.markdown import ImageLinks, images_as_links
+
+    assert images_as_links("a ![x](https://evil/p.png?q=1) b") == "a [x](https://evil/p.png?q=1) b"
+    assert images_as_links("![x](/public/logo.png) ![d](data:image/png;base64,AA)") == (
+        "![x](/public/logo.png) ![d](data:image/png;base64,AA)"
+    )
+    for hostile in ("![x](//evil/p)", "![x](/\\evil/p)", "![x](/&#47;evil)", "![x][ref]", "!![x](http://e)",
+                    "![x](<http://e>)", "[![x](http://e)](http://l)", "![x](\nhttp://e)"):
+        assert "![" not in images_as_links(hostile), hostile
+    assert images_as_links("![](http://e)") == "[image](http://e)"
+    assert images_as_links("wow! really!") == "wow! really!"
+    text = "one ![a](https://evil/x.png) two ![b](/public/y.png) three!"
+    for size in range(1, 12):
+        stream = ImageLinks()
+        shown = ""
+        for start in range(0, len(text), size):
+            shown += stream.feed(text[start : start + size])
+            assert "![a" not in shown
+        assert shown + stream.flush() == images_as_links(text)
