@@ -427,19 +427,25 @@ def _limits(args: argparse.Namespace) -> int:
     """`botgw limits show|reset ID`: a user's or group's usage against its limits, or a fresh start."""
     import json
 
+    from gateway.identities import IdentityError, qualify, tenants_by_family
     from gateway.keys import Keys
     from gateway.limits import Budgets
     from gateway.redis_client import open_redis
 
     settings = load_settings(args.config)
+    try:
+        who = qualify(args.who, tenants_by_family(settings.bots))
+    except IdentityError as exc:
+        print(f"botgw limits: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> dict:
         redis = open_redis(settings.redis_url, **settings.redis_options())
         try:
             budgets = Budgets(redis, settings.redis_url, Keys(settings.namespace), settings.limits)
             if args.limits_command == "reset":
-                return {"reset": args.who, "cleared": await budgets.reset(args.who)}
-            return await budgets.show(args.who)
+                return {"reset": who, "cleared": await budgets.reset(who)}
+            return await budgets.show(who)
         finally:
             await redis.aclose()
 
@@ -491,22 +497,28 @@ def _web_password(args: argparse.Namespace) -> int:
 
 
 def _migrate_keys(args: argparse.Namespace) -> int:
-    """`botgw migrate-keys`: move a namespace's keys to the hash-tagged names (gateway/key_migration.py)."""
+    """`botgw migrate-keys`: move a namespace's keys to the hash-tagged names, and limit counters of bare ids to
+    qualified identities (gateway/key_migration.py)."""
     import json
 
-    from gateway.key_migration import migrate_keys
+    from gateway.identities import tenants_by_family
+    from gateway.key_migration import migrate_keys, qualify_counters
     from gateway.keys import Keys
     from gateway.redis_client import is_cluster_url, open_redis
 
     settings = load_settings(args.config)
-    if is_cluster_url(settings.redis_url):
-        print("botgw migrate-keys: a Redis Cluster never held the old names; nothing to move", file=sys.stderr)
-        return 0
+    cluster = is_cluster_url(settings.redis_url)
+    if cluster:
+        print("botgw migrate-keys: a Redis Cluster never held the old names; only limit counters are qualified",
+              file=sys.stderr)
 
     async def main() -> dict[str, int]:
         redis = open_redis(settings.redis_url, **settings.redis_options())
+        keys = Keys(settings.namespace)
         try:
-            return await migrate_keys(redis, Keys(settings.namespace), dry_run=args.dry_run)
+            moved = {} if cluster else await migrate_keys(redis, keys, dry_run=args.dry_run)
+            tenants = tenants_by_family(settings.bots)
+            return {**moved, **await qualify_counters(redis, keys, tenants, dry_run=args.dry_run)}
         finally:
             await redis.aclose()
 
@@ -614,7 +626,10 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in (("show", "usage, limits and reset times"), ("reset", "clear the windows and budgets")):
         cmd = limits_sub.add_parser(name, help=help_text)
         cmd.add_argument("--config", required=True)
-        cmd.add_argument("who", help="a user id or a group (conversation) id, as the platform names it")
+        cmd.add_argument(
+            "who", help="a person or group, qualified: <family>:<tenant>:<id> (wecom:<corp_id>:zhangsan; "
+            "the tenant may be left out when the family has one)"
+        )
         cmd.set_defaults(run=_limits)
 
     migrate = sub.add_parser(

@@ -374,3 +374,14 @@ def test_images_from_elsewhere_become_links() -> None:
             shown += stream.feed(text[start : start + size])
             assert "![a" not in shown
         assert shown + stream.flush() == images_as_links(text)
+
+
+def test_the_page_refuses_an_oversized_request_head_unread(pages: Pages) -> None:
+    """The page's uvicorn has the gateway's head bound: 431 for a 1 MB header, a 60 KB one still served."""
+    from tests.test_request_bounds import exchange, port_of, status_of
+
+    port = port_of(pages.web)
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\nConnection: close\r\n\r\n"
+    assert status_of(exchange(port, big)) == 431
+    fine = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\nConnection: close\r\n\r\n"
+    assert status_of(exchange(port, fine)) == 200

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from bots.base import Identity
 from knowledge.config import KnowledgeUse
 
 PRESETS = {"code and documents": 0.1, "creative writing": 0.7, "logic and maths": 0.0}
@@ -138,7 +139,8 @@ class WebBotConfig(BaseModel):
     users: list[WebUser] = Field(default_factory=list)
     trusted_header: str | None = Field(default=None, description="behind an SSO proxy: the header naming the user")
     trusted_proxies: list[str] = Field(
-        default_factory=list, description="addresses or CIDRs of the proxies whose trusted_header is believed; none: nobody"
+        default_factory=list,
+        description="addresses or CIDRs of the proxies whose trusted_header is believed; none: nobody",
     )
     trusted_header_secret: SecretStr | None = Field(
         default=None, description="if set, the proxy must also send it in trusted_header_secret_header"
@@ -164,6 +166,11 @@ class WebBotConfig(BaseModel):
         except ValueError:
             return False
         return any(peer in ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+
+    @property
+    def identity(self) -> Identity:
+        """The page's own users (password or proxy header): `web:<bot>:<name>`."""
+        return Identity("web", self.id)
 
     def listed(self, name: str) -> bool:
         return any(user.name == name for user in self.users)

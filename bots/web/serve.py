@@ -171,6 +171,7 @@ def main() -> None:
     from chainlit.markdown import init_markdown
 
     from bots.web.guard import PageGuard, content_security_policy
+    from gateway.http_bounds import BoundedHttpToolsProtocol
 
     config.run.module_name = str(APP)
     load_module(str(APP))
@@ -185,8 +186,9 @@ def main() -> None:
 
     app = PageGuard(server.app, bot, csp, root_path)
     ws_deflate = os.environ.get("UVICORN_WS_PER_MESSAGE_DEFLATE", "true").lower() in ("true", "1", "yes")
-    uvicorn_config = uvicorn.Config(
-        app, host=args.host, port=args.port, ws=os.environ.get("UVICORN_WS_PROTOCOL", "auto"),
+    uvicorn_config = uvicorn.Config(  # heads bounded as the gateway's (431 over 64 KiB, unread)
+        app, host=args.host, port=args.port, http=BoundedHttpToolsProtocol,
+        ws=os.environ.get("UVICORN_WS_PROTOCOL", "auto"),
         ws_per_message_deflate=ws_deflate, log_level="error", proxy_headers=False,
         ssl_keyfile=os.environ.get("CHAINLIT_SSL_KEY"), ssl_certfile=os.environ.get("CHAINLIT_SSL_CERT"),
     )
