@@ -46,7 +46,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,22 +176,30 @@ def web_login_problems(web: WebBotConfig, bots: Sequence[object]) -> list[str]:
 # -- WeCom ---------------------------------------------------------------------------------------------------------
 
 
-async def wecom_member(bot: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore, code: str) -> Member:
-    """The WeCom member a login code names (auth/getuserinfo with the app's token; a stale token refetched once)."""
-    client = WeComApiClient(bot, http, tokens)
+async def _with_app_token(
+    platform: str, client: Any, stale_codes: Collection[int], call: Callable[[str], Awaitable[dict]]
+) -> tuple[dict, int]:
+    """(answer, errcode) of a call with the app's access token, the token refetched once when the platform says
+    it went stale; unreachable or failing: LoginRefused (try again)."""
     try:
         token = await client.access_token()
-        for attempt in range(2):
-            params = {"access_token": token, "code": code}
-            data = await request_json(http, "GET", f"{bot.api_base}/cgi-bin/auth/getuserinfo", "WeCom API",
-                                      params=params)  # fmt: skip
+        data = await call(token)
+        errcode = int(data.get("errcode", 0) or 0)
+        if errcode in stale_codes:
+            data = await call(await client.access_token(stale=token))
             errcode = int(data.get("errcode", 0) or 0)
-            if errcode in TOKEN_INVALID_CODES and attempt == 0:
-                token = await client.access_token(stale=token)
-                continue
-            break
     except SendError as exc:
-        raise platform_failure("wecom", exc) from None
+        raise platform_failure(platform, exc) from None
+    return data, errcode
+
+
+async def wecom_member(bot: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore, code: str) -> Member:
+    """The WeCom member a login code names (auth/getuserinfo with the app's token; a stale token refetched once)."""
+    async def getuserinfo(token: str) -> dict:
+        return await request_json(http, "GET", f"{bot.api_base}/cgi-bin/auth/getuserinfo", "WeCom API",
+                                  params={"access_token": token, "code": code})  # fmt: skip
+
+    data, errcode = await _with_app_token("wecom", WeComApiClient(bot, http, tokens), TOKEN_INVALID_CODES, getuserinfo)
     detail = f"WeCom auth/getuserinfo errcode {errcode}: {str(data.get('errmsg', ''))[:200]}"
     if errcode == WECOM_BAD_CODE:
         raise refused_code("wecom", detail)
@@ -245,19 +253,12 @@ async def dingtalk_member(bot: DingTalkBotConfig, http: httpx.AsyncClient, token
     if not isinstance(union_id, str) or not union_id:
         raise LoginRefused("DingTalk did not say who signed in; please sign in again.",
                            _dingtalk_said("contact/users/me", status, data))  # fmt: skip
+    async def getbyunionid(token: str) -> dict:
+        return await request_json(http, "POST", f"{bot.oapi_base}/topapi/user/getbyunionid", "DingTalk API",
+                                  params={"access_token": token}, json={"unionid": union_id})  # fmt: skip
+
     client = DingTalkApiClient(bot, http, tokens)
-    try:
-        token = await client.access_token()
-        for attempt in range(2):
-            data = await request_json(http, "POST", f"{bot.oapi_base}/topapi/user/getbyunionid", "DingTalk API",
-                                      params={"access_token": token}, json={"unionid": union_id})  # fmt: skip
-            errcode = int(data.get("errcode", 0) or 0)
-            if errcode in DINGTALK_TOKEN_CODES and attempt == 0:
-                token = await client.access_token(stale=token)
-                continue
-            break
-    except SendError as exc:
-        raise platform_failure("dingtalk", exc) from None
+    data, errcode = await _with_app_token("dingtalk", client, DINGTALK_TOKEN_CODES, getbyunionid)
     detail = f"DingTalk getbyunionid errcode {errcode}: {str(data.get('errmsg', ''))[:200]}"
     if errcode == DINGTALK_NOT_IN_ORG:
         raise not_a_member("dingtalk", detail)
