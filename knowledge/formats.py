@@ -13,7 +13,22 @@ import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Any, NamedTuple
+from xml.sax.saxutils import quoteattr
 
+from knowledge.bounds import (
+    DOCX_LIMITS,
+    MAX_GRID_CELLS,
+    MAX_PDF_DECODED_BYTES,
+    MAX_PDF_PAGES,
+    MAX_PDF_STREAM_BYTES,
+    MAX_ROWS,
+    PDF_CONFIGURATION,
+    XLSX_LIMITS,
+    BoundedZip,
+    megabytes,
+)
+from knowledge.bounds import MAX_UNPACKED_BYTES as MAX_UNPACKED_BYTES  # what tests and callers knew it as
 from knowledge.errors import FileRejected
 
 
@@ -44,9 +59,7 @@ _TEXT_HEADINGS = [
 _SENTENCE_END = "。！？；：，.!?;:,"
 
 # DOCX and XLSX are zip files: a 40 KB upload can unpack to hundreds of MB of XML and keep a core busy for
-# minutes. Their text parts (media left out) are measured before any parser sees them.
-ZIP_FORMATS = {".docx", ".xlsx"}
-MAX_UNPACKED_BYTES = 64 * 1024 * 1024
+# minutes, and a PDF's streams can inflate as much. knowledge/bounds.py says what reading one may cost.
 MAX_BLOCKS = 50_000  # paragraphs, rows and tables of one document: a real manual has a few thousand
 
 
@@ -58,8 +71,6 @@ def parse(name: str, data: bytes) -> ParsedDocument:
         raise FileRejected(f"unsupported format {suffix or '(no extension)'} (supported: {', '.join(sorted(PARSERS))})")
     if not data.strip():
         raise FileRejected("empty file")
-    if suffix in ZIP_FORMATS:
-        _check_unpacked_size(data, suffix)
     try:
         document = parser(PurePath(name).stem, data)
     except RecursionError:  # e.g. HTML nested thousands of tags deep: the walk over it recurses per level
@@ -69,19 +80,6 @@ def parse(name: str, data: bytes) -> ParsedDocument:
     if len(document.blocks) > MAX_BLOCKS:
         raise FileRejected(f"{len(document.blocks)} paragraphs and rows, over {MAX_BLOCKS}: split the document")
     return document
-
-
-def _check_unpacked_size(data: bytes, suffix: str) -> None:
-    """Refuse a zip container whose text parts unpack past MAX_UNPACKED_BYTES (its directory says how big)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            parts = [info for info in archive.infolist() if "/media/" not in f"/{info.filename}"]
-    except (zipfile.BadZipFile, ValueError, OSError):
-        raise FileRejected(f"not a readable {suffix[1:].upper()} (not a zip file)") from None
-    unpacked = sum(info.file_size for info in parts)
-    if unpacked > MAX_UNPACKED_BYTES:
-        limit = MAX_UNPACKED_BYTES // (1024 * 1024)
-        raise FileRejected(f"its text unpacks to {unpacked // (1024 * 1024)} MB, over {limit} MB")
 
 
 def decode_text(data: bytes) -> str:
@@ -260,32 +258,110 @@ def parse_html(stem: str, data: bytes) -> ParsedDocument:
 
 
 def parse_pdf(stem: str, data: bytes) -> ParsedDocument:
-    """The text layer, page by page; a PDF without one (a scan) is refused rather than indexed empty."""
-    from pypdf import PdfReader
+    """The text layer, page by page; a PDF without one (a scan) is refused rather than indexed empty.
 
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise FileRejected("the PDF is password-protected")
-        lines = [line for page in reader.pages for line in (page.extract_text() or "").splitlines()]
-        meta_title = (reader.metadata.title if reader.metadata else None) or ""
-    except FileRejected:
-        raise
-    except Exception as exc:  # pypdf raises many kinds for broken files
-        raise FileRejected(f"not a readable PDF ({type(exc).__name__}: {exc})") from None
+    Bounded (knowledge/bounds.py): at most MAX_PDF_PAGES pages; pypdf's own limits lowered to MAX_PDF_STREAM_BYTES
+    for what one stream decodes to; and the content and form streams of all pages together, decoded before each
+    page's text is extracted, at most MAX_PDF_DECODED_BYTES."""
+    from pypdf import PdfReader, apply_configuration
+    from pypdf.errors import LimitReachedError
+
+    with apply_configuration(**PDF_CONFIGURATION):
+        try:
+            reader = PdfReader(io.BytesIO(data))
+            if reader.is_encrypted and not reader.decrypt(""):
+                raise FileRejected("the PDF is password-protected")
+            pages = _pdf_pages(reader)
+            lines: list[str] = []
+            decoded = 0
+            for number, page in enumerate(pages, start=1):
+                streams = _drawn_streams(page)
+                decoded += sum(len(stream.get_data()) for stream in streams)
+                if decoded > MAX_PDF_DECODED_BYTES:
+                    raise FileRejected(
+                        f"its pages' streams decode to over {megabytes(MAX_PDF_DECODED_BYTES)} by page {number}: "
+                        f"a compression bomb, or split the PDF"
+                    )
+                lines += (page.extract_text() or "").splitlines()
+                for stream in streams:  # pypdf keeps every decoded stream: only one page's are held at a time
+                    if getattr(stream, "decoded_self", None) is not None:
+                        stream.decoded_self = None
+            meta_title = (reader.metadata.title if reader.metadata else None) or ""
+        except FileRejected:
+            raise
+        except LimitReachedError as exc:
+            if "decompress" in str(exc).lower():
+                raise FileRejected(
+                    f"a stream in the PDF decodes to over {megabytes(MAX_PDF_STREAM_BYTES)}: a compression bomb"
+                ) from None
+            raise FileRejected(f"the PDF is over a limit of its reader ({exc})") from None
+        except Exception as exc:  # pypdf raises many kinds for broken files
+            raise FileRejected(f"not a readable PDF ({type(exc).__name__}: {exc})") from None
     if not any(line.strip() for line in lines):
         raise FileRejected("the PDF has no text layer (a scanned document?): OCR it first")
     document = outline_lines(lines, wrapped=True)
     return ParsedDocument(document.title or str(meta_title).strip() or stem, document.blocks)
 
 
+def _pdf_pages(reader: Any) -> list[Any]:
+    """The pages, or a refusal when there are more than MAX_PDF_PAGES (pypdf's page tree walk is bounded by
+    PDF_CONFIGURATION, so that a tree of millions of entries is refused before it is copied into pages)."""
+    from pypdf.errors import LimitReachedError
+
+    try:
+        count = len(reader.pages)
+    except LimitReachedError:
+        count = None
+    if count is None or count > MAX_PDF_PAGES:
+        if count is None:  # the walk stopped early: the count the PDF states is only for the message
+            try:
+                count = int(reader.root_object["/Pages"]["/Count"])
+            except Exception:
+                count = None
+        stated = f" ({count} pages)" if count else ""
+        raise FileRejected(f"over {MAX_PDF_PAGES} pages{stated}: split the PDF")
+    return list(reader.pages)
+
+
+def _drawn_streams(page: Any) -> list[Any]:
+    """The streams text extraction decodes for a page: its content streams and the form XObjects its resources
+    hold (forms within forms too), each once."""
+    from pypdf.generic import ArrayObject, DictionaryObject, StreamObject
+
+    def resolve(value: Any) -> Any:
+        return value.get_object() if value is not None else None
+
+    found: dict[int, Any] = {}
+    contents = resolve(page.get("/Contents"))
+    for item in contents if isinstance(contents, ArrayObject) else [contents]:
+        if isinstance(stream := resolve(item), StreamObject):
+            found.setdefault(id(stream), stream)
+    pending = [resolve(page.get("/Resources"))]
+    while pending:
+        resources = pending.pop()
+        xobjects = resolve(resources.get("/XObject")) if isinstance(resources, DictionaryObject) else None
+        if not isinstance(xobjects, DictionaryObject):
+            continue
+        for value in xobjects.values():
+            form = resolve(value)
+            if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form" and id(form) not in found:
+                found[id(form)] = form
+                pending.append(resolve(form.get("/Resources")))
+    return list(found.values())
+
+
 def parse_docx(stem: str, data: bytes) -> ParsedDocument:
-    """Word's heading styles give the sections; tables become rows of cells."""
+    """Word's heading styles give the sections; tables become rows of cells.
+
+    python-docx would unpack every part the package's relationships reach, images included; it is given only the
+    main document, its styles and the core properties, read within knowledge/bounds.py's DOCX limits."""
     from docx import Document
     from docx.table import Table
 
     try:
-        doc = Document(io.BytesIO(data))
+        doc = Document(io.BytesIO(_docx_text_package(data)))
+    except FileRejected:
+        raise
     except Exception as exc:
         raise FileRejected(f"not a readable DOCX ({type(exc).__name__})") from None
     sections = _Sections((doc.core_properties.title or "").strip())
@@ -306,6 +382,68 @@ def parse_docx(stem: str, data: bytes) -> ParsedDocument:
         else:
             sections.add(item.text)
     return sections.document(stem)
+
+
+_RELS_NS = "http://schemas.openxmlformats.org/package/2006/relationships"
+
+
+class _Rel(NamedTuple):
+    id: str
+    kind: str
+    target: str  # as written, relative to the source part's folder
+    part: Any  # python-docx's PackURI of the target
+
+
+def _docx_text_package(data: bytes) -> bytes:
+    """A new (stored) package of the parts parse_docx reads: [Content_Types].xml, the main document that the
+    package's officeDocument relationship names (wherever it lives), the styles it relates to, the core properties,
+    and relationships to those only. Each is read through BoundedZip, so each counts wherever it is; targets are
+    resolved as python-docx resolves them."""
+    from xml.etree import ElementTree
+
+    from docx.opc.constants import RELATIONSHIP_TYPE as RT
+    from docx.opc.packuri import PACKAGE_URI, PackURI
+
+    with BoundedZip(data, DOCX_LIMITS) as archive:
+
+        def read(member: str) -> bytes | None:
+            return archive.read(member) if member in archive.NameToInfo else None
+
+        def relationship(source: PackURI, kind: str) -> _Rel | None:
+            """The source part's first internal relationship of this kind, if its target is in the package."""
+            xml = read(source.rels_uri.membername)
+            for rel in ElementTree.fromstring(xml).iter(f"{{{_RELS_NS}}}Relationship") if xml else ():
+                target = rel.get("Target", "")
+                if rel.get("Type") == kind and rel.get("TargetMode") != "External" and target:
+                    found = _Rel(rel.get("Id", ""), kind, target, PackURI.from_rel_ref(source.baseURI, target))
+                    return found if found.part.membername in archive.NameToInfo else None
+            return None
+
+        types = read("[Content_Types].xml")
+        main = relationship(PACKAGE_URI, RT.OFFICE_DOCUMENT)
+        if types is None or main is None:
+            raise FileRejected("not a readable DOCX (no [Content_Types].xml, or no main document that it names)")
+        core, styles = relationship(PACKAGE_URI, RT.CORE_PROPERTIES), relationship(main.part, RT.STYLES)
+        kept = {  # a source part's relationships part: the relationships python-docx is shown
+            PACKAGE_URI.rels_uri.membername: [rel for rel in (main, core) if rel],
+            main.part.rels_uri.membername: [rel for rel in (styles,) if rel],
+        }
+        parts = {"[Content_Types].xml": types}
+        for rel in (rel for rels in kept.values() for rel in rels):
+            if rel.part.membername not in parts:
+                parts[rel.part.membername] = archive.read(rel.part.membername)
+    package = io.BytesIO()
+    with zipfile.ZipFile(package, "w", zipfile.ZIP_STORED) as out:
+        for member, rels in kept.items():
+            listed = "".join(
+                f"<Relationship Id={quoteattr(rel.id)} Type={quoteattr(rel.kind)} Target={quoteattr(rel.target)}/>"
+                for rel in rels
+            )
+            if member not in parts:
+                out.writestr(member, f'<Relationships xmlns="{_RELS_NS}">{listed}</Relationships>')
+        for member, blob in parts.items():
+            out.writestr(member, blob)
+    return package.getvalue()
 
 
 def qa_rows(rows: Iterable[list[str]], section: tuple[str, ...]) -> list[Block]:
@@ -342,23 +480,90 @@ def parse_csv(stem: str, data: bytes) -> ParsedDocument:
 
 
 def parse_xlsx(stem: str, data: bytes) -> ParsedDocument:
-    """Every sheet is a Q&A table; the sheet's name is the section."""
-    from openpyxl import load_workbook
+    """Every sheet is a Q&A table; the sheet's name is the section.
+
+    Read within knowledge/bounds.py's XLSX limits, and at most MAX_ROWS rows and MAX_GRID_CELLS cells in all
+    (counted as openpyxl yields them, the empty cells a sheet's grid spans included)."""
+    book = _open_workbook(data)
+    blocks: list[Block] = []
+    counted = {"rows": 0, "cells": 0}
+
+    def bounded(rows: Iterable[tuple[Any, ...]]) -> Iterable[list[str]]:
+        for row in rows:
+            counted["rows"] += 1
+            counted["cells"] += len(row)
+            if counted["rows"] > MAX_ROWS:
+                raise FileRejected(f"over {MAX_ROWS} rows: split the table")
+            if counted["cells"] > MAX_GRID_CELLS:
+                raise FileRejected(f"over {MAX_GRID_CELLS} cells (empty ones in the sheet's grid included): "
+                                   f"split the table, or delete what is beyond its last column")  # fmt: skip
+            cells = [("" if cell is None else str(cell)) for cell in row]
+            while cells and not cells[-1].strip():  # the grid's empty tail: qa_rows reads columns by position
+                cells.pop()
+            yield cells
 
     try:
-        book = load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+        for sheet in book.worksheets:
+            section = (sheet.title,) if len(book.worksheets) > 1 else ()
+            blocks += qa_rows(bounded(sheet.iter_rows(values_only=True)), section)
+    except FileRejected:
+        raise
     except Exception as exc:
         raise FileRejected(f"not a readable XLSX ({type(exc).__name__})") from None
-    blocks: list[Block] = []
-    try:
-        for sheet in book.worksheets:
-            rows = ([("" if cell is None else str(cell)) for cell in row] for row in sheet.iter_rows(values_only=True))
-            blocks += qa_rows(rows, (sheet.title,) if len(book.worksheets) > 1 else ())
     finally:
         book.close()
     if not blocks:
         raise FileRejected("no question/answer rows (a Q&A table needs a question column and an answer column)")
     return ParsedDocument(stem, blocks)
+
+
+def _open_workbook(data: bytes) -> Any:
+    """openpyxl's read-only workbook over a BoundedZip: the sheets and shared strings are marked as streamed
+    (openpyxl parses them row by row and string by string); theme, properties and chart sheets (with their
+    drawings and images) are not read at all: Q&A rows need none of them."""
+    from openpyxl.reader.excel import ExcelReader
+    from openpyxl.xml.constants import SHARED_STRINGS
+
+    archive = BoundedZip(data, XLSX_LIMITS)
+
+    class Reader(ExcelReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(io.BytesIO(data), read_only=True, data_only=True, keep_links=False)
+            self.archive.close()
+            self.archive, self.valid_files = archive, archive.namelist()
+
+        def read_strings(self) -> None:
+            if (part := self.package.find(SHARED_STRINGS)) is not None:
+                archive.stream(part.PartName[1:])
+            super().read_strings()
+
+        def read_worksheets(self) -> None:
+            for _, rel in self.parser.find_sheets():
+                archive.stream(rel.target)
+            super().read_worksheets()
+
+        def read_chartsheet(self, sheet: Any, rel: Any) -> None:
+            pass
+
+        def read_theme(self) -> None:
+            pass
+
+        def read_properties(self) -> None:
+            pass
+
+        def read_custom(self) -> None:
+            pass
+
+    try:
+        reader = Reader()
+        reader.read()
+    except FileRejected:
+        archive.close()
+        raise
+    except Exception as exc:
+        archive.close()
+        raise FileRejected(f"not a readable XLSX ({type(exc).__name__})") from None
+    return reader.wb
 
 
 PARSERS: dict[str, Callable[[str, bytes], ParsedDocument]] = {

@@ -248,6 +248,13 @@ def test_a_deeply_nested_file_is_refused_not_a_crash() -> None:
         parse("deep.html", b"<div>" * 5000 + "退货".encode())
 
 
+RELS_TO_DOCUMENT = (
+    '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" '
+    'Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument" '
+    'Target="word/document.xml"/></Relationships>'
+)
+
+
 def test_a_docx_that_unpacks_past_the_limit_is_refused_before_parsing() -> None:
     """A zip bomb: a few hundred KB of DOCX whose document.xml unpacks to 65 MB is refused from the zip's
     directory, before python-docx (minutes of CPU, hundreds of MB) sees it."""
@@ -260,6 +267,7 @@ def test_a_docx_that_unpacks_past_the_limit_is_refused_before_parsing() -> None:
     packed = io.BytesIO()
     with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("[Content_Types].xml", "<Types/>")
+        archive.writestr("_rels/.rels", RELS_TO_DOCUMENT)  # the parts python-docx would read are what counts
         archive.writestr("word/document.xml", b"<w:p/>" * (MAX_UNPACKED_BYTES // 6 + 1))
     assert len(packed.getvalue()) < 1024 * 1024
     started = time.monotonic()
