@@ -19,17 +19,23 @@ counted as head. Counting costs a comparison or two per read. Two cases are boun
 before it is counted from the next read, and trailers (a header block after a chunked body) over the limit close
 the connection without a 431, since the application may already be answering that request.
 
+A head still unfinished HEAD_TIMEOUT_S after its first byte is answered 408 and closed (a slow drip would hold
+the connection for ever: uvicorn times out only idle connections).
+
 The admin listener is served by the same uvicorn server (gateway/cli.py `_serve`), so it has the same bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024
+HEAD_TIMEOUT_S = 10.0  # a platform's callback head arrives at once: WeCom waits 5 s for the whole answer
 REFUSAL = b"request header fields too large\n"
+TOO_SLOW = b"request head too slow\n"
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing any request head (request line + headers) over MAX_HEAD_BYTES."""
 
     max_head_bytes = MAX_HEAD_BYTES
+    head_timeout_s = HEAD_TIMEOUT_S
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -47,6 +54,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._trailer_bytes = 0
         self._body_fed = False
         self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -86,20 +94,31 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """431 and close, unless a response on this connection is under way (a pipelined request): then it may
         finish, and the connection closes after it."""
         log.warning("request head too large: answered 431", extra={"limit": self.max_head_bytes})
+        self._refuse(431, REFUSAL)
+
+    def _head_too_slow(self) -> None:
+        """A head still unfinished HEAD_TIMEOUT_S after its first byte (a slow-drip client holding a connection
+        and its buffer): 408 and close. uvicorn times out idle connections, never a head under way."""
+        if self._refused or self._in_body or self.transport.is_closing():
+            return
+        log.warning("request head too slow: answered 408", extra={"timeout_s": HEAD_TIMEOUT_S})
+        self._refuse(408, TOO_SLOW)
+
+    def _refuse(self, status: int, text: bytes) -> None:
         self._refused = True
         if self.cycle is not None and not self.cycle.response_complete:
             self.flow.pause_reading()
             self.cycle.keep_alive = False
             return
-        content = [STATUS_LINE[431]]
+        content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
         content.extend(
             [
                 b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: " + str(len(REFUSAL)).encode("ascii") + b"\r\n",
+                b"content-length: " + str(len(text)).encode("ascii") + b"\r\n",
                 b"connection: close\r\n\r\n",
-                REFUSAL,
+                text,
             ]
         )
         self.transport.write(b"".join(content))
@@ -110,12 +129,24 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._trailing = False
         self._trailer_bytes = 0
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         self._in_body = True
         self._head_bytes = 0
+        self._cancel_head_timer()
         super().on_headers_complete()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
 
     def on_chunk_header(self) -> None:
         self._trailing = True

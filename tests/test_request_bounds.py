@@ -379,3 +379,28 @@ def test_d_no_schema_or_docs_route(gw: Stack) -> None:
             if answer.status_code != 404 or "/admin/" in answer.text:
                 served.append(f"{base}{path}: {answer.status_code}")
     assert not served, served
+
+
+def test_e_a_head_dripped_byte_by_byte_is_cut_off_408(gw: Stack) -> None:
+    """A client that sends its head slowly holds a connection and its buffer for ever on plain uvicorn (it times
+    out idle connections, not a head under way): HEAD_TIMEOUT_S after the head's first byte it is answered 408."""
+    from gateway.http_bounds import HEAD_TIMEOUT_S
+
+    port = port_of(gw.gateway_url)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        started = time.monotonic()
+        sock.sendall(f"POST /callback/{gw.bot.id} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+        sock.settimeout(0.5)
+        answer = b""
+        while time.monotonic() - started < HEAD_TIMEOUT_S + 5 and not answer:
+            try:
+                sock.sendall(b"X-Drip: a\r\n")
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        took = time.monotonic() - started
+    assert status_of(answer) == 408, answer[:200]
+    assert HEAD_TIMEOUT_S - 0.5 <= took <= HEAD_TIMEOUT_S + 3, f"cut off after {took:.1f} s"
+    assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
