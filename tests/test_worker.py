@@ -219,4 +219,5 @@ def test_a_message_tried_again_after_an_engine_failure_counts_once_in_its_window
     headers = {"Authorization": "Bearer admin-test-token-of-24-chars"}
     corp = next(b["corp_id"] for b in c.config["bots"] if b["id"] == "app")
     shown = httpx.get(f"{gateway}/admin/limits/wecom:{corp}:{user}", headers=headers, timeout=5).json()
-    assert shown[f"user:wecom:{corp}:{user}"]["messages"][0]["used"] == 1, "each attempt spent another place in the window"
+    used = shown[f"user:wecom:{corp}:{user}"]["messages"][0]["used"]
+    assert used == 1, "each attempt spent another place in the window"
