@@ -143,6 +143,10 @@ class Keys:
         """The turns of one session (a list of JSON objects)."""
         return f"{self.core}:mem:{session_key}"
 
+    def memory_adopted(self, session_key: str) -> str:
+        """Set once a person's memory has taken over their one-to-one memory kept per bot before (never again)."""
+        return f"{self.core}:memadopt:{session_key}"
+
     def limit_notice(self, user_key: str) -> str:
         """Set while an over-limit user has been told when to come back."""
         return f"{self.namespace}:limited:{user_key}"

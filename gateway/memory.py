@@ -7,18 +7,27 @@ trimming to the budget needs no tokenizer at read time and never counts characte
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from bots.base import InboundMessage
 from gateway.keys import Keys
 
 GroupMemory = Literal["per_user", "shared"]
+
+# KEYS: the adopted mark, the old name, the name now; ARGV: the mark's TTL (s). The old memory moves only the
+# first time, and only if there is one and the name now holds none.
+_ADOPT_ONCE = """
+if redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then
+  if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('RENAME', KEYS[2], KEYS[3])
+  end
+end
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -73,14 +82,18 @@ class ConversationMemory:
         self._keys = keys
         self._ttl_s = ttl_s
         self._max_items = max_turns * 2
+        self._adopt_once = redis.register_script(_ADOPT_ONCE)
 
     async def adopt(self, session_key: str, old_name: str) -> None:
         """Move a session's memory kept under an older name (one-to-one memory kept per bot, before it followed
-        the person) under its name now, if that has none yet: an upgrade forgets no conversation. Both names
-        are in the core slot, so RENAMENX is one step even on a cluster."""
+        the person) under its name now: the first time the person writes after the upgrade, and only then.
+
+        Once: a later /reset leaves the person's memory empty, and an old name adopted then would bring back
+        what they cleared (the old memory of another bot they wrote to is not adopted at all: it expires within
+        `ttl_s`, as the mark does, so no old name outlives the mark). All three keys are in the core slot."""
         if old_name and old_name != session_key:
-            with contextlib.suppress(ResponseError):  # nothing under the old name
-                await self._redis.renamenx(self._keys.memory(old_name), self._keys.memory(session_key))
+            keys = [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
+            await self._adopt_once(keys=keys, args=[self._ttl_s])
 
     async def load(self, session_key: str) -> list[Turn]:
         key = self._keys.memory(session_key)

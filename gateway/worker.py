@@ -443,7 +443,7 @@ class Worker:
             return await self._commit(job, await self._refusal_notice(job, refusal))
         if message.msg_type != "text" or not message.text.strip():
             return await self._commit(job, commands.TEXT_ONLY_TEXT)
-        if job.scope.lane == message.session_key:  # before /reset too: a cleared memory stays cleared
+        if job.scope.lane == message.session_key:  # first, before a /reset too: what it adopts is cleared with it
             await self._memory.adopt(message.session_key, message.bot_session_key)
         command = commands.parse_command(message.text)
         if command == "help":

@@ -195,3 +195,28 @@ def test_a_bare_id_in_limits_stops_the_start_with_the_qualified_forms(tmp_path: 
     config["limits"] = {"groups": {"wecom:wwsomeoneelse:chat1": {"messages": "1/minute"}}}
     started = _start(tmp_path, config)
     assert started.returncode == 2 and "wwsomeoneelse" in started.stderr
+
+
+def test_a_page_users_memory_is_never_adopted_by_a_member_of_the_same_name_nor_brought_back_after_reset(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    c = cluster(0.05)
+    keys = Keys(c.namespace)
+    page_memory = keys.memory(f"web:web:{user}:{user}")  # a page user's, of the same bare name as the member
+    app_memory = keys.memory(f"wecom:app:{user}:{user}")  # the member's own, kept per bot before the upgrade
+    for key, said in ((page_memory, "page user: my PIN is 4242"), (app_memory, "app era: my diagnosis is X")):
+        c.stack.redis.rpush(key, json.dumps({"role": "user", "content": said, "tokens": 6}))
+        c.stack.redis.rpush(key, json.dumps({"role": "assistant", "content": "ok", "tokens": 1}))
+    gateway = _with_page(c)
+    assert ask_page(gateway, user, "what do you know, member?", login="wecom") == "answer to: what do you know, member?"
+    assert post(gateway, c.stack.signer().text(user, "/reset")) == 200
+    c.stack.wait_delivered(user, 1)
+    c.stack.redis.rpush(app_memory, json.dumps({"role": "user", "content": "app era again", "tokens": 3}))
+    assert post(gateway, c.stack.signer().text(user, "after the reset")) == 200
+    c.stack.wait_delivered(user, 2)
+    requests = {r["user"]: r for r in c.engine_requests()}
+    assert "page user: my PIN is 4242" not in requests["what do you know, member?"]["history"]
+    # adopted once, at the person's first message after the upgrade (here on the page, which had none for them)
+    assert "app era: my diagnosis is X" not in requests["what do you know, member?"]["history"]
+    assert requests["after the reset"]["history"] == [], "a /reset was undone by an old memory adopted after it"
+    assert c.stack.redis.llen(page_memory) == 2, "the page user lost their memory"

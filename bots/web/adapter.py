@@ -30,7 +30,7 @@ from bots.wecom.aibot import stream_id_for
 PLATFORM = "web"
 MAX_TEXT_CHARS = 8000
 PAGE_LOGINS = ("password", "header")  # the page's own users
-USER_ID = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")  # a page name, a WeCom userid, a DingTalk staffId: never a ':'
+USER_ID = re.compile(r"[A-Za-z0-9_.@-]{1,128}")  # a page name, a WeCom userid, a DingTalk staffId: never a ':'
 
 
 class WebAdapter(ChannelDefaults):
@@ -76,14 +76,18 @@ class WebAdapter(ChannelDefaults):
             raise CallbackRejected("text_too_long", 413, f"text over {MAX_TEXT_CHARS} characters")
         temperature = payload.get("temperature")
         user = str(payload["user"])
-        if not USER_ID.match(user):
+        if not USER_ID.fullmatch(user):
             raise CallbackRejected("malformed_fields", 400, "user must be 1-128 of A-Z a-z 0-9 _ . @ -")
-        identity = self.identity_of(str(payload.get("login") or "password"))
+        login = str(payload.get("login") or "password")
+        identity = self.identity_of(login)
+        # A company member's conversation on the page is named apart from a page user's of the same name: the
+        # per-bot memory name (`bot_session_key`) of a page user must never be adopted as the member's memory.
+        conversation = user if login in PAGE_LOGINS else f"{login}:{user}"
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             msg_id=str(payload.get("msg_id") or secrets.token_hex(12)),
-            conversation_id=user,
+            conversation_id=conversation,
             sender_id=user,
             text=text,
             received_at=now,
