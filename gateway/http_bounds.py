@@ -19,8 +19,9 @@ counted as head. Counting costs a comparison or two per read. Two cases are boun
 before it is counted from the next read, and trailers (a header block after a chunked body) over the limit close
 the connection without a 431, since the application may already be answering that request.
 
-A head still unfinished HEAD_TIMEOUT_S after its first byte is answered 408 and closed (a slow drip would hold
-the connection for ever: uvicorn times out only idle connections).
+A head not complete HEAD_TIMEOUT_S after the connection opened (or its last answer ended) is answered 408 and
+closed: a client sending nothing, or dripping bytes, would hold the connection for ever (uvicorn arms its
+keep-alive timeout only after an answer, and any byte cancels it).
 
 The admin listener is served by the same uvicorn server (gateway/cli.py `_serve`), so it has the same bound.
 """
@@ -97,8 +98,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(431, REFUSAL)
 
     def _head_too_slow(self) -> None:
-        """A head still unfinished HEAD_TIMEOUT_S after its first byte (a slow-drip client holding a connection
-        and its buffer): 408 and close. uvicorn times out idle connections, never a head under way."""
+        """No complete head HEAD_TIMEOUT_S after the connection opened or its last answer ended (a client that
+        sends nothing, or drips a head or blank lines, holding a connection and its buffer): 408 and close.
+        uvicorn's keep-alive timeout is cancelled by any byte, and is not armed before a first request."""
         if self._refused or self._in_body or self.transport.is_closing():
             return
         log.warning("request head too slow: answered 408", extra={"timeout_s": HEAD_TIMEOUT_S})
@@ -129,8 +131,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._trailing = False
         self._trailer_bytes = 0
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -143,6 +143,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # the first head is due from the moment the connection opens
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.pipeline and not self.transport.is_closing():
+            self._arm_head_timer()  # the next head is due from the end of this answer (a blank-line drip too)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -24,6 +25,10 @@ class BodyTooLarge(Exception):
     """The request body is larger than `max_body_bytes`."""
 
 
+BODY_DEADLINE_S = 30.0  # a body arrives in time when it comes at BODY_MIN_BYTES_PER_S after this grace
+BODY_MIN_BYTES_PER_S = 256 * 1024
+
+
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """Read at most max_bytes of the body; an announced or actual overflow is refused early, and a body the client
     hung up on before its end is refused (no one reads that answer, but it keeps a traceback out of the log)."""
@@ -33,13 +38,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise BodyTooLarge
-            chunks.append(chunk)
+        async with asyncio.timeout(BODY_DEADLINE_S + max_bytes / BODY_MIN_BYTES_PER_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BodyTooLarge
+                chunks.append(chunk)
     except ClientDisconnect as exc:
         raise CallbackRejected("body_cut_off", 400, "the client hung up before the end of the body") from exc
+    except TimeoutError as exc:  # a body dripped to hold the connection
+        raise CallbackRejected("body_too_slow", 408, "the body did not arrive in time") from exc
     return b"".join(chunks)
 
 

@@ -404,3 +404,58 @@ def test_e_a_head_dripped_byte_by_byte_is_cut_off_408(gw: Stack) -> None:
     assert status_of(answer) == 408, answer[:200]
     assert HEAD_TIMEOUT_S - 0.5 <= took <= HEAD_TIMEOUT_S + 3, f"cut off after {took:.1f} s"
     assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
+
+
+def _answer_within(sock: socket.socket, seconds: float, drip: bytes = b"") -> tuple[bytes, float]:
+    """What the server answers within `seconds` (sending `drip` every half second meanwhile), and when."""
+    started = time.monotonic()
+    sock.settimeout(0.5)
+    answer = b""
+    while time.monotonic() - started < seconds and not answer:
+        try:
+            if drip:
+                sock.sendall(drip)
+            answer = sock.recv(65536)
+            if not answer:
+                break  # closed without a word
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    return answer, time.monotonic() - started
+
+
+def test_e_a_silent_connection_a_blank_line_drip_and_a_dripped_body_are_cut_off(gw: Stack) -> None:
+    """A connection that sends nothing, or only blank lines (no request ever begins), is answered 408 within
+    HEAD_TIMEOUT_S; a body dripped under its Content-Length is answered 408 at the body's deadline."""
+    from gateway.http_bounds import HEAD_TIMEOUT_S
+    from gateway.routes import BODY_DEADLINE_S, BODY_MIN_BYTES_PER_S
+
+    port = port_of(gw.gateway_url)
+    results: dict[str, tuple[bytes, float]] = {}
+
+    def watch(name: str, first: bytes, drip: bytes, seconds: float) -> None:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            if first:
+                sock.sendall(first)
+            results[name] = _answer_within(sock, seconds, drip)
+
+    callback, _ = message(gw)
+    head = (f"POST /callback/{gw.bot.id}?{urlencode(callback.params)} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: 1000\r\n\r\n").encode()
+    body_deadline = BODY_DEADLINE_S + gw.config.get("max_body_bytes", 64 * 1024) / BODY_MIN_BYTES_PER_S
+    threads = [threading.Thread(target=watch, args=args) for args in (
+        ("silent", b"", b"", HEAD_TIMEOUT_S + 5),
+        ("blank lines", b"", b"\r\n", HEAD_TIMEOUT_S + 5),
+        ("dripped body", head, b"x", body_deadline + 5),
+    )]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in ("silent", "blank lines"):
+        answer, took = results[name]
+        assert status_of(answer) == 408 and took <= HEAD_TIMEOUT_S + 3, (name, answer[:100], took)
+    answer, took = results["dripped body"]
+    assert status_of(answer) == 408 and took <= body_deadline + 3, (answer[:100], took)
+    assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
