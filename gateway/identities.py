@@ -34,26 +34,25 @@ def _forms(user: str, tenants: dict[str, list[str]]) -> str:
 
 
 def qualify(written: str, tenants: dict[str, list[str]]) -> str:
-    """The full `<family>:<tenant>:<user>` of what an operator wrote, or IdentityError saying why not."""
-    parts = written.split(":")
-    if len(parts) == 1 or not all(parts):
-        forms = _forms(parts[-1] or written, tenants) or "no bot that has users is configured"
-        raise IdentityError(
-            f"{written!r} names no platform: write <family>:<tenant>:<user>, here one of: {forms}"
-        )
-    if len(parts) > 3:
-        raise IdentityError(f"{written!r} has too many ':' for <family>:<tenant>:<user>")
-    family = parts[0]
+    """The full `<family>:<tenant>:<user>` of what an operator wrote, or IdentityError saying why not. A user id
+    may itself hold ':' (DingTalk's `$:LWCP_v1:$…` senderId of someone without a staffId): then it is written with
+    its tenant."""
+    family, _, rest = written.partition(":")
+    if not rest or not family:
+        forms = _forms(written, tenants) or "no bot that has users is configured"
+        raise IdentityError(f"{written!r} names no platform: write <family>:<tenant>:<user>, here one of: {forms}")
     if family not in tenants:
         known = ", ".join(tenants) or "none"
         raise IdentityError(f"{written!r}: no bot of family {family!r} is configured (families here: {known})")
-    if len(parts) == 2:
-        if len(tenants[family]) != 1:
-            forms = _forms(parts[1], {family: tenants[family]})
-            raise IdentityError(f"{written!r}: several {family} tenants are configured, say which: {forms}")
-        return qualified(family, tenants[family][0], parts[1])
-    if parts[1] not in tenants[family]:
+    tenant, _, user = rest.partition(":")
+    if user and tenant in tenants[family]:
+        return written
+    if user:  # a mistyped corp id is likelier than an id with ':' written without its tenant
         raise IdentityError(
-            f"{written!r}: no {family} bot of tenant {parts[1]!r} is configured (tenants: {', '.join(tenants[family])})"
+            f"{written!r}: no {family} bot of tenant {tenant!r} is configured (tenants: {', '.join(tenants[family])}; "
+            f"an id that holds ':' is written with its tenant: {family}:<tenant>:<id>)"
         )
-    return written
+    if len(tenants[family]) == 1:
+        return qualified(family, tenants[family][0], rest)
+    forms = _forms(rest, {family: tenants[family]})
+    raise IdentityError(f"{written!r}: several {family} tenants are configured, say which: {forms}")

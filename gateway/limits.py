@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -393,7 +394,10 @@ class Budgets:
             await self._redis.delete(key)
             cleared += 1
         for who, _ in self._parties(who_id, who_id):
-            async for key in self._redis.scan_iter(match=self._keys.token_budget(who, "*")):
+            # the id taken literally, and only its own buckets (d20261201, m202612011200): an id that is the start
+            # of another's (`dingtalk:c1:$` of `dingtalk:c1:$:LWCP…`) clears nothing of that other
+            literal = re.sub(r"([*?\[\]\\])", r"\\\1", who)
+            async for key in self._redis.scan_iter(match=self._keys.token_budget(literal, "[dm][0-9]*")):
                 cleared += int(await self._redis.delete(key))
             cleared += int(await self._redis.delete(self._keys.limit_notice(who)))
         return cleared

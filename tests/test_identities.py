@@ -220,3 +220,41 @@ def test_a_page_users_memory_is_never_adopted_by_a_member_of_the_same_name_nor_b
     assert "app era: my diagnosis is X" not in requests["what do you know, member?"]["history"]
     assert requests["after the reset"]["history"] == [], "a /reset was undone by an old memory adopted after it"
     assert c.stack.redis.llen(page_memory) == 2, "the page user lost their memory"
+
+
+def test_qualify_takes_ids_that_hold_colons_with_their_tenant_and_refuses_a_mistyped_tenant() -> None:
+    from gateway.identities import IdentityError, qualify
+
+    tenants = {"wecom": ["ww1"], "dingtalk": ["c1", "c2"]}
+    assert qualify("wecom:zs", tenants) == "wecom:ww1:zs"
+    assert qualify("dingtalk:c1:$:LWCP_v1:$x", tenants) == "dingtalk:c1:$:LWCP_v1:$x"
+    for wrong in ("zs", "dingtalk:zs", "wecom:ww2:zs", "wecom:$:LWCP", "nope:zs"):
+        with pytest.raises(IdentityError):
+            qualify(wrong, tenants)
+
+
+def test_a_reset_clears_the_one_identity_named_not_another_that_starts_with_it(stack: object) -> None:
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from gateway.limits import Budgets, LimitSettings
+
+    keys = Keys("r" + secrets.token_hex(4))
+    url = stack.config["redis_url"]  # type: ignore[attr-defined]
+
+    async def run() -> tuple[int, bool, bool]:
+        redis = Redis.from_url(url)
+        try:
+            budgets = Budgets(redis, url, keys, LimitSettings(user={"tokens_per_day": 100}))
+            mine, other = "dingtalk:c1:$", "dingtalk:c1:$:LWCP_v1:$x"
+            await redis.set(keys.token_budget(f"user:{mine}", "d20991231"), 5)
+            await redis.set(keys.token_budget(f"user:{other}", "d20991231"), 7)
+            cleared = await budgets.reset(mine)
+            return cleared, bool(await redis.exists(keys.token_budget(f"user:{mine}", "d20991231"))), bool(
+                await redis.exists(keys.token_budget(f"user:{other}", "d20991231")))
+        finally:
+            await redis.aclose()
+
+    cleared, mine_left, other_left = asyncio.run(run())
+    assert cleared >= 1 and not mine_left and other_left
