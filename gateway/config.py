@@ -27,6 +27,7 @@ from knowledge.config import KnowledgeSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MIN_ADMIN_TOKEN_CHARS = 24
+MIN_SIGNING_SECRET_CHARS = 32
 
 
 class ConfigError(Exception):
@@ -202,6 +203,11 @@ class Settings(BaseSettings):
         for where, secret in _secrets(self):
             if not secret.get_secret_value().strip():
                 raise ValueError(f"{where} is empty: set it, or remove the key to turn its feature off")
+        for bot in self.bots:  # it signs the page's sessions, company members' identities among them
+            signing = getattr(bot, "auth_secret", None)
+            if signing is not None and len(signing.get_secret_value().strip()) < MIN_SIGNING_SECRET_CHARS:
+                raise ValueError(f"bots.{bot.id}.auth_secret is shorter than {MIN_SIGNING_SECRET_CHARS} characters "
+                                 "(or leave it out: `botgw web` then makes one per start)")
         token = self.admin.token
         if token is not None and len(token.get_secret_value().strip()) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(f"admin.token is shorter than {MIN_ADMIN_TOKEN_CHARS} characters: make one with "

@@ -168,9 +168,10 @@ def _base() -> dict:
         (lambda c: c["bots"][-1].update(api_key=" "), {}, "bots.web.api_key"),
         (lambda c: c["bots"][0].update(secret=""), {}, "bots.app.secret"),
         (lambda c: c["bots"][3].update(app_secret="\t"), {}, "bots.ding-http.app_secret"),
+        (lambda c: c["bots"][-1].update(auth_secret="sixteen-chars-xx"), {}, "bots.web.auth_secret"),
     ],
     ids=["admin empty", "admin from an empty variable", "admin override blank", "admin short", "web api_key",
-         "wecom secret", "dingtalk secret"],
+         "wecom secret", "dingtalk secret", "page signing secret short"],
 )
 def test_an_empty_or_short_credential_stops_the_start_naming_the_key(
     tmp_path: Path, change: Callable[[dict], None], env: dict[str, str], key: str
