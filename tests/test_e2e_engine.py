@@ -24,7 +24,8 @@ def engine_answer(engine_url: str, messages: list[dict[str, str]], max_tokens: i
 
 
 def memory_turns(stack: Stack, user: str) -> list[dict]:
-    key = Keys(stack.namespace).memory(f"wecom:app:{user}:{user}")
+    corp = stack.config["bots"][0]["corp_id"]
+    key = Keys(stack.namespace).memory(f"dm:wecom:{corp}:{user}")  # a member's one-to-one memory is theirs
     return [json.loads(item) for item in stack.redis.lrange(key, 0, -1)]
 
 

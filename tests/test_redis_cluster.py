@@ -89,7 +89,8 @@ def test_memory_and_dedup_on_the_cluster(cluster: Callable[..., Cluster], user: 
     assert stack.texts(user) == [answer_for("what is the capital of France"), answer_for("and of Spain")]
     second = next(r for r in stub_requests(c.engine_url) if r["user"] == "and of Spain")
     assert second["history"] == ["what is the capital of France", answer_for("what is the capital of France")]
-    assert stack.redis.llen(stack.keys.memory(f"wecom:app:{user}:{user}")) == 4
+    corp = stack.config["bots"][0]["corp_id"]
+    assert stack.redis.llen(stack.keys.memory(f"dm:wecom:{corp}:{user}")) == 4  # the member's own memory
 
 
 def test_a_plain_url_at_a_cluster_node_fails_at_start(stack: Stack, redis_cluster_url: str, log_dir) -> None:  # type: ignore[no-untyped-def]
