@@ -6,7 +6,9 @@ browser does. Page "web" trusts proxies in 10.0.0.0/8 only (so nothing on loopba
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
+import select
 import socket
 import statistics
 import threading
@@ -38,6 +40,7 @@ class Pages:
     proxied: str  # trusted_proxies: 127.0.0.1/32, with a secret
     web_root: Path
     config: dict = field(default_factory=dict)
+    web_pid: int = 0
 
 
 def web_bot(bot_id: str, gateway_url: str, users: list[dict], **extra: object) -> dict:
@@ -56,6 +59,7 @@ def pages(redis_url: str, log_dir: Path) -> Iterator[Pages]:
         {"name": "carol", "password_hash": hashed},
         {"name": "dave", "password_hash": hashed},
         {"name": "erin", "password": PASSWORD},  # the browser tests' (the others spend their names' limits)
+        {"name": "racer", "password_hash": hashed},  # the concurrent burst's
         *({"name": f"burst{i}", "password_hash": hashed} for i in range(BURST)),
         *({"name": f"hashed{i}", "password_hash": hashed} for i in range(TIMED)),
         *({"name": f"plain{i}", "password": PASSWORD} for i in range(TIMED)),
@@ -80,7 +84,8 @@ def pages(redis_url: str, log_dir: Path) -> Iterator[Pages]:
         for proc, port in ((procs[-2], web_port), (procs[-1], proxied_port)):
             wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
         wait_http(f"{gateway_url}/healthz", 60, procs[1])
-        yield Pages(f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{proxied_port}", web_root, config)
+        yield Pages(f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{proxied_port}", web_root, config,
+                    procs[-2].pid)
     finally:
         for proc in procs:
             proc.stop()
@@ -126,6 +131,23 @@ def test_trusted_header_only_from_the_proxy_with_its_secret(pages: Pages) -> Non
     )
 
 
+def test_the_trusted_header_sent_twice_is_not_believed(pages: Pages) -> None:
+    """A proxy that appends to the header rather than setting it passes the client's value on too: with two values
+    the first won (the client's, with a proxy that appends); now neither is believed, as for a doubled secret."""
+    twice = httpx.Headers([(USER_HEADER, "alice"), (USER_HEADER, "carol"), (SECRET_HEADER, PROXY_SECRET)])
+    assert header_sign_in(pages.proxied, twice).status_code == 401, "the header sent twice was believed"  # type: ignore[arg-type]
+    assert header_sign_in(pages.proxied, {USER_HEADER: "alice", SECRET_HEADER: PROXY_SECRET}).status_code == 200
+
+
+def test_proxies_are_the_same_whether_written_ipv4_or_ipv4_mapped() -> None:
+    proxies = ["10.0.0.5/32", "::ffff:192.168.1.0/120"]
+    bot = WebBotConfig.model_validate(web_bot("w", "http://gw", [], trusted_proxies=proxies))
+    for address in ("10.0.0.5", "::ffff:10.0.0.5", "::ffff:a00:5", "192.168.1.9", "::ffff:192.168.1.9"):
+        assert bot.trusts_proxy(address), address
+    for address in ("10.0.0.6", "::ffff:10.0.0.6", "::10.0.0.5", "192.168.2.1", "::ffff:192.168.2.1", "x", ""):
+        assert not bot.trusts_proxy(address), address
+
+
 def test_the_guard_with_either_config() -> None:
     """The middleware and the header check in process, for what the two pages above do not configure:
     `allow_unlisted`, a chain of proxies, and the headers Chainlit's app is left with."""
@@ -163,6 +185,10 @@ def test_the_guard_with_either_config() -> None:
         assert facts["user"] == "alice"
         facts, _ = asyncio.run(ask("10.9.9.9", {**request, USER_HEADER: "al:ice"}))
         assert facts["user"] is None, "a name no page user could have"
+        facts, _ = asyncio.run(ask("10.9.9.9", {**request, USER_HEADER: "alice\n"}))
+        assert facts["user"] is None, "a name with a trailing newline ($ matches before it)"
+        facts, _ = asyncio.run(ask("::ffff:10.9.9.9", {**request, USER_HEADER: "alice"}))
+        assert facts["user"] == "alice", "a trusted proxy seen through a dual-stack socket"
         upload = asyncio.run(_upload(PageGuard(chainlit_stand_in, bot, "")))
         assert upload.status_code == 403 and "Uploads are off" in upload.json()["detail"]
 
@@ -385,3 +411,153 @@ def test_the_page_refuses_an_oversized_request_head_unread(pages: Pages) -> None
     assert status_of(exchange(port, big)) == 431
     fine = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\nConnection: close\r\n\r\n"
     assert status_of(exchange(port, fine)) == 200
+
+
+def test_a_userid_with_a_trailing_newline_is_refused() -> None:
+    from bots.web.sso import LoginRefused, checked_userid
+
+    assert checked_userid("wecom", "zhang.san") == "zhang.san"
+    with pytest.raises(LoginRefused):
+        checked_userid("wecom", "zhang.san\n")
+
+
+# Login limits under concurrency
+
+
+def at_once(count: int, call: object) -> list[httpx.Response]:
+    """`count` calls of `call(i)` released together from their own threads."""
+    barrier = threading.Barrier(count)
+
+    def one(i: int) -> httpx.Response:
+        barrier.wait()
+        return call(i)  # type: ignore[operator]
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def test_a_concurrent_burst_for_one_name_gets_no_more_tries_than_the_limit(pages: Pages) -> None:
+    """Twenty wrong passwords for one name at the same instant (per_name: 5/minute): the limits were tested before
+    scrypt and counted after it, so all twenty were checked (and one right password among 40 got in); now each
+    attempt reserves its place first, and those past the limit are answered 429 without scrypt."""
+    started = time.perf_counter()
+    codes = [response.status_code for response in at_once(20, lambda i: login(pages.web, "racer", f"wrong{i}"))]
+    took = time.perf_counter() - started
+    print(f"\n20 concurrent wrong passwords for one name: {codes.count(401)} x 401, {codes.count(429)} x 429 "
+          f"in {took:.2f} s")
+    assert codes.count(401) + codes.count(429) == 20, codes
+    assert 1 <= codes.count(401) <= 5, f"{codes.count(401)} passwords checked for one name with 5/minute"
+    assert login(pages.web, "racer", PASSWORD).status_code == 429, "the name is over its limit"
+
+
+def test_sign_ins_waiting_for_scrypt_are_bounded(pages: Pages) -> None:
+    """64 sign-ins of different names at once (each costs one scrypt, known name or not; per_address is 1000/minute
+    on this page): those beyond 16 waiting for the two scrypt threads are answered 503 at once, not queued."""
+    started = time.perf_counter()
+    responses = at_once(64, lambda i: login(pages.web, f"flood{i}", "wrong"))
+    took = time.perf_counter() - started
+    codes = [response.status_code for response in responses]
+    print(f"\n64 concurrent sign-ins: {codes.count(401)} x 401, {codes.count(503)} x 503 in {took:.2f} s")
+    assert set(codes) <= {401, 503}, codes
+    assert codes.count(503) > 0, "every sign-in was queued for scrypt"
+    assert codes.count(401) >= 18, "fewer were checked than the pool and its queue hold"
+    busy = next(response for response in responses if response.status_code == 503)
+    assert "busy" in busy.json()["detail"] and int(busy.headers["retry-after"]) > 0
+
+
+# The chat socket only from the page itself
+
+
+def websocket_handshake(port: int, origin: str | None, cookie: str) -> int:
+    head = (f"GET /ws/socket.io/?EIO=4&transport=websocket HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            f"Sec-WebSocket-Key: {base64.b64encode(secrets.token_bytes(16)).decode()}\r\nCookie: {cookie}\r\n"
+            + (f"Origin: {origin}\r\n" if origin else "") + "\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = b""
+        while b"\r\n" not in answer:
+            data = sock.recv(4096)
+            if not data:
+                break
+            answer += data
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_the_socket_is_refused_to_other_origins(pages: Pages) -> None:
+    """Chainlit's socket.io server checks no Origin: a page elsewhere could open the chat socket with the user's
+    cookie (a polling handshake and a websocket with Origin: https://evil.example were accepted)."""
+    from tests.test_request_bounds import port_of
+
+    signed = login(pages.web, "carol", PASSWORD)
+    assert signed.status_code == 200, signed.text
+    cookie = "; ".join(f"{name}={value}" for name, value in signed.cookies.items())
+    port = port_of(pages.web)
+    handshake = f"{pages.web}/ws/socket.io/?EIO=4&transport=polling"
+    for origin in ("https://evil.example", "null", f"http://127.0.0.1:{port + 1}", f"https://127.0.0.1.evil:{port}"):
+        polled = httpx.get(handshake, headers={"Origin": origin, "Cookie": cookie}, timeout=10)
+        assert polled.status_code == 403, f"a polling handshake from {origin} was accepted: {polled.status_code}"
+        assert websocket_handshake(port, origin, cookie) == 403, f"a websocket from {origin} was accepted"
+    for origin in (f"http://127.0.0.1:{port}", None):
+        polled = httpx.get(handshake, headers={"Cookie": cookie, **({"Origin": origin} if origin else {})}, timeout=10)
+        assert polled.status_code == 200 and '"sid"' in polled.text, polled.text
+        assert websocket_handshake(port, origin, cookie) == 101
+
+
+def test_the_page_s_own_origins() -> None:
+    from bots.web.guard import own_origins
+
+    assert own_origins("http", "chat.example.com", None) == {("http", "chat.example.com", 80),
+                                                             ("https", "chat.example.com", 443)}
+    assert own_origins("wss", "Chat.example.com:8443", "https://page.example/") == {
+        ("https", "chat.example.com", 8443), ("https", "page.example", 443)}
+    assert own_origins("https", "", None) == set()
+
+
+# Bodies
+
+
+def post_large(port: int, path: str, content_type: str, size: int, chunked: bool) -> bytes:
+    """A POST of `size` bytes, announced or chunked, sent in 64 KiB writes until the page answers (or all is sent)."""
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n{framing}\r\n\r\n"
+    block = b"a" * 65536
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        sent = 0
+        if content_type.startswith("multipart/"):  # a file part: spooled whole by the form parser, no part limit
+            part = b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.bin"\r\n\r\n'
+            sock.sendall(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
+            sent = len(part)
+        try:
+            while sent < size:
+                if select.select([sock], [], [], 0)[0]:
+                    break  # answered
+                sock.sendall(b"%x\r\n%b\r\n" % (len(block), block) if chunked else block)
+                sent += len(block)
+            if chunked and sent >= size:
+                sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        from tests.test_request_bounds import read_all
+
+        return read_all(sock)
+
+
+def test_a_large_body_is_refused_413(pages: Pages) -> None:
+    """50 MB to /login (multipart, spooled to /tmp by Chainlit's form parser) and to /project/action (JSON, held in
+    memory before the 401: a 200 MB body took the page from 168 to 574 MB): 413, announced or chunked."""
+    from tests.test_request_bounds import PeakRss, port_of, status_of
+
+    port = port_of(pages.web)
+    for path, content_type in (("/login", "multipart/form-data; boundary=x"), ("/project/action", "application/json")):
+        for chunked in (False, True):
+            peak = PeakRss(pages.web_pid)
+            answer = post_large(port, path, content_type, 50 << 20, chunked)
+            growth = peak.growth()
+            print(f"\n50 MB {'chunked' if chunked else 'announced'} to {path}: {answer[:12]!r}, "
+                  f"RSS +{growth:.1f} MB")
+            assert status_of(answer) == 413, answer[:300]
+            assert growth < 20, f"the page grew {growth:.0f} MB for a refused body"
+    assert httpx.get(f"{pages.web}/health", timeout=10).status_code == 200
+    assert login(pages.web, "erin", PASSWORD).status_code == 200, "a small body is still served"

@@ -160,12 +160,20 @@ class WebBotConfig(BaseModel):
         return [_network(item) for item in value]
 
     def trusts_proxy(self, address: str) -> bool:
-        """Whether a TCP peer is one of the trusted proxies (never decided by a forwarded header)."""
+        """Whether a TCP peer is one of the trusted proxies (never decided by a forwarded header). An IPv4 address
+        and its IPv4-mapped IPv6 form (`::ffff:10.0.0.5`, what a dual-stack socket reports) are the same peer,
+        whichever of the two the peer or the entry in `trusted_proxies` is written as."""
         try:
             peer = ipaddress.ip_address(address)
         except ValueError:
             return False
-        return any(peer in ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+        forms: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = {peer}
+        if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+            forms.add(peer.ipv4_mapped)
+        elif isinstance(peer, ipaddress.IPv4Address):
+            forms.add(ipaddress.IPv6Address(f"::ffff:{peer}"))
+        networks = [ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies]
+        return any(form in network for form in forms for network in networks)
 
     @property
     def identity(self) -> Identity:

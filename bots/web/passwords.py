@@ -6,6 +6,12 @@
 - Failed sign-ins are counted per name and per client address (`login_guard`, moving windows, in this process's
   memory: each page process counts its own). A name or address over its limit is refused before its password is
   looked at, with a message that says when to try again (HTTP 429; bots/web/guard.py answers it).
+- The decision is taken before scrypt and at once for concurrent attempts: a sign-in reserves its place in every
+  window of its name and address (failures counted so far plus the sign-ins still being checked must leave room
+  for it), so a burst of twenty wrong passwords for one name at the same instant gets as many 401s as the limit
+  allows and 429 for the rest, none of those hashed. A reservation becomes a failure when the password is wrong
+  and is given back when it is right: only failures are counted.
+- At most `MAX_WAITING` sign-ins wait for a scrypt thread beyond those hashing; more are answered 503 at once.
 - An unknown name costs the same scrypt as a known one (WebBotConfig.user), so the time says nothing either.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from limits import RateLimitItem, parse_many
@@ -24,7 +31,10 @@ from bots.web.config import WebBotConfig, WebUser
 from bots.web.guard import FACTS, Refusal
 
 HASH_THREADS = 2
+MAX_WAITING = 16  # sign-ins waiting for a scrypt thread beyond the HASH_THREADS hashing; more: 503 at once
 MAX_KEY_CHARS = 128
+BUSY = "The page is busy signing others in. Please try again in a few seconds."
+BUSY_RETRY_S = 2
 
 
 def refusal_text(seconds: int) -> str:
@@ -44,29 +54,53 @@ class PasswordSignIn:
             "name": parse_many(bot.login_guard.per_name),
             "address": parse_many(bot.login_guard.per_address),
         }
+        self._lock = asyncio.Lock()  # the limits are tested and a place reserved in one step
+        self._checking: Counter[str] = Counter()  # per key: sign-ins reserved and not yet decided
+        self._hashing = 0  # sign-ins hashing or waiting for a thread
 
     def _keys(self, name: str, address: str) -> list[tuple[RateLimitItem, str]]:
         keys = {"name": name[:MAX_KEY_CHARS], "address": address[:MAX_KEY_CHARS] or "unknown"}
         return [(window, f"{kind}:{keys[kind]}") for kind, windows in self._windows.items() for window in windows]
 
-    async def _refused(self, name: str, address: str) -> Refusal | None:
-        wait = 0
-        for window, key in self._keys(name, address):
-            if not await self._limiter.test(window, key):
-                stats = await self._limiter.get_window_stats(window, key)
-                wait = max(wait, max(1, math.ceil(stats.reset_time - time.time())))
-        return Refusal(refusal_text(wait), wait) if wait else None
+    async def _reserve(self, keys: list[tuple[RateLimitItem, str]]) -> Refusal | None:
+        """A place in every window for this sign-in (None), or why not: no await between the test and the
+        reservation but the in-memory storage's, and those under one lock."""
+        async with self._lock:
+            if self._hashing >= HASH_THREADS + MAX_WAITING:
+                return Refusal(BUSY, BUSY_RETRY_S, 503)
+            wait = 0
+            for window, key in keys:
+                if not await self._limiter.test(window, key, cost=1 + self._checking[key]):
+                    stats = await self._limiter.get_window_stats(window, key)
+                    wait = max(wait, max(1, math.ceil(stats.reset_time - time.time())))
+            if wait:
+                return Refusal(refusal_text(wait), wait)
+            self._checking.update({key for _, key in keys})
+            self._hashing += 1
+            return None
+
+    async def _release(self, keys: list[tuple[RateLimitItem, str]], failed: bool) -> None:
+        async with self._lock:
+            self._hashing -= 1
+            if failed:  # the reserved place becomes a failure (there was room for it: it was reserved)
+                for window, key in keys:
+                    await self._limiter.hit(window, key)
+            for key in {key for _, key in keys}:
+                self._checking[key] -= 1
+                if not self._checking[key]:
+                    del self._checking[key]
 
     async def check(self, name: str, password: str) -> WebUser | None:
         facts = FACTS.get()
-        address = facts.address if facts else ""
-        refusal = await self._refused(name, address)
+        keys = self._keys(name, facts.address if facts else "")
+        refusal = await self._reserve(keys)
         if refusal is not None:
             if facts is not None:
                 facts.refusal = refusal
             return None
-        user = await asyncio.get_running_loop().run_in_executor(self._pool, self.bot.user, name, password)
-        if user is None:
-            for window, key in self._keys(name, address):
-                await self._limiter.hit(window, key)
+        user = None
+        try:
+            user = await asyncio.get_running_loop().run_in_executor(self._pool, self.bot.user, name, password)
+        finally:
+            await self._release(keys, failed=user is None)
         return user

@@ -2,11 +2,12 @@
 differences.
 
 - Chainlit's settings are botgw's: `.chainlit/config.toml` under the app root is written at every start (uploads
-  off, no HTML in messages, same-origin only), with the login form's message for a refused sign-in in every
-  language Chainlit ships. Edits to those files are overwritten; botgw's configuration is the place.
-- `bots/web/guard.py` stands in front of the app, and uvicorn's own proxy-header handling is off: uvicorn would
-  otherwise rewrite the client address from `X-Forwarded-For` for any peer in `forwarded_allow_ips` (127.0.0.1 by
-  default) before anything of botgw's could see the real peer.
+  off, no HTML in messages, no CORS for other origins), with the login form's message for a refused sign-in in
+  every language Chainlit ships. Edits to those files are overwritten; botgw's configuration is the place.
+- `bots/web/guard.py` stands in front of the app (it also refuses the chat socket to other origins, which
+  Chainlit's socket.io server does not check, and bodies over 1 MB), and uvicorn's own proxy-header handling is
+  off: uvicorn would otherwise rewrite the client address from `X-Forwarded-For` for any peer in
+  `forwarded_allow_ips` (127.0.0.1 by default) before anything of botgw's could see the real peer.
 - The page's HTML loads nothing from elsewhere (Chainlit links Google's fonts and a KaTeX stylesheet from a CDN);
   its inline scripts are allowed by hash in the Content-Security-Policy.
 
@@ -44,7 +45,7 @@ user_session_timeout = 1296000  # 15 days
 cache = false
 persist_user_env = false
 mask_user_env = true
-allow_origins = []  # the page calls only itself
+allow_origins = []  # CORS for Chainlit's HTTP routes only: the socket's Origin check is bots/web/guard.py's
 
 [features]
 unsafe_allow_html = false  # never: answers and knowledge passages are not trusted HTML

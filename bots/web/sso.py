@@ -64,7 +64,7 @@ from bots.wecom.exceptions import TOKEN_INVALID_CODES
 log = logging.getLogger(__name__)
 
 LOGINS = {"wecom": "WeCom", "dingtalk": "DingTalk"}
-USERID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+USERID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")  # fullmatch
 WECOM_BAD_CODE = 40029  # "invalid code": wrong, already used, or older than 5 minutes
 WECOM_UNTRUSTED_REDIRECT = 50001  # the redirect domain is not one of the token's app's 可信域名
 DINGTALK_NOT_IN_ORG = 60121
@@ -115,7 +115,7 @@ def platform_failure(login: str, exc: SendError) -> LoginRefused:
 
 
 def checked_userid(login: str, userid: object) -> str:
-    if not isinstance(userid, str) or not USERID.match(userid):
+    if not isinstance(userid, str) or not USERID.fullmatch(userid):
         raise LoginRefused(
             f"Your {LOGINS[login]} account id cannot be used on this page; please tell the administrator.",
             f"{login} returned a member id botgw does not accept ({len(str(userid))} characters)",
