@@ -16,15 +16,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from tests.browser import CHROMIUM, chromium_browser
 from tests.conftest import ARTIFACTS, ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]
 WEB_KEY = "test-web-key-" + secrets.token_hex(4)
 PASSWORD = "correct horse battery staple"
 
@@ -72,12 +68,8 @@ def web(stack: Stack, live_engine: str) -> Iterator[WebStack]:
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with chromium_browser() as instance:
         yield instance
-        instance.close()
 
 
 def sign_in(browser: object, web: WebStack, user: str, password: str) -> object:

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from bots.web.config import WebBotConfig, hash_password
+from tests.browser import chromium_browser
 from tests.conftest import stack_config, start_stub_engine
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
-from tests.test_web import CHROMIUM, CHROMIUM_ARGS
 
 PASSWORD = "correct horse battery staple"
 PROXY_SECRET = "proxy-secret-0123456789abcdef"
@@ -93,12 +93,8 @@ def pages(redis_url: str, log_dir: Path) -> Iterator[Pages]:
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with chromium_browser() as browser:
         yield browser
-        browser.close()
 
 
 def header_sign_in(page: str, headers: dict[str, str]) -> httpx.Response:

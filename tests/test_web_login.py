@@ -18,9 +18,10 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from tests.browser import CHROMIUM, chromium_browser
 from tests.conftest import Stack, start_stub_engine, stub_requests
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
-from tests.test_web import CHROMIUM, CHROMIUM_ARGS, send
+from tests.test_web import send
 
 WEB_KEY = "test-login-key-" + secrets.token_hex(6)
 PASSWORD = "login-test-" + secrets.token_hex(8)
@@ -99,12 +100,8 @@ def logins(stack: Stack) -> Iterator[LoginStack]:
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with chromium_browser() as instance:
         yield instance
-        instance.close()
 
 
 def to_platform(browser: object, logins: LoginStack, login: str) -> object:
