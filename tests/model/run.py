@@ -260,12 +260,13 @@ class Run:
     def _unknown_outcomes(self) -> int:
         """DingTalk has no duplicate check: a piece whose send had an unknown outcome (its answer lost after the
         post, or the worker killed between the post and its mark) is sent again, at least once, never lost. The
-        README says so; each such fault may add one repeat, and nothing else may."""
+        README says so; each such fault may add one repeat, and nothing else may. A kill at any boundary counts:
+        the process dies with every coroutine in it, so one killed at a Redis call of another message's task (a
+        BLPOP for the next turn) can catch a DingTalk post of this one between the post and its mark (seed 3)."""
         return sum(
             1
             for boundary, fault in self.plan.injected
-            if (fault in ("after", "kill") and "/robot/" in boundary)
-            or (fault == "kill" and "reply_record" in boundary)
+            if (fault == "after" and "/robot/" in boundary) or fault == "kill"
         )
 
     async def check_safety(self) -> list[str]:
