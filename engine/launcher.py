@@ -141,6 +141,19 @@ EMBED_BGE_M3 = EngineProfile(
     chat=False,
 )
 
+RERANK_BGE_V2_M3 = EngineProfile(
+    name="rerank-bge-v2-m3",
+    description=("BAAI/bge-reranker-v2-m3 (a multilingual cross-encoder that reads Chinese) on vLLM's pooling "
+                 "runner: /rerank for knowledge.rerank.base_url, scoring the fused candidates"),
+    model="BAAI/bge-reranker-v2-m3",
+    served_model_name="BAAI/bge-reranker-v2-m3",  # the name knowledge.rerank.model asks for by default
+    device="cpu",
+    args=("--runner", "pooling", "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32",
+          "--enforce-eager"),
+    env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    chat=False,
+)
+
 PROFILES: dict[str, EngineProfile] = {
     "tiny": EngineProfile(
         name="tiny",
@@ -165,6 +178,7 @@ PROFILES: dict[str, EngineProfile] = {
     "ernie-21b-a3b": ernie_21b_a3b_profile(),
     "ernie-21b-a3b-multinode": ernie_21b_a3b_multinode_profile(),
     "embed-bge-m3": EMBED_BGE_M3,
+    "rerank-bge-v2-m3": RERANK_BGE_V2_M3,
 }
 
 

@@ -509,8 +509,10 @@ def _migrate_keys(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     cluster = is_cluster_url(settings.redis_url)
     if cluster:
-        print("botgw migrate-keys: a Redis Cluster never held the old names; only limit counters are qualified",
-              file=sys.stderr)
+        print(
+            "botgw migrate-keys: a Redis Cluster never held the old names; only limit counters are qualified",
+            file=sys.stderr,
+        )
 
     async def main() -> dict[str, int]:
         redis = open_redis(settings.redis_url, **settings.redis_options())
@@ -572,6 +574,17 @@ def _kb(args: argparse.Namespace) -> int:
     return run_kb_command(settings.knowledge, args)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse then says what was wrong and exits 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number (1 or more)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="botgw", description="WeCom/DingTalk bots answered by ERNIE-4.5 on vLLM")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -627,8 +640,9 @@ def _parser() -> argparse.ArgumentParser:
         cmd = limits_sub.add_parser(name, help=help_text)
         cmd.add_argument("--config", required=True)
         cmd.add_argument(
-            "who", help="a person or group, qualified: <family>:<tenant>:<id> (wecom:<corp_id>:zhangsan; "
-            "the tenant may be left out when the family has one)"
+            "who",
+            help="a person or group, qualified: <family>:<tenant>:<id> (wecom:<corp_id>:zhangsan; "
+            "the tenant may be left out when the family has one)",
         )
         cmd.set_defaults(run=_limits)
 
@@ -642,7 +656,7 @@ def _parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="messages that could not be answered: list, show, replay, purge")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
     dlq_list = dlq_sub.add_parser("list", help="the newest dead letters, one line each")
-    dlq_list.add_argument("--count", type=int, default=100)
+    dlq_list.add_argument("--count", type=positive_int, default=100)
     dlq_show = dlq_sub.add_parser("show", help="one dead letter in full")
     dlq_show.add_argument("id")
     dlq_replay = dlq_sub.add_parser("replay", help="queue again with the original dedup key (never answered twice)")
@@ -667,10 +681,19 @@ def _parser() -> argparse.ArgumentParser:
     kb_remove.add_argument("doc")
     kb_search = kb_sub.add_parser("search", help="what retrieval finds for a question, before the answer threshold")
     kb_search.add_argument("kb")
-    kb_search.add_argument("question")
-    kb_search.add_argument("--top", type=int, default=5)
+    kb_search.add_argument("question", nargs="?", help="the question (or --questions FILE)")
+    kb_search.add_argument(
+        "--top", type=positive_int, default=5, help="hits to show (chunks, or documents with --per-doc)"
+    )
     kb_search.add_argument("--json", action="store_true", help="a list of hits: doc, title, section, score, text")
     kb_search.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid")
+    kb_search.add_argument("--per-doc", action="store_true", help="one hit per document (its other chunks listed)")
+    kb_search.add_argument(
+        "--questions",
+        metavar="FILE",
+        help="many questions in one run (a line each, or JSONL with 'query'; - is stdin): "
+        "one JSON line of hits per question",
+    )
     for cmd in (kb_add, kb_list, kb_remove, kb_search):
         cmd.add_argument("--config", required=True)
         cmd.set_defaults(run=_kb)
@@ -685,7 +708,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument(
             "--profile",
             default="tiny",
-            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, embed-bge-m3, auto",
+            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, embed-bge-m3, "
+            "rerank-bge-v2-m3, auto",
         )
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=8000)

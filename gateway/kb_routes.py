@@ -9,8 +9,9 @@ admin token (on the admin listener; on the public port too, for a caller with th
   size, unreadable, a zip that unpacks too big, nothing is written). Starlette spools a part over 1 MB to a
   temporary file while parsing the form. One upload is ingested at a time; a second one meanwhile is 429.
 - `DELETE /admin/kb/{kb}/documents/{doc}`: remove a document (the name `GET /admin/kb/{kb}` shows).
-- `GET /admin/kb/{kb}/search?q=…&top=5&mode=hybrid`: what retrieval finds, best first, before the answer
-  threshold: the JSON of `botgw kb search --json`.
+- `GET /admin/kb/{kb}/search?q=…&top=5&mode=hybrid&per_doc=false`: what retrieval finds, best first, before the
+  answer threshold: the JSON of `botgw kb search --json` (`per_doc=true`: one hit per document, as `--per-doc`);
+  404 for a base that does not exist.
 
 The embedded store can be open in one process at a time. The gateway opens it for a request and lets go after
 `knowledge.store.idle_release_s` (knowledge.service.SharedKnowledge), as the worker does; when another process
@@ -47,6 +48,7 @@ RETRY_AFTER_S = 10
 MAX_FILES = 100
 MAX_DOC_NAME = 200
 MAX_QUESTION_CHARS = 2000
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 def shared_knowledge(request: Request) -> SharedKnowledge:
@@ -83,9 +85,12 @@ def _failed(exc: KnowledgeError) -> JSONResponse:
 
 
 async def _known(knowledge: Any, kb: str) -> JSONResponse | None:
-    if not await knowledge.documents(kb):
-        return _error(404, f"no knowledge base {kb!r} (or it has no documents): GET /admin/kb lists them")
-    return None
+    """404 naming the bases that exist, for a base with no documents (a typo must not look like an empty answer)."""
+    if await knowledge.documents(kb):
+        return None
+    bases = sorted({record.kb for record in await knowledge.documents()})
+    known = f"the knowledge bases are: {', '.join(bases[:50])}" if bases else "there are no knowledge bases yet"
+    return JSONResponse({"error": f"no knowledge base {kb!r} ({known})", "bases": bases[:50]}, status_code=404)
 
 
 async def _documents(request: Request, kb: str | None) -> list[DocRecord] | JSONResponse:
@@ -222,7 +227,9 @@ async def remove_document(kb: str, doc: str, request: Request) -> JSONResponse:
 
 
 @router.get("/{kb}/search")
-async def search(kb: str, request: Request, q: str = "", top: str = "5", mode: str = "hybrid") -> JSONResponse:
+async def search(
+    kb: str, request: Request, q: str = "", top: str = "5", mode: str = "hybrid", per_doc: str = "false"
+) -> JSONResponse:
     if (refusal := refused(request) or _bad_name(kb)) is not None:
         return refusal
     if not q.strip() or len(q) > MAX_QUESTION_CHARS:
@@ -231,10 +238,14 @@ async def search(kb: str, request: Request, q: str = "", top: str = "5", mode: s
         return _error(400, "top is 1 to 50")
     if mode not in ("hybrid", "dense", "lexical"):
         return _error(400, "mode is hybrid, dense or lexical")
+    if per_doc.lower() not in BOOLEANS:
+        return _error(400, "per_doc is true or false")
     try:
         async with shared_knowledge(request).use() as knowledge:
             unknown = await _known(knowledge, kb)
-            hits = [] if unknown else await knowledge.search([kb], q, limit=int(top), mode=mode)  # type: ignore[arg-type]
+            hits = (
+                [] if unknown else await knowledge.search([kb], q, int(top), mode, BOOLEANS[per_doc.lower()])  # type: ignore[arg-type]
+            )
     except KnowledgeError as exc:
         return _failed(exc)
     return unknown or JSONResponse([hit.as_json() for hit in hits])

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from knowledge.formats import Block, ParsedDocument
 
-CHUNKER_VERSION = 1  # part of a file's fingerprint: a change here re-chunks files that were added before
+CHUNKER_VERSION = 2  # part of a file's fingerprint: a change here re-chunks files that were added before (2: no
+# title made from the file name; a Q&A table's title column; text folded to one script before it is embedded)
 _SENTENCE = re.compile(r"[^。！？!?；;\n]*(?:[。！？!?；;]+[”’」』)]*|\n|$)")
 
 

@@ -14,6 +14,7 @@ import re
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from knowledge.config import KB_NAME_PATTERN, KnowledgeSettings
 from knowledge.errors import KnowledgeError, StoreLocked
@@ -102,13 +103,62 @@ async def kb_remove(knowledge: Knowledge, args: argparse.Namespace) -> int:
 
 async def kb_search(knowledge: Knowledge, args: argparse.Namespace) -> int:
     """What retrieval finds, best first, before the answer threshold (the score it applies to is shown)."""
-    hits = await knowledge.search([args.kb], args.question, limit=args.top, mode=args.mode)
+    if (args.question is None) == (args.questions is None):
+        _say("botgw kb search: give a question, or --questions FILE (not both)")
+        return 2
+    if not await knowledge.documents(args.kb):
+        bases = sorted({record.kb for record in await knowledge.documents()})
+        known = f"the knowledge bases are: {', '.join(bases)}" if bases else "there are no knowledge bases yet"
+        _say(f"botgw kb: no knowledge base {args.kb!r} ({known})")
+        return 1
+    if args.questions is not None:
+        return await _search_many(knowledge, args)
+    hits = await knowledge.search([args.kb], args.question, limit=args.top, mode=args.mode, per_doc=args.per_doc)
     if args.json:
         print(json.dumps([hit.as_json() for hit in hits], ensure_ascii=False, indent=2))
         return 0
     for rank, hit in enumerate(hits, start=1):
         print(f"{rank}. {hit.score:.3f} ({hit.scale}) 《{hit.doc}》{hit.section_path}")
         print(f"   {' '.join(hit.display.split())[:200]}")
+        if hit.also:
+            print(
+                f"   (and {len(hit.also)} more of its chunks: {', '.join(f'{other.score:.3f}' for other in hit.also)})"
+            )
     if not hits:
         _say(f"botgw kb: nothing found in {args.kb}")
+    return 0
+
+
+def read_questions(text: str) -> list[dict]:
+    """The questions of a --questions file: a question a line, or JSON objects with `query` (other fields, such as
+    an id, are echoed back). Blank lines are skipped; a JSON line without a `query` string is an error."""
+    questions = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                raise ValueError(f"line {number} starts like JSON but is not") from None
+            if not isinstance(item, dict) or not isinstance(item.get("query"), str) or not item["query"].strip():
+                raise ValueError(f"line {number} is a JSON line without a 'query' string")
+            questions.append(item)
+        else:
+            questions.append({"query": line})
+    return questions
+
+
+async def _search_many(knowledge: Knowledge, args: argparse.Namespace) -> int:
+    """One process for many questions: the store is read and the model loaded once, not once per question."""
+    try:
+        text = sys.stdin.read() if args.questions == "-" else Path(args.questions).read_text("utf-8-sig")
+        questions = read_questions(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        _say(f"botgw kb search: cannot read the questions in {args.questions}: {exc}")
+        return 2
+    for item in questions:
+        hits = await knowledge.search([args.kb], item["query"], limit=args.top, mode=args.mode, per_doc=args.per_doc)
+        print(json.dumps({**item, "hits": [hit.as_json() for hit in hits]}, ensure_ascii=False), flush=True)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -126,15 +127,17 @@ class ThresholdSettings(BaseModel):
 
 
 class SearchSettings(BaseModel):
-    """How the dense and the lexical lists are fused (weighted reciprocal rank fusion). The lexical list counts
-    half by default: on paraphrased questions jieba's words are a noisier signal than the embedding, and a
-    whole-word code match still lifts its chunk when both lists agree (measured on tests/fixtures/kb)."""
+    """How the dense and the lexical lists are fused (knowledge/search.py says how each fusion works). The defaults
+    were chosen on three labelled Chinese sets, Simplified and Traditional (bench/kb_quality.py prints them)."""
 
     model_config = ConfigDict(extra="forbid")
 
     candidates: int = Field(default=20, ge=1, le=500, description="hits taken from each of dense and lexical search")
-    rrf_k: int = Field(default=10, ge=1, description="reciprocal rank fusion's k (small: the top ranks count)")
-    lexical_weight: float = Field(default=0.5, ge=0, le=10, description="the lexical list's weight (dense: 1)")
+    fusion: Literal["weighted", "rrf"] = Field(
+        default="weighted", description="weighted: scaled scores mixed; rrf: reciprocal rank fusion"
+    )
+    rrf_k: int = Field(default=60, ge=1, description="reciprocal rank fusion's k")
+    lexical_weight: float = Field(default=0.3, ge=0, le=10, description="the lexical list's weight (dense: 1)")
 
 
 class KnowledgeSettings(BaseModel):

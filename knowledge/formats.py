@@ -43,12 +43,16 @@ class Block:
 
 @dataclass(frozen=True)
 class ParsedDocument:
+    """`title` is the document's own (its first heading, a DOCX's or PDF's title), or empty: never made up from the
+    file name, which is shown as the source anyway and would be embedded with every chunk as noise ("bx0123")."""
+
     title: str
     blocks: list[Block]
 
 
 QUESTION_HEADERS = {"问题", "问", "提问", "标准问题", "question", "q"}
 ANSWER_HEADERS = {"答案", "答", "回答", "回复", "answer", "a"}
+TITLE_HEADERS = {"标题", "主题", "分类", "类别", "類別", "標題", "title", "category", "topic"}  # a row's heading
 
 # Chinese documents number their headings instead of styling them: 第一章 / 一、 / （一） / 1.1
 _TEXT_HEADINGS = [
@@ -72,7 +76,7 @@ def parse(name: str, data: bytes) -> ParsedDocument:
     if not data.strip():
         raise FileRejected("empty file")
     try:
-        document = parser(PurePath(name).stem, data)
+        document = parser(data)
     except RecursionError:  # e.g. HTML nested thousands of tags deep: the walk over it recurses per level
         raise FileRejected("nested too deeply to read") from None
     if not any(block.text.strip() for block in document.blocks):
@@ -170,11 +174,11 @@ class _Sections:
         if text:
             self.blocks.append(Block(tuple(h for _, h in self.stack), text))
 
-    def document(self, fallback_title: str) -> ParsedDocument:
-        return ParsedDocument(self.title or fallback_title, self.blocks)
+    def document(self) -> ParsedDocument:
+        return ParsedDocument(self.title, self.blocks)
 
 
-def parse_markdown(stem: str, data: bytes) -> ParsedDocument:
+def parse_markdown(data: bytes) -> ParsedDocument:
     """Headings from the Markdown itself; each top-level block (paragraph, list, table, code) kept as written."""
     from markdown_it import MarkdownIt
 
@@ -190,12 +194,12 @@ def parse_markdown(stem: str, data: bytes) -> ParsedDocument:
             start, end = token.map  # the block as written: list markers and table pipes are meaningful
             sections.add("\n".join(lines[start:end]))
         depth += token.nesting
-    return sections.document(stem)
+    return sections.document()
 
 
-def parse_text(stem: str, data: bytes) -> ParsedDocument:
+def parse_text(data: bytes) -> ParsedDocument:
     document = outline_lines(decode_text(data).splitlines(), wrapped=False)
-    return ParsedDocument(document.title or stem, document.blocks)
+    return document
 
 
 _HTML_SKIP = {"script", "style", "nav", "footer", "header", "noscript", "template", "form", "aside", "head"}
@@ -203,7 +207,7 @@ _HTML_INLINE = {"a", "span", "b", "strong", "em", "i", "u", "code", "small", "su
 _HTML_BLOCK = {"p", "pre", "blockquote", "dd", "dt", "figcaption", "address", "summary"}
 
 
-def parse_html(stem: str, data: bytes) -> ParsedDocument:
+def parse_html(data: bytes) -> ParsedDocument:
     """The page's text without its scripts, styles and navigation; headings h1–h6, lists and tables kept."""
     from bs4 import BeautifulSoup, NavigableString, Tag
 
@@ -254,10 +258,10 @@ def parse_html(stem: str, data: bytes) -> ParsedDocument:
 
     walk(soup.body or soup)
     flush()
-    return sections.document(stem)
+    return sections.document()
 
 
-def parse_pdf(stem: str, data: bytes) -> ParsedDocument:
+def parse_pdf(data: bytes) -> ParsedDocument:
     """The text layer, page by page; a PDF without one (a scan) is refused rather than indexed empty.
 
     Bounded (knowledge/bounds.py): at most MAX_PDF_PAGES pages; pypdf's own limits lowered to MAX_PDF_STREAM_BYTES
@@ -300,7 +304,7 @@ def parse_pdf(stem: str, data: bytes) -> ParsedDocument:
     if not any(line.strip() for line in lines):
         raise FileRejected("the PDF has no text layer (a scanned document?): OCR it first")
     document = outline_lines(lines, wrapped=True)
-    return ParsedDocument(document.title or str(meta_title).strip() or stem, document.blocks)
+    return ParsedDocument(document.title or str(meta_title).strip(), document.blocks)
 
 
 def _pdf_pages(reader: Any) -> list[Any]:
@@ -350,7 +354,7 @@ def _drawn_streams(page: Any) -> list[Any]:
     return list(found.values())
 
 
-def parse_docx(stem: str, data: bytes) -> ParsedDocument:
+def parse_docx(data: bytes) -> ParsedDocument:
     """Word's heading styles give the sections; tables become rows of cells.
 
     python-docx would unpack every part the package's relationships reach, images included; it is given only the
@@ -381,7 +385,7 @@ def parse_docx(stem: str, data: bytes) -> ParsedDocument:
             sections.heading(int(level.group(1)), item.text)
         else:
             sections.add(item.text)
-    return sections.document(stem)
+    return sections.document()
 
 
 _RELS_NS = "http://schemas.openxmlformats.org/package/2006/relationships"
@@ -447,7 +451,8 @@ def _docx_text_package(data: bytes) -> bytes:
 
 
 def qa_rows(rows: Iterable[list[str]], section: tuple[str, ...]) -> list[Block]:
-    """Rows of a Q&A table: the columns headed 问题/答案 (or question/answer), else the first two."""
+    """Rows of a Q&A table: the columns headed 问题/答案 (or question/answer), else the first two. A column headed
+    标题/分类 (or title/category) names each row's topic: it becomes the row's section, embedded and cited with it."""
     rows = [[(cell or "").strip() for cell in row] for row in rows]
     rows = [row for row in rows if any(row)]
     if not rows:
@@ -455,7 +460,9 @@ def qa_rows(rows: Iterable[list[str]], section: tuple[str, ...]) -> list[Block]:
     header = [cell.lower() for cell in rows[0]]
     q_col = next((i for i, cell in enumerate(header) if cell in QUESTION_HEADERS), None)
     a_col = next((i for i, cell in enumerate(header) if cell in ANSWER_HEADERS), None)
+    t_col = None
     if q_col is not None and a_col is not None:
+        t_col = next((i for i, cell in enumerate(header) if cell in TITLE_HEADERS), None)
         rows = rows[1:]
     else:
         q_col, a_col = 0, 1
@@ -463,12 +470,13 @@ def qa_rows(rows: Iterable[list[str]], section: tuple[str, ...]) -> list[Block]:
     for row in rows:
         question = row[q_col] if len(row) > q_col else ""
         answer = row[a_col] if len(row) > a_col else ""
+        topic = row[t_col] if t_col is not None and len(row) > t_col else ""
         if question and answer:
-            blocks.append(Block(section, answer, question=question))
+            blocks.append(Block((*section, topic) if topic else section, answer, question=question))
     return blocks
 
 
-def parse_csv(stem: str, data: bytes) -> ParsedDocument:
+def parse_csv(data: bytes) -> ParsedDocument:
     try:
         rows = list(csv.reader(io.StringIO(decode_text(data))))
     except csv.Error as exc:
@@ -476,10 +484,10 @@ def parse_csv(stem: str, data: bytes) -> ParsedDocument:
     blocks = qa_rows(rows, ())
     if not blocks:
         raise FileRejected("no question/answer rows (a Q&A table needs a question column and an answer column)")
-    return ParsedDocument(stem, blocks)
+    return ParsedDocument("", blocks)
 
 
-def parse_xlsx(stem: str, data: bytes) -> ParsedDocument:
+def parse_xlsx(data: bytes) -> ParsedDocument:
     """Every sheet is a Q&A table; the sheet's name is the section.
 
     Read within knowledge/bounds.py's XLSX limits, and at most MAX_ROWS rows and MAX_GRID_CELLS cells in all
@@ -514,7 +522,7 @@ def parse_xlsx(stem: str, data: bytes) -> ParsedDocument:
         book.close()
     if not blocks:
         raise FileRejected("no question/answer rows (a Q&A table needs a question column and an answer column)")
-    return ParsedDocument(stem, blocks)
+    return ParsedDocument("", blocks)
 
 
 def _open_workbook(data: bytes) -> Any:
@@ -566,7 +574,7 @@ def _open_workbook(data: bytes) -> Any:
     return reader.wb
 
 
-PARSERS: dict[str, Callable[[str, bytes], ParsedDocument]] = {
+PARSERS: dict[str, Callable[[bytes], ParsedDocument]] = {
     ".md": parse_markdown,
     ".markdown": parse_markdown,
     ".txt": parse_text,

@@ -22,6 +22,7 @@ from knowledge.chunking import CHUNKER_VERSION, Chunk, chunk_document
 from knowledge.config import KnowledgeSettings
 from knowledge.embed import Embedder
 from knowledge.errors import FileRejected
+from knowledge.folding import fold
 from knowledge.formats import PARSERS, ParsedDocument, parse
 from knowledge.lexical import document_vector
 from knowledge.search import embedding_text
@@ -201,11 +202,12 @@ class Ingestor:
 
     async def _points(self, kb: str, doc: str, title: str, chunks: list[Chunk]) -> list[ChunkPoint]:
         texts = [embedding_text(title, chunk.section, chunk.text, chunk.question) for chunk in chunks]
+        folded = [fold(text) for text in texts]  # one script: a question in the other one still finds it
         batch = self._settings.embedding.batch_size
         vectors = []
-        for start in range(0, len(texts), batch):
-            vectors.extend(await self._embedder.passages(texts[start : start + batch]))
-        asked = [chunk.question for chunk in chunks if chunk.question]
+        for start in range(0, len(folded), batch):
+            vectors.extend(await self._embedder.passages(folded[start : start + batch]))
+        asked = [fold(chunk.question) for chunk in chunks if chunk.question]
         question_vectors = iter(await self._embedder.queries(asked) if asked else [])
         version = uuid.uuid4().hex
         return [

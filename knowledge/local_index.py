@@ -6,13 +6,14 @@ every write of that process goes through `KnowledgeStore`, so a copy kept in mem
 exact. Qdrant still holds and persists the data; this is only how the one process that has it searches it. With a
 Qdrant server, Qdrant searches (it indexes what local mode scans).
 
-Scores are Qdrant's: cosine for dense vectors, and for the lexical vectors the dot product with the query's terms
-weighted by Qdrant's IDF, ln(1 + (N - n + 0.5) / (n + 0.5)), N and n counted over the whole collection.
+Scores: cosine for dense vectors, and for the lexical vectors the dot product with the query's terms weighted by
+BM25's IDF as Qdrant computes it, ln(1 + (N - n + 0.5) / (n + 0.5)), but with N and n counted per knowledge base over
+the chunks search may see (current versions): a base's scores and rankings do not move when another base, or an
+old version of one of its own documents, comes or goes (Qdrant's modifier counts the whole collection).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ class LocalIndex:
         self._postings: dict[int, tuple[list[int], list[float]]] = {}  # term -> row numbers (alive or not), weights
         self._versions: dict[str, int] = {}  # version -> a small number, so that filtering is one numpy call
         self._row_versions: list[int] = []
+        self._bases: dict[str, int] = {}  # knowledge base -> a small number, for statistics per base
+        self._row_bases: list[int] = []
         self._alive_count = 0
         self._views: dict[Any, np.ndarray] = {}  # numpy copies of the lists above, dropped on every change
 
@@ -58,6 +61,7 @@ class LocalIndex:
             self._where[row.id] = number
             version = str(row.payload.get("version"))
             self._row_versions.append(self._versions.setdefault(version, len(self._versions)))
+            self._row_bases.append(self._bases.setdefault(str(row.payload.get("kb")), len(self._bases)))
             for term, weight in row.terms.items():
                 numbers, weights = self._postings.setdefault(term, ([], []))
                 numbers.append(number)
@@ -120,9 +124,26 @@ class LocalIndex:
     def lexical(
         self, vector: tuple[list[int], list[float]], versions: Sequence[str], limit: int
     ) -> list[tuple[Row, float]]:
+        """BM25 over the rows of `versions`, each row's IDF counted within its own knowledge base."""
         if not self._rows:
             return []
-        alive = self._view("alive", lambda: np.asarray(self._alive, dtype=bool))
+        scores, matched = self._bm25(vector, versions)
+        return self._top(scores, matched, limit)
+
+    def lexical_scores(
+        self, vector: tuple[list[int], list[float]], versions: Sequence[str], ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The BM25 of the rows named (0 for a row that shares no term with the query)."""
+        if not self._rows:
+            return {}
+        scores, _ = self._bm25(vector, versions)
+        return {point_id: float(scores[self._where[point_id]]) for point_id in ids if point_id in self._where}
+
+    def _bm25(self, vector: tuple[list[int], list[float]], versions: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's score, and whether it shares a term with the query (rows outside `versions`: none)."""
+        eligible = self._eligible(versions)
+        bases = self._view("bases", lambda: np.asarray(self._row_bases, dtype=np.int64))
+        population = np.bincount(bases[eligible], minlength=len(self._bases))  # N, per base
         scores = np.zeros(len(self._rows))
         matched = np.zeros(len(self._rows), dtype=bool)
         for term, weight in zip(*vector, strict=True):
@@ -130,11 +151,12 @@ class LocalIndex:
                 continue
             numbers = self._view(("rows", term), lambda term=term: np.asarray(self._postings[term][0], dtype=np.int64))
             weights = self._view(("weights", term), lambda term=term: np.asarray(self._postings[term][1]))
-            live = alive[numbers]
-            found = int(live.sum())
-            if not found:
+            live = eligible[numbers]
+            if not live.any():
                 continue
-            idf = math.log(1 + (self._alive_count - found + 0.5) / (found + 0.5))
-            scores[numbers[live]] += weight * idf * weights[live]
-            matched[numbers[live]] = True
-        return self._top(scores, matched & self._eligible(versions), limit)
+            found = numbers[live]
+            holding = np.bincount(bases[found], minlength=len(self._bases))  # n, per base
+            idf = np.log1p((population - holding + 0.5) / (holding + 0.5))
+            scores[found] += weight * idf[bases[found]] * weights[live]
+            matched[found] = True
+        return scores, matched

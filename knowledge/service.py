@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,8 +14,11 @@ from knowledge.config import KnowledgeSettings
 from knowledge.embed import Embedder, make_embedder
 from knowledge.ingest import Ingestor, Outcome, Progress, Upload
 from knowledge.rerank import Reranker
-from knowledge.search import Hit, Mode, Searcher
+from knowledge.search import Hit, Mode, Searcher, per_document, stored_chunk_lexical
 from knowledge.store import DocRecord, KnowledgeStore
+
+log = logging.getLogger("botgw.knowledge")
+PER_DOC_DEPTH = 5  # --per-doc: chunks looked at per document asked for (a Q&A table's rows all share one document)
 
 
 class Knowledge:
@@ -37,6 +41,9 @@ class Knowledge:
         store = await asyncio.to_thread(KnowledgeStore.open, settings.store, wait_s)
         embedder = make_embedder(settings.embedding, http)
         try:
+            if await asyncio.to_thread(store.lexical_outdated):
+                rewritten = await asyncio.to_thread(store.relex, stored_chunk_lexical)
+                log.warning("knowledge: re-indexed the words of %d chunks in %s for this botgw", rewritten, store.where)
             await asyncio.to_thread(store.check_model, embedder.identity)
         except BaseException:
             await asyncio.to_thread(store.close)
@@ -66,8 +73,16 @@ class Knowledge:
 
         return await asyncio.to_thread(remove)
 
-    async def search(self, kbs: Sequence[str], question: str, limit: int = 5, mode: Mode = "hybrid") -> list[Hit]:
-        return await self.searcher.search(kbs, question, limit, mode)
+    async def search(
+        self, kbs: Sequence[str], question: str, limit: int = 5, mode: Mode = "hybrid", per_doc: bool = False
+    ) -> list[Hit]:
+        """The best `limit` chunks; with `per_doc`, the best `limit` documents (each with its other chunks)."""
+        if not per_doc:
+            return await self.searcher.search(kbs, question, limit, mode)
+        hits = await self.searcher.search(
+            kbs, question, max(limit * PER_DOC_DEPTH, self.settings.search.candidates), mode
+        )
+        return per_document(hits)[:limit]
 
     async def aclose(self) -> None:
         await self.embedder.aclose()

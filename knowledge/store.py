@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -177,8 +177,41 @@ class KnowledgeStore:
         if meta.get("lexical") != LEXICAL_SCHEME:
             raise EmbeddingMismatch(
                 f"the knowledge store {self.where} was indexed with the lexical scheme {meta.get('lexical')}, this "
-                f"botgw uses {LEXICAL_SCHEME}: point knowledge.store at a new path and add the documents again."
+                f"botgw uses {LEXICAL_SCHEME}: open it once with `botgw kb list` to re-index it."
             )
+
+    def lexical_outdated(self) -> bool:
+        """Whether the chunks' lexical vectors were made by another botgw's scheme (and need `relex`)."""
+        meta = self.meta()
+        return meta is not None and meta.get("lexical") != LEXICAL_SCHEME
+
+    def relex(self, lexical_of: Callable[[dict[str, Any]], tuple[list[int], list[float]]]) -> int:
+        """Rewrite every chunk's lexical vector from its stored text under this botgw's scheme, then record the
+        scheme: an upgrade re-indexes words without embedding anything again. Idempotent, so a crash midway (or two
+        processes at once, on a server) only repeats work. Returns the chunks rewritten."""
+        from qdrant_client import models
+
+        rewritten = 0
+        with self._call() as client:
+            if client.collection_exists(self.chunks):
+                offset = None
+                while True:
+                    points, offset = client.scroll(self.chunks, limit=WRITE_BATCH, offset=offset, with_payload=True)
+                    updates = []
+                    for point in points:
+                        indices, values = lexical_of(dict(point.payload or {}))
+                        sparse = models.SparseVector(indices=indices, values=values)
+                        updates.append(models.PointVectors(id=point.id, vector={LEXICAL: sparse}))
+                    if updates:
+                        client.update_vectors(self.chunks, updates, wait=True)
+                    rewritten += len(updates)
+                    if offset is None:
+                        break
+            meta = {**(self.meta() or {}), "lexical": LEXICAL_SCHEME}
+            client.upsert(self.docs, [models.PointStruct(id=META_ID, vector={}, payload=meta)], wait=True)
+            self._meta = None
+            self._index = None  # read again, with the new vectors
+        return rewritten
 
     def ensure(self, identity: str, dim: int) -> None:
         """Create the collections for this model on first use; otherwise check that they match it."""
@@ -336,12 +369,17 @@ class KnowledgeStore:
                 return 0
             return client.count(self.chunks, count_filter=models.Filter(must=must), exact=True).count
 
-    def _query(self, query: Any, using: str, versions: Sequence[str], limit: int) -> list[Found]:
+    def _query(
+        self, query: Any, using: str, versions: Sequence[str], limit: int, only_ids: Sequence[str] | None = None
+    ) -> list[Found]:
         from qdrant_client import models
 
         if not versions:
             return []
-        only = models.Filter(must=[models.FieldCondition(key="version", match=models.MatchAny(any=list(versions)))])
+        must: list[Any] = [models.FieldCondition(key="version", match=models.MatchAny(any=list(versions)))]
+        if only_ids is not None:
+            must.append(models.HasIdCondition(has_id=list(only_ids)))
+        only = models.Filter(must=must)
         with self._call() as client:
             if not client.collection_exists(self.chunks):
                 return []
@@ -384,6 +422,21 @@ class KnowledgeStore:
             with self._lock:
                 return [_found(row, score) for row, score in self._local().lexical(vector, versions, limit)]
         return self._query(models.SparseVector(indices=vector[0], values=vector[1]), LEXICAL, versions, limit)
+
+    def lexical_scores(
+        self, vector: tuple[list[int], list[float]], versions: Sequence[str], ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The lexical score of each chunk named (absent or 0: no word in common with the query)."""
+        from qdrant_client import models
+
+        if not vector[0] or not ids:
+            return {}
+        if self.embedded:
+            with self._lock:
+                return self._local().lexical_scores(vector, versions, ids)
+        query = models.SparseVector(indices=vector[0], values=vector[1])
+        found = self._query(query, LEXICAL, versions, len(ids), only_ids=ids)
+        return {hit.id: hit.score for hit in found}
 
     def _local(self) -> LocalIndex:
         """The embedded store's chunks in memory, read once from the folder and kept in step by every write."""

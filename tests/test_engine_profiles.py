@@ -49,7 +49,8 @@ def all_profile_commands() -> dict[str, list[str]]:
 
 def test_every_profile_is_accepted_by_vllms_parser() -> None:
     commands = all_profile_commands()
-    wanted = {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode", "embed-bge-m3"}
+    wanted = {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode", "embed-bge-m3",
+              "rerank-bge-v2-m3"}  # fmt: skip
     assert wanted <= set(commands)
     bogus = [*commands["tiny"], "--enable-warp-drive"]
     errors = run_in_engine_venv("engine.argcheck", [*commands.values(), bogus])
@@ -139,3 +140,15 @@ def test_the_embedding_profile_runs_vllms_pooling_runner_for_bge_m3() -> None:
     assert served == EmbeddingSettings(base_url="http://127.0.0.1:8001").model_name
     assert "--chat-template" not in argv and "--generation-config" not in argv
     # vLLM's own parser accepts it (runner is one of its choices): test_every_profile_is_accepted_by_vllms_parser
+
+
+def test_the_rerank_profile_serves_the_model_knowledge_rerank_asks_for() -> None:
+    """`botgw engine serve --profile rerank-bge-v2-m3`: the cross-encoder on the pooling runner (vLLM's /rerank),
+    under the name knowledge.rerank.model asks for by default; its arguments pass vLLM's parser with the others."""
+    from knowledge.config import RerankSettings
+
+    argv = all_profile_commands()["rerank-bge-v2-m3"]
+    assert argv[argv.index("--model") + 1] == "BAAI/bge-reranker-v2-m3"
+    assert argv[argv.index("--runner") + 1] == "pooling"
+    assert argv[argv.index("--served-model-name") + 1] == RerankSettings().model
+    assert "--chat-template" not in argv

@@ -121,7 +121,10 @@ def test_add_list_search_remove(admin: AdminGateway) -> None:
     hits = admin.search(kb, "买的东西不想要了多久内可以退")
     assert hits[0]["doc"] == "退货说明.md" and "十五天" in hits[0]["text"]
     assert set(hits[0]) >= {"doc", "title", "section", "score", "text"} and hits[0]["section"] == "退货期限"
-    assert hits == sorted(hits, key=lambda h: h["rrf"], reverse=True)
+    assert hits == sorted(hits, key=lambda h: h["fused"], reverse=True)
+    per_doc = admin.get(f"/admin/kb/{kb}/search", params={"q": "退货 停车", "top": "5", "per_doc": "true"})
+    assert per_doc.status_code == 200, per_doc.text
+    assert sorted(hit["doc"] for hit in per_doc.json()) == ["园区停车.md", "退货说明.md"]  # one hit a document
 
     again = admin.upload(kb, ("退货说明.md", RETURNS.encode()))
     assert again.json()["documents"][0]["status"] == "unchanged"
@@ -175,7 +178,9 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(admin: AdminGateway) -> 
 
     unknown = "nope" + secrets.token_hex(3)
     assert admin.get(f"/admin/kb/{unknown}").status_code == 404
-    assert admin.get(f"/admin/kb/{unknown}/search", params={"q": "退货"}).status_code == 404
+    typo = admin.get(f"/admin/kb/{unknown}/search", params={"q": "退货"})
+    assert typo.status_code == 404 and kb in typo.json()["bases"] and kb in typo.json()["error"]
+    assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "per_doc": "maybe"}).status_code == 400
     assert admin.delete(f"/admin/kb/{unknown}/documents/退货说明.md").status_code == 404
     assert admin.get(f"/admin/kb/{kb}/search", params={"q": ""}).status_code == 400
     assert admin.get(f"/admin/kb/{kb}/search", params={"q": "退货", "top": "x"}).status_code == 400
