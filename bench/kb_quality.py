@@ -216,11 +216,8 @@ async def run_set(labelled: LabelledSet, folder: Path, rerank_url: str | None) -
             candidates = await knowledge.searcher.candidates([labelled.name], question.query, wanted)
             for name, variant in VARIANTS.items():
                 copies = [replace(hit) for hit in candidates]
-                if variant is None:
-                    ordered = knowledge.searcher.rank(copies, name)  # type: ignore[arg-type]
-                else:
-                    ordered = fuse(copies, variant)
-                ranks[name].append(first_relevant(question, ordered[:wanted]))
+                ranked = knowledge.searcher.rank(copies, name) if variant is None else fuse(copies, variant)  # type: ignore[arg-type]
+                ranks[name].append(first_relevant(question, ranked[:wanted]))
             baseline = plain_bm25(labelled.units, question.query)
             ranks["plain BM25 (baseline)"].append(
                 baseline.index(question.bm25_answer) + 1 if question.bm25_answer in baseline else None
@@ -243,9 +240,8 @@ async def run_set(labelled: LabelledSet, folder: Path, rerank_url: str | None) -
             print(f"{name:34s}" + "".join(f"{value:8.3f}" for value in measures(found).values()))
         best_single = max(("dense", "lexical"), key=lambda name: measures(ranks[name])["R@1"])
         gain, low, high = bootstrap_gain(ranks[default_name], ranks[best_single])
-        print(
-            f"hybrid (default) − {best_single} (the better single mode), R@1: {gain:+.3f} (95% CI {low:+.3f} to {high:+.3f})"
-        )
+        interval = f"95% CI {low:+.3f} to {high:+.3f}"
+        print(f"hybrid (default) − {best_single} (the better single mode), R@1: {gain:+.3f} ({interval})")
         return ranks
     finally:
         await knowledge.aclose()

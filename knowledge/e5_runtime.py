@@ -9,7 +9,6 @@ import os
 import re
 import struct
 from array import array
-from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,19 +198,19 @@ class E5Runtime:
 
     # ------------------------------------------------------------- tokenizer
     def _build_tokenizer(self, blob: bytes, offs: np.ndarray, scores: np.ndarray, norm: dict[int, str]) -> None:
+        """A dict of every piece and every proper prefix of one (-1), so the Viterbi scan stops at the first dead
+        prefix instead of trying every length up to the longest piece (same result: a miss scores nothing)."""
         pieces: dict[str, int] = {}
-        max_bytes = 1
         for i in range(len(scores)):
             raw = blob[offs[i] : offs[i + 1]]
-            max_bytes = max(max_bytes, len(raw))
             if not raw or i == self.unk:  # e5.c never matches the unknown piece itself
                 continue
             pieces.setdefault(raw.decode("utf-8", "surrogateescape"), i)  # first index wins, as in its hash probe
-        self._pieces = pieces
+        trie = dict.fromkeys({k[:j] for k in pieces for j in range(1, len(k))}, -1)
+        trie.update(pieces)
+        self._trie = trie
         self._scores = scores.astype(np.float64).tolist()  # exact float32 values
         self._unk_score = float(np.float32(scores.min()) - np.float32(10.0))
-        self._max_bytes = max_bytes
-        self._max_chars = max(len(k) for k in pieces)
         self._norm = str.maketrans(norm)
 
     def _content_ids(self, text: str) -> list[int]:
@@ -224,36 +223,29 @@ class E5Runtime:
         if lead:
             s = _META + s
         n = len(s)
-        if s.isascii():
-            cs: list[int] | range = range(n + 1)
-        else:
-            cs = [0] * (n + 1)
-            acc = 0
-            for j, ch in enumerate(s):
-                o = ord(ch)
-                acc += 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
-                cs[j + 1] = acc
         best = array("f", [-1e30]) * (n + 1)
         best[0] = 0.0
         bp = [-1] * (n + 1)
         bf = [0] * (n + 1)
         r = array("f", [0.0])  # float32 rounding of each candidate, as e5.c sums in float
-        get = self._pieces.get
+        get = self._trie.get
         scores = self._scores
         unk_score = self._unk_score
-        max_bytes, max_chars = self._max_bytes, self._max_chars
         for i in range(n):
             bi = best[i]
-            emax = min(n, i + max_chars, bisect_right(cs, cs[i] + max_bytes, i) - 1)
-            for e in range(i + 1, emax + 1):
+            e = i + 1
+            while e <= n:
                 idx = get(s[i:e])
-                if idx is not None:
+                if idx is None:
+                    break
+                if idx >= 0:
                     r[0] = bi + scores[idx]
                     sc = r[0]
                     if sc > best[e]:
                         best[e] = sc
                         bp[e] = idx
                         bf[e] = i
+                e += 1
             r[0] = bi + unk_score
             us = r[0]
             if us > best[i + 1]:
