@@ -178,7 +178,7 @@ class Searcher:
         if mode != "lexical":
             dense = await asyncio.to_thread(self._store.dense, vector, versions, wanted)
         if mode != "dense":
-            lexical = await asyncio.to_thread(self._store.lexical, words, versions, wanted)
+            lexical = await asyncio.to_thread(self._store.lexical, words, documents, wanted)
         hits: dict[str, Hit] = {}
         for kind, ranked in (("dense", dense), ("lexical", lexical)):
             for rank, found in enumerate(ranked, start=1):
@@ -189,7 +189,7 @@ class Searcher:
                     hit.lexical_rank, hit.bm25 = rank, found.score
         if mode == "hybrid":  # the dense list's hits that the lexical list left out: their own BM25, not zero
             unscored = [hit.id for hit in hits.values() if hit.bm25 is None]
-            scores = await asyncio.to_thread(self._store.lexical_scores, words, versions, unscored)
+            scores = await asyncio.to_thread(self._store.lexical_scores, words, documents, unscored)
             for hit_id in unscored:
                 hits[hit_id].bm25 = scores.get(hit_id, 0.0)
         return list(hits.values())

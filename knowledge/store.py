@@ -11,13 +11,21 @@ never half of each, and a crash leaves only unreachable chunks that the next add
 The embedded store lets one process open its folder (Qdrant's local mode locks it); see `open`. That process
 searches an in-memory copy of the chunks and keeps the document records in memory too (local_index.py says why);
 a server is searched by Qdrant.
+
+Lexical statistics are per knowledge base, so that one base's scores do not move when another changes. The embedded
+index counts them itself. For a server, each written version also gets a "terms" record in `<name>_docs`: how many
+of its chunks hold each term. A version never changes, so a process caches these records by version, sums them per
+base for the current versions, and sends each base its own IDF as the query's weights (the chunks collection has
+no IDF modifier: Qdrant's would count the whole collection, every base and stale version included).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -108,6 +116,7 @@ class KnowledgeStore:
         self._index: LocalIndex | None = None  # embedded only: what search reads (see local_index.py)
         self._records: dict[tuple[str, str], DocRecord] | None = None  # embedded only: the documents, likewise
         self._meta: dict[str, Any] | None = None  # embedded only: the model and dimension, once read
+        self._terms: dict[str, dict[int, int]] = {}  # server: each version's chunks per term (versions never change)
 
     @classmethod
     def open(cls, settings: StoreSettings, wait_s: float = 0.0) -> KnowledgeStore:
@@ -192,21 +201,30 @@ class KnowledgeStore:
         from qdrant_client import models
 
         rewritten = 0
+        counts: dict[tuple[str, str, str], Counter[int]] = {}
         with self._call() as client:
             if client.collection_exists(self.chunks):
+                no_idf = models.SparseVectorParams(modifier=models.Modifier.NONE)  # per-base IDF comes with the query
+                client.update_collection(self.chunks, sparse_vectors_config={LEXICAL: no_idf})
                 offset = None
                 while True:
                     points, offset = client.scroll(self.chunks, limit=WRITE_BATCH, offset=offset, with_payload=True)
                     updates = []
                     for point in points:
-                        indices, values = lexical_of(dict(point.payload or {}))
+                        payload = dict(point.payload or {})
+                        indices, values = lexical_of(payload)
                         sparse = models.SparseVector(indices=indices, values=values)
                         updates.append(models.PointVectors(id=point.id, vector={LEXICAL: sparse}))
+                        key = (payload["kb"], payload["doc"], payload["version"])
+                        counts.setdefault(key, Counter()).update(indices)
                     if updates:
                         client.update_vectors(self.chunks, updates, wait=True)
                     rewritten += len(updates)
                     if offset is None:
                         break
+            for (kb, doc, version), holding in counts.items():
+                client.upsert(self.docs, [_terms_point(kb, doc, version, holding)], wait=True)
+            self._terms.clear()
             meta = {**(self.meta() or {}), "lexical": LEXICAL_SCHEME}
             client.upsert(self.docs, [models.PointStruct(id=META_ID, vector={}, payload=meta)], wait=True)
             self._meta = None
@@ -226,7 +244,7 @@ class KnowledgeStore:
                         name: models.VectorParams(size=dim, distance=models.Distance.COSINE)
                         for name in (DENSE, QUESTION)
                     },
-                    sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+                    sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.NONE)},
                 )
                 if not self.embedded:  # the local mode has no payload indexes (it scans)
                     for field in ("kb", "doc", "version"):
@@ -311,8 +329,10 @@ class KnowledgeStore:
     # --- chunks
 
     def write(self, points: Sequence[ChunkPoint]) -> None:
+        """Write the chunks of a version (all of them, in one call), then its terms record."""
         from qdrant_client import models
 
+        counts: dict[tuple[str, str, str], Counter[int]] = {}
         with self._call() as client:
             for start in range(0, len(points), WRITE_BATCH):
                 rows = [_row(point) for point in points[start : start + WRITE_BATCH]]
@@ -323,6 +343,20 @@ class KnowledgeStore:
                 client.upsert(self.chunks, batch, wait=True)
                 if self._index is not None:
                     self._index.add(rows)
+            for point in points:
+                counts.setdefault((point.kb, point.doc, point.version), Counter()).update(point.lexical[0])
+            # the embedded index counts terms itself; the records are written anyway, so that the same folder read
+            # the way a server is read (tests do) has them
+            client.upsert(self.docs, [_terms_point(*key, holding) for key, holding in counts.items()], wait=True)
+
+    def _drop_terms(self, client: Any, must: list[Any], must_not: list[Any]) -> None:
+        """Delete the terms records that match (as the chunks they count are deleted)."""
+        from qdrant_client import models
+
+        if client.collection_exists(self.docs):
+            only = [models.FieldCondition(key="kind", match=models.MatchValue(value="terms")), *must]
+            selector = models.FilterSelector(filter=models.Filter(must=only, must_not=must_not))
+            client.delete(self.docs, points_selector=selector, wait=True)
 
     def prune(self, kb: str, doc: str, keep: str | None = None) -> None:
         """Delete the document's chunks of every version but `keep` (all of them when `keep` is None)."""
@@ -339,6 +373,7 @@ class KnowledgeStore:
                 client.delete(self.chunks, points_selector=selector, wait=True)
                 if self._index is not None:
                     self._index.remove_where(kb, doc, keep=keep)
+            self._drop_terms(client, must, must_not)
 
     def drop_version(self, kb: str, doc: str, version: str) -> None:
         """Delete the chunks of one version (one that was being written when its add failed)."""
@@ -354,6 +389,7 @@ class KnowledgeStore:
                 client.delete(self.chunks, points_selector=selector, wait=True)
                 if self._index is not None:
                     self._index.remove_where(kb, doc, version=version)
+            self._drop_terms(client, must, [])
 
     def count(self, kb: str | None = None, doc: str | None = None) -> int:
         """Chunks stored, current or not (a check that nothing was left behind)."""
@@ -413,30 +449,68 @@ class KnowledgeStore:
                 return [_found(row, score) for row, score in self._local().dense(vector, versions, limit)]
         return self._query(vector.tolist(), DENSE, versions, limit)
 
-    def lexical(self, vector: tuple[list[int], list[float]], versions: Sequence[str], limit: int) -> list[Found]:
-        from qdrant_client import models
-
-        if not vector[0]:
+    def lexical(self, vector: tuple[list[int], list[float]], documents: Sequence[DocRecord], limit: int) -> list[Found]:
+        """The chunks of `documents` (current versions) best by BM25, each scored with its own base's IDF."""
+        if not vector[0] or not documents:
             return []
         if self.embedded:
             with self._lock:
+                versions = [record.version for record in documents]
                 return [_found(row, score) for row, score in self._local().lexical(vector, versions, limit)]
-        return self._query(models.SparseVector(indices=vector[0], values=vector[1]), LEXICAL, versions, limit)
+        found: list[Found] = []
+        for query, versions in self._per_base_queries(vector, documents):
+            found += self._query(query, LEXICAL, versions, limit)
+        return sorted(found, key=lambda hit: -hit.score)[:limit]
 
     def lexical_scores(
-        self, vector: tuple[list[int], list[float]], versions: Sequence[str], ids: Sequence[str]
+        self, vector: tuple[list[int], list[float]], documents: Sequence[DocRecord], ids: Sequence[str]
     ) -> dict[str, float]:
         """The lexical score of each chunk named (absent or 0: no word in common with the query)."""
-        from qdrant_client import models
-
-        if not vector[0] or not ids:
+        if not vector[0] or not ids or not documents:
             return {}
         if self.embedded:
             with self._lock:
-                return self._local().lexical_scores(vector, versions, ids)
-        query = models.SparseVector(indices=vector[0], values=vector[1])
-        found = self._query(query, LEXICAL, versions, len(ids), only_ids=ids)
-        return {hit.id: hit.score for hit in found}
+                return self._local().lexical_scores(vector, [record.version for record in documents], ids)
+        scores: dict[str, float] = {}
+        for query, versions in self._per_base_queries(vector, documents):
+            scores.update((hit.id, hit.score) for hit in self._query(query, LEXICAL, versions, len(ids), only_ids=ids))
+        return scores
+
+    def _per_base_queries(
+        self, vector: tuple[list[int], list[float]], documents: Sequence[DocRecord]
+    ) -> list[tuple[Any, list[str]]]:
+        """Server: for each base, the query with that base's IDF as its weights, and the base's current versions."""
+        from qdrant_client import models
+
+        self._load_terms([record.version for record in documents])
+        bases: dict[str, list[DocRecord]] = {}
+        for record in documents:
+            bases.setdefault(record.kb, []).append(record)
+        queries = []
+        for records in bases.values():
+            population = sum(record.chunks for record in records)
+            indices, values = [], []
+            for term, weight in zip(*vector, strict=True):
+                holding = sum(self._terms.get(record.version, {}).get(term, 0) for record in records)
+                if holding:
+                    indices.append(term)
+                    values.append(weight * math.log1p((population - holding + 0.5) / (holding + 0.5)))
+            if indices:
+                queries.append((models.SparseVector(indices=indices, values=values), [r.version for r in records]))
+        return queries
+
+    def _load_terms(self, versions: Sequence[str]) -> None:
+        """Server: read the terms records of the versions not cached yet (and forget those no longer asked for)."""
+        missing = [version for version in versions if version not in self._terms]
+        if missing:
+            with self._call() as client:
+                points = client.retrieve(self.docs, [_terms_id(version) for version in missing], with_payload=True)
+            for point in points:
+                payload = point.payload or {}
+                self._terms[payload["version"]] = {int(term): count for term, count in payload["terms"].items()}
+        if len(self._terms) > 4 * max(len(versions), 1_000):  # old versions of documents re-added since
+            wanted = set(versions)
+            self._terms = {version: terms for version, terms in self._terms.items() if version in wanted}
 
     def _local(self) -> LocalIndex:
         """The embedded store's chunks in memory, read once from the folder and kept in step by every write."""
@@ -483,6 +557,24 @@ def _row_of_record(record: Any) -> Row:
         None if question is None else np.asarray(question, dtype=np.float32),
         terms,
     )
+
+
+def _terms_id(version: str) -> str:
+    return str(uuid.uuid5(_NS, f"terms\0{version}"))
+
+
+def _terms_point(kb: str, doc: str, version: str, holding: Counter[int]) -> Any:
+    """A version's terms record: how many of its chunks hold each term (JSON keys are strings)."""
+    from qdrant_client import models
+
+    payload = {
+        "kind": "terms",
+        "kb": kb,
+        "doc": doc,
+        "version": version,
+        "terms": {str(t): n for t, n in holding.items()},
+    }
+    return models.PointStruct(id=_terms_id(version), vector={}, payload=payload)
 
 
 def _found(row: Row, score: float) -> Found:

@@ -156,29 +156,36 @@ async def test_codes_match_as_whole_words(sample_store: Path) -> None:
 
 
 def test_the_embedded_fast_path_ranks_as_qdrant_does(sample_store: Path) -> None:
-    """Embedded search reads an in-memory copy (knowledge/local_index.py); Qdrant's own query must agree."""
-    from qdrant_client import models
-
+    """Embedded search reads an in-memory copy (knowledge/local_index.py); a Qdrant server is searched by Qdrant
+    with each base's IDF sent as the query's weights. Both must agree: the same folder is read both ways."""
     from knowledge.embed import normalise
     from knowledge.lexical import query_vector
 
     store = KnowledgeStore.open(settings_at(sample_store).store)
     try:
-        versions = [record.version for record in store.documents(["demo"])]
+        documents = store.documents(["demo"])
+        versions = [record.version for record in documents]
         rng = np.random.default_rng(7)
         for label in LABELS[:12]:
             sparse = query_vector(label["q"])
-            ours = [(f.id, round(f.score, 4)) for f in store.lexical(sparse, versions, 10)]
-            query = models.SparseVector(indices=sparse[0], values=sparse[1])
-            theirs = [(f.id, round(f.score, 4)) for f in store._query(query, "lexical", versions, 10)]
+            store.embedded = True
+            ours = [(f.id, round(f.score, 4)) for f in store.lexical(sparse, documents, 10)]
+            store.embedded = False  # as a server is searched
+            theirs = [(f.id, round(f.score, 4)) for f in store.lexical(sparse, documents, 10)]
             assert [score for _, score in ours] == [score for _, score in theirs], label["q"]
             last = ours[-1][1] if ours else 0
             assert {i for i, score in ours if score > last} == {i for i, score in theirs if score > last}  # ties aside
+            some = [i for i, _ in theirs[:3]]
+            assert {i: round(v, 4) for i, v in store.lexical_scores(sparse, documents, some).items()} == dict(
+                theirs[:3]
+            )
+            store.embedded = True
             vector = normalise(rng.normal(size=384).astype(np.float32))
             assert [f.id for f in store.dense(vector, versions, 10)] == [
                 f.id for f in store._query(vector.tolist(), "dense", versions, 10)
             ]
     finally:
+        store.embedded = True
         store.close()
 
 

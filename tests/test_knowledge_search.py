@@ -96,11 +96,17 @@ async def test_hybrid_beats_each_mode_on_the_sample_questions(tmp_path: Path) ->
 # --- statistics per base
 
 
-async def test_a_bases_scores_and_rankings_do_not_move_when_another_base_comes_or_goes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_as", ["embedded", "server"])
+async def test_a_bases_scores_and_rankings_do_not_move_when_another_base_comes_or_goes(
+    tmp_path: Path, read_as: str
+) -> None:
+    """Both ways a store is searched: the embedded index, and Qdrant's own query as a server runs it (the same
+    folder read through the client with each base's IDF as the query's weights)."""
     questions = ["信用卡丢了怎么挂失", "网银密码输错被锁了", "挂失要手续费吗", "新卡多久寄到"]
     a_files = write(tmp_path / "a", {"挂失.md": SIMPLIFIED, "登入.md": TRADITIONAL})
     b_files = write(tmp_path / "b", OTHER_BASE)
     knowledge = await Knowledge.open(settings_at(tmp_path / "store"))
+    knowledge.store.embedded = read_as == "embedded"
 
     async def snapshot() -> list:
         seen = []
@@ -125,6 +131,7 @@ async def test_a_bases_scores_and_rankings_do_not_move_when_another_base_comes_o
         both = await knowledge.search(["a", "b"], "信用卡丢了怎么挂失", 5, "lexical")
         assert both and both[0].kb == "a"  # several bases searched together: each hit scored within its own base
     finally:
+        knowledge.store.embedded = True
         await knowledge.aclose()
 
 
