@@ -128,30 +128,33 @@ _ERNIE_03B_CPU = EngineProfile(
     env={"VLLM_CPU_KVCACHE_SPACE": "4"},
 )
 
-EMBED_BGE_M3 = EngineProfile(
-    name="embed-bge-m3",
-    description=("BAAI/bge-m3 (multilingual, Chinese-capable, 1024-dimensional dense vectors) on vLLM's pooling "
-                 "runner: OpenAI /v1/embeddings for knowledge.embedding.base_url"),
-    model="BAAI/bge-m3",
-    served_model_name="BAAI/bge-m3",  # the name knowledge.embedding.model asks for by default
-    device="cpu",
-    args=("--runner", "pooling", "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32",
-          "--enforce-eager"),
-    env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    chat=False,
-)
+def _pooling_profile(name: str, model: str, description: str) -> EngineProfile:
+    """A model on vLLM's pooling runner (no chat template), served under its own name: the name the knowledge
+    settings ask for by default."""
+    return EngineProfile(
+        name=name,
+        description=description,
+        model=model,
+        served_model_name=model,
+        device="cpu",
+        args=("--runner", "pooling", "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32",
+              "--enforce-eager"),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        chat=False,
+    )
 
-RERANK_BGE_V2_M3 = EngineProfile(
-    name="rerank-bge-v2-m3",
-    description=("BAAI/bge-reranker-v2-m3 (a multilingual cross-encoder that reads Chinese) on vLLM's pooling "
-                 "runner: /rerank for knowledge.rerank.base_url, scoring the fused candidates"),
-    model="BAAI/bge-reranker-v2-m3",
-    served_model_name="BAAI/bge-reranker-v2-m3",  # the name knowledge.rerank.model asks for by default
-    device="cpu",
-    args=("--runner", "pooling", "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32",
-          "--enforce-eager"),
-    env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    chat=False,
+
+EMBED_BGE_M3 = _pooling_profile(
+    "embed-bge-m3",
+    "BAAI/bge-m3",
+    "BAAI/bge-m3 (multilingual, Chinese-capable, 1024-dimensional dense vectors) on vLLM's pooling runner: OpenAI "
+    "/v1/embeddings for knowledge.embedding.base_url",
+)
+RERANK_BGE_V2_M3 = _pooling_profile(
+    "rerank-bge-v2-m3",
+    "BAAI/bge-reranker-v2-m3",
+    "BAAI/bge-reranker-v2-m3 (a multilingual cross-encoder that reads Chinese) on vLLM's pooling runner: /rerank "
+    "for knowledge.rerank.base_url, scoring the fused candidates",
 )
 
 PROFILES: dict[str, EngineProfile] = {
