@@ -142,42 +142,38 @@ def bootstrap_gain(better: Sequence[int | None], worse: Sequence[int | None], ro
     return statistics.fmean(diffs), means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
 
 
-def plain_bm25(units: dict[str, str], query: str) -> list[str]:
-    """The baseline: BM25 (k1 1.2, b 0.75) over jieba's search-mode words of each unit's whole text, no folding."""
+def _words(text: str) -> list[str]:
+    """jieba's search-mode words, punctuation left out: the plain baseline's terms (no characters, no folding)."""
     import jieba
 
-    def words(text: str) -> list[str]:
-        return [
-            w
-            for w in jieba.lcut_for_search(text)
-            if w.strip() and not all(c in "，。？！、：；（）,.?!:;()" for c in w)
-        ]
+    return [
+        w for w in jieba.lcut_for_search(text) if w.strip() and not all(c in "，。？！、：；（）,.?!:;()" for c in w)
+    ]
 
-    global _BM25_CACHE
-    key = id(units)
-    if _BM25_CACHE.get("key") != key:
-        docs = {name: Counter(words(text)) for name, text in units.items()}
-        lengths = {name: sum(c.values()) for name, c in docs.items()}
-        frequency: Counter[str] = Counter()
-        for counts in docs.values():
-            frequency.update(counts.keys())
-        _BM25_CACHE = {"key": key, "docs": docs, "lengths": lengths, "df": frequency,
-                       "avg": statistics.fmean(lengths.values())}  # fmt: skip
-    cache = _BM25_CACHE
-    n = len(cache["docs"])
-    scores = {}
-    for name, counts in cache["docs"].items():
-        norm = 1.2 * (1 - 0.75 + 0.75 * cache["lengths"][name] / cache["avg"])
-        score = 0.0
-        for word in set(words(query)):
-            if word in counts:
-                df = cache["df"][word]
+
+class PlainBM25:
+    """The baseline: BM25 (k1 1.2, b 0.75) over each unit's whole text, indexed once per set."""
+
+    def __init__(self, units: dict[str, str]) -> None:
+        self.docs = {name: Counter(_words(text)) for name, text in units.items()}
+        self.lengths = {name: sum(counts.values()) for name, counts in self.docs.items()}
+        self.average = statistics.fmean(self.lengths.values())
+        self.frequency: Counter[str] = Counter()
+        for counts in self.docs.values():
+            self.frequency.update(counts.keys())
+
+    def ranking(self, query: str) -> list[str]:
+        """The units that share a word with `query`, best first."""
+        n, asked = len(self.docs), set(_words(query))
+        scores = {}
+        for name, counts in self.docs.items():
+            norm = 1.2 * (1 - 0.75 + 0.75 * self.lengths[name] / self.average)
+            score = 0.0
+            for word in asked & counts.keys():
+                df = self.frequency[word]
                 score += math.log(1 + (n - df + 0.5) / (df + 0.5)) * counts[word] * 2.2 / (counts[word] + norm)
-        scores[name] = score
-    return sorted((name for name in scores if scores[name] > 0), key=lambda name: -scores[name])
-
-
-_BM25_CACHE: dict = {}
+            scores[name] = score
+        return sorted((name for name in scores if scores[name] > 0), key=lambda name: -scores[name])
 
 
 # --- one set
@@ -211,6 +207,7 @@ async def run_set(labelled: LabelledSet, folder: Path, rerank_url: str | None) -
         print(f"ingestion (kb add): {seconds:.1f} s = {chunks / seconds:.1f} chunks/s")
         ranks: dict[str, list[int | None]] = {name: [] for name in VARIANTS}
         ranks["plain BM25 (baseline)"] = []
+        bm25 = PlainBM25(labelled.units)
         wanted = max(10, default.candidates)
         for question in labelled.questions:
             candidates = await knowledge.searcher.candidates([labelled.name], question.query, wanted)
@@ -218,7 +215,7 @@ async def run_set(labelled: LabelledSet, folder: Path, rerank_url: str | None) -
                 copies = [replace(hit) for hit in candidates]
                 ranked = knowledge.searcher.rank(copies, name) if variant is None else fuse(copies, variant)  # type: ignore[arg-type]
                 ranks[name].append(first_relevant(question, ranked[:wanted]))
-            baseline = plain_bm25(labelled.units, question.query)
+            baseline = bm25.ranking(question.query)
             ranks["plain BM25 (baseline)"].append(
                 baseline.index(question.bm25_answer) + 1 if question.bm25_answer in baseline else None
             )
