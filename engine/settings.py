@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class EngineSettings(BaseModel):
     """Where the vLLM engines are, how to ask them, and how to watch them."""
+
+    model_config = ConfigDict(extra="forbid")
 
     base_url: str = "http://127.0.0.1:8000"
     endpoints: list[str] = Field(default_factory=list, description="several engines; base_url when empty")

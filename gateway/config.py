@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
@@ -23,7 +24,7 @@ from gateway import redis_client
 from gateway.identities import IdentityError, qualify, tenants_by_family
 from gateway.limits import LimitSettings
 from gateway.memory import GroupMemory
-from knowledge.config import KnowledgeSettings
+from knowledge.config import KnowledgeSettings, KnowledgeUse
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MIN_ADMIN_TOKEN_CHARS = 24
@@ -36,6 +37,8 @@ class ConfigError(Exception):
 
 class MemorySettings(BaseModel):
     """Per-session conversation memory kept in Redis."""
+
+    model_config = ConfigDict(extra="forbid")
 
     ttl_s: int = Field(default=7 * 86400, ge=60)
     token_budget: int = Field(default=2048, ge=0)
@@ -50,6 +53,8 @@ class AdminSettings(BaseModel):
     (loopback by default), and on the public port only with `Authorization: Bearer TOKEN` (/admin/… is off
     unless a token is set)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     token: SecretStr | None = None
     host: str = Field(default="127.0.0.1", description="the admin listener's address (keep it off the internet)")
     port: int | None = Field(default=8081, ge=0, le=65535, description="the admin listener's port; null: none")
@@ -57,6 +62,8 @@ class AdminSettings(BaseModel):
 
 class WorkerSettings(BaseModel):
     """The worker pool: parallelism, redelivery of a dead worker's messages, retries."""
+
+    model_config = ConfigDict(extra="forbid")
 
     concurrency: int = Field(default=8, ge=1)
     claim_idle_ms: int = Field(default=30_000, ge=100)
@@ -149,6 +156,19 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _alert_bot_is_a_group_robot(self) -> Settings:
+        """Operators' alerts go out through a WeCom group robot; anything else would fail at the first alert."""
+        if self.alert_bot is None:
+            return self
+        named = next((bot for bot in self.bots if bot.id == self.alert_bot), None)
+        if named is None or named.platform != "wecom-webhook":
+            found = f"a {named.platform!r} bot" if named else "no such bot"
+            robots = ", ".join(bot.id for bot in self.bots if bot.platform == "wecom-webhook") or "none configured"
+            raise ValueError(f"alert_bot must name a 'wecom-webhook' group robot (found {found} {self.alert_bot!r}; "
+                             f"group robots: {robots})")
+        return self
+
+    @model_validator(mode="after")
     def _ai_bots_know_their_corp(self) -> Settings:
         """An AI bot's members are its corporation's: without a corp_id it takes the one WeCom corporation
         configured (so that the app, the AI bot and the page name a member alike); with several, say which."""
@@ -223,7 +243,17 @@ class Settings(BaseSettings):
         for bot in self.bots:
             if bot.id == bot_id:
                 return bot
-        raise ConfigError(f"no bot with id {bot_id!r} in the configuration")
+        known = ", ".join(bot.id for bot in self.bots) or "none"
+        raise ConfigError(f"no bot with id {bot_id!r} in the configuration (its bots: {known})")
+
+    def bases_in_use(self) -> dict[str, list[str]]:
+        """Each knowledge base some bot answers from, with the keys that name it (`bots.kefu.knowledge`)."""
+        uses: dict[str, list[str]] = {}
+        for bot in self.bots:
+            for where, use in _knowledge_uses(bot, f"bots.{bot.id}."):
+                for base in use.bases:
+                    uses.setdefault(base, []).append(where)
+        return uses
 
     def effective_dedup_ttl_s(self) -> int:
         """Dedup must outlive every replay window, so that no replay is processed twice."""
@@ -245,6 +275,21 @@ def _secrets(model: BaseModel, where: str = "") -> Iterator[tuple[str, SecretStr
                 if isinstance(item, BaseModel):
                     label = getattr(item, "id", None) or getattr(item, "name", None) or index
                     yield from _secrets(item, f"{key}.{label}.")
+
+
+def _knowledge_uses(model: BaseModel, where: str) -> Iterator[tuple[str, KnowledgeUse]]:
+    """Every `knowledge:` a bot's settings hold (its own, and per account where a platform has them)."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{where}{name}"
+        if isinstance(value, KnowledgeUse):
+            yield key, value
+        elif isinstance(value, BaseModel):
+            yield from _knowledge_uses(value, f"{key}.")
+        elif isinstance(value, dict):
+            for item_key, item in value.items():
+                if isinstance(item, BaseModel):
+                    yield from _knowledge_uses(item, f"{key}.{item_key}.")
 
 
 def _plain(value: Any) -> Any:
@@ -289,19 +334,61 @@ def load_settings(path: str | Path | None) -> Settings:
     try:
         settings = Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(describe_errors(exc)) from None  # `from None`: pydantic's own text shows the values
+        raise ConfigError(describe_errors(exc, ids)) from None  # `from None`: pydantic's own text shows the values
     if settings.worker.block_ms / 1000 >= settings.redis_timeout_s:
         raise ConfigError("worker.block_ms must be shorter than redis_timeout_s: a blocking read would time out")
     return settings
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """Which keys are wrong and why, never the values given: a mistyped key may hold a secret."""
+def describe_errors(exc: ValidationError, bot_ids: Sequence[Any] = ()) -> str:
+    """Which keys are wrong and why, never the values given: a mistyped key may hold a secret. An unknown key
+    gets the nearest valid name; a bot is named by its id."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        loc = error["loc"]
         text = error["msg"].removeprefix("Value error, ")
-        where = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            text = _unknown_key(loc)
+        where = _key_path(loc, bot_ids)
         lines.append(f"{where}: {text}" if where else text)  # a whole-settings check names its key itself
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
+def _key_path(loc: tuple[Any, ...], bot_ids: Sequence[Any]) -> str:
+    """`bots.demo.secrett` rather than pydantic's `bots.0.wecom.secrett`: the bot by its id, no union tag."""
+    parts = [str(part) for part in loc]
+    if len(loc) >= 2 and loc[0] == "bots" and isinstance(loc[1], int):
+        label = bot_ids[loc[1]] if loc[1] < len(bot_ids) and bot_ids[loc[1]] else loc[1]
+        rest = parts[3:] if len(loc) > 2 and str(loc[2]) in PLATFORMS else parts[2:]
+        parts = ["bots", str(label), *rest]
+    return ".".join(parts)
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """"unknown key; did you mean max_tokens?": the valid names where the unknown one was written."""
+    valid = _keys_at(loc[:-1])
+    near = get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+    if near:
+        return f"unknown key; did you mean {near[0]}?"
+    return "unknown key; the keys here are " + ", ".join(valid) if valid else "unknown key"
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model at `loc` takes: followed from Settings through nested models, lists, dicts and the
+    bots' platform union (whose tag pydantic puts in the path)."""
+    models: list[type[BaseModel]] = [Settings]
+    for part in loc:
+        if isinstance(part, int):
+            continue  # a list index: the same models
+        inner = [m for model in models if part in model.model_fields
+                 for m in _models_in(model.model_fields[part].annotation)]
+        tagged = [m for m in models if "platform" in m.model_fields and m.model_fields["platform"].default == part]
+        models = inner or tagged or models  # otherwise a dict's key: the same models
+    return sorted({name for model in models for name in model.model_fields})
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Every model an annotation can hold, through Optional, list, dict, Annotated and Union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]

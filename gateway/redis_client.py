@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
@@ -34,6 +36,21 @@ STARTUP_WAIT_S = 30.0  # how long a process waits at start for a Redis that is n
 
 class RedisConfigError(ValueError):
     """The Redis that `redis_url` names cannot serve botgw (the message says why and what to write)."""
+
+
+class RedisUnavailable(Exception):
+    """Redis is down, unreachable, or refuses botgw's credentials: a dependency, not the configuration."""
+
+
+def redis_address(url: str) -> str:
+    """Where `url` points, for messages: host:port (each seed of a cluster or sentinel URL) or a socket path,
+    never the user name or password."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "unix":
+        return parts.path or "a unix socket"
+    hosts = parts.netloc.rpartition("@")[2]
+    seeds = [seed if ":" in seed.rsplit("]", 1)[-1] else f"{seed}:6379" for seed in hosts.split(",") if seed]
+    return ",".join(seeds) or "localhost:6379"
 
 
 def is_cluster_url(url: str) -> bool:
@@ -132,30 +149,60 @@ async def _server_settings(redis: Redis) -> dict[str, str]:
         }  # no `save`: INFO does not show the snapshot schedule
 
 
-async def _wait_for_redis(redis: Redis, wait_s: float) -> None:
-    """Redis started beside botgw (compose, a pod) may come up a little later: wait for it, then say so plainly
-    (no URL in the message: it may hold the password)."""
+async def _wait_for_redis(redis: Redis, url: str, wait_s: float) -> None:
+    """Redis started beside botgw (compose, a pod) may come up a little later: wait for it (saying where, every
+    10 s), then say plainly what failed, where, and what to do."""
+    where = redis_address(url)
     deadline = time.monotonic() + wait_s
-    delay = 0.2
+    delay, said = 0.2, 0.0
     while True:
         try:
             await redis.ping()
             return
-        except ResponseError:
-            return  # it answers; what it refuses surfaces on the next call, in Redis's own words
         except AuthenticationError:
-            raise RedisConfigError(
-                "Redis refused the credentials in redis_url (no password where one is required, or a wrong one)"
+            raise RedisUnavailable(
+                f"Redis at {where} refused the credentials in redis_url (no password where one is required, or a "
+                "wrong one): correct the password in redis_url"
             ) from None
+        except ResponseError as exc:
+            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+                raise RedisUnavailable(f"Redis at {where} asks for a password: put it in redis_url") from None
+            return  # it answers; what it refuses surfaces on the next call, in Redis's own words
         except RedisError as exc:
             if time.monotonic() + delay > deadline:
-                raise RedisConfigError(
-                    f"Redis (redis_url) did not answer for {wait_s:g} s: {type(exc).__name__}; is it running and "
-                    "reachable from here?"
+                waited = f" for {wait_s:g} s" if wait_s >= 1 else ""
+                raise RedisUnavailable(
+                    f"Redis at {where} did not answer{waited} ({_why(exc)}): start it, or correct redis_url"
                 ) from None
-            log.warning("waiting for Redis (%s)", type(exc).__name__)
+            if time.monotonic() - said >= 10.0:
+                log.warning("waiting for Redis at %s (%s; up to %g s)", where, _why(exc), wait_s)
+                said = time.monotonic()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _why(exc: BaseException) -> str:
+    """A Redis failure in a few words (redis-py's messages carry the address, never the password)."""
+    text = str(exc).lower()
+    if "refused" in text or "error 111 " in text:
+        return "connection refused"
+    if "timeout" in text or "timed out" in text:
+        return "timed out"
+    if "name or service not known" in text or "nodename" in text or "resolution" in text:
+        return "host name not found"
+    return "not reachable"
+
+
+@asynccontextmanager
+async def connected(url: str, wait_s: float = 0.0, **options: float) -> AsyncIterator[Redis]:
+    """Redis for a one-shot command: reached (or RedisUnavailable, naming where) before the command's first
+    call, and closed after it."""
+    redis = open_redis(url, **options)
+    try:
+        await _wait_for_redis(redis, url, wait_s)
+        yield redis
+    finally:
+        await redis.aclose()
 
 
 async def check_redis(redis: Redis, url: str, wait_s: float = STARTUP_WAIT_S) -> list[str]:
@@ -163,7 +210,7 @@ async def check_redis(redis: Redis, url: str, wait_s: float = STARTUP_WAIT_S) ->
     lose messages.
 
     In a cluster, one node answers for all: they are meant to be configured alike."""
-    await _wait_for_redis(redis, wait_s)
+    await _wait_for_redis(redis, url, wait_s)
     try:
         cluster_enabled = str((await redis.info("cluster")).get("cluster_enabled", 0)) == "1"
         settings = await _server_settings(redis)

@@ -52,7 +52,7 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
                 "stop every botgw process and run `botgw migrate-keys --config FILE` once, or the queue and "
                 "the conversations would be forgotten"
             )
-    except RedisConfigError:
+    except BaseException:  # a refusal, Redis down, or an interrupt: nothing is left open
         await redis.aclose()
         raise
     http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))

@@ -153,6 +153,10 @@ class KnowledgeSettings(BaseModel):
     search: SearchSettings = Field(default_factory=SearchSettings)
     max_file_mb: float = Field(default=20.0, gt=0, description="larger files are refused, not half-read")
     max_upload_mb: float = Field(default=100.0, gt=0, description="an admin API upload's whole body at most")
+    allow_missing_bases: bool = Field(
+        default=False,
+        description="let a worker start while a bot names a base with no documents yet (it answers no_answer_text)",
+    )
 
 
 class KnowledgeUse(BaseModel):
