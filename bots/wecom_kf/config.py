@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from bots.base import Identity
 from bots.wecom.config import WECOM_API_BASE, _CallbackSecrets, _strip_slash
 from knowledge.config import KnowledgeUse
 
 DEFAULT_HANDOFF_KEYWORDS = ["人工", "转人工", "人工客服"]
+# A member's UserID: "长度为1~64个字节。只能由数字、字母和“_-@.”四种字符组成，且第一个字符必须是数字或字母"
+# (WeCom's user/create documentation, as quoted by the wecom-rs crate's ParamsCreateUser).
+USERID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 
 
 class KfAccountSettings(BaseModel):
@@ -30,7 +33,9 @@ class HandoffSettings(BaseModel):
 
     keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_HANDOFF_KEYWORDS))
     notice_text: str = "正在为您转接人工客服，请稍候。"
-    servicer: str | None = Field(default=None, description="an agent's userid (state 3); none: the pool (state 2)")
+    servicer: str | None = Field(
+        default=None, pattern=USERID_PATTERN, description="an agent's userid (state 3); none: the pool (state 2)"
+    )
 
 
 class WeComKfConfig(_CallbackSecrets):
@@ -57,6 +62,17 @@ class WeComKfConfig(_CallbackSecrets):
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
 
     _api_base = field_validator("api_base")(_strip_slash)
+
+    @model_validator(mode="after")
+    def _accounts_are_served(self) -> WeComKfConfig:
+        """An override for an account the bot does not serve would never apply: say so at start."""
+        for open_kfid in [*(self.open_kfids or []), *self.accounts]:
+            if not open_kfid or any(char.isspace() for char in open_kfid):
+                raise ValueError("open_kfids and accounts: an open_kfid is one word without spaces")
+        unserved = sorted(set(self.accounts) - set(self.open_kfids)) if self.open_kfids is not None else []
+        if unserved:
+            raise ValueError(f"accounts names {', '.join(unserved)}, which open_kfids does not serve")
+        return self
 
     @property
     def identity(self) -> Identity:
