@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from bots.base import Identity
 from knowledge.config import KnowledgeUse
@@ -19,6 +21,9 @@ PRESETS = {"code and documents": 0.1, "creative writing": 0.7, "logic and maths"
 
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # about 50 ms and 16 MiB per check: slow for a guesser, fine here
+SCRYPT_MAXMEM = 32 * 1024 * 1024  # what hashlib (OpenSSL) lets one scrypt take by default: more fails every check
+MAX_P = 16
+MAKE_ONE = "make one with `botgw web-password` (it reads the password and prints the hash)"
 
 
 def hash_password(password: str) -> str:
@@ -36,6 +41,33 @@ def _check_hash(password: str, stored: str) -> bool:
         password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
     )
     return hmac.compare_digest(given, expected)
+
+
+def _base64(text: str) -> bytes:
+    """Strict: the alphabet, the padding, nothing else (b64decode lets through what the check would choke on)."""
+    return binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+
+
+def hash_problem(stored: str) -> str | None:
+    """What is wrong with a `password_hash`, in words that never quote it (None: it can be checked). Everything
+    `_check_hash` needs is tested here, so that a hash accepted at start cannot fail at every sign-in."""
+    parts = stored.split("$")
+    if len(parts) != 6 or parts[0] != "scrypt":
+        return "not a scrypt$N$r$p$salt$hash value"
+    if not all(part.isascii() and part.isdigit() for part in parts[1:4]):
+        return "its N, r and p are not whole numbers"
+    n, r, p = (int(part) for part in parts[1:4])
+    if n < 2 or n & (n - 1) or r < 1 or not 1 <= p <= MAX_P:
+        return f"its parameters are out of range (N a power of two, r at least 1, p from 1 to {MAX_P})"
+    if 128 * r * (n + p + 2) > SCRYPT_MAXMEM:
+        return f"its N and r need more than the {SCRYPT_MAXMEM // 2**20} MiB one check may take"
+    try:
+        salt, digest = _base64(parts[4]), _base64(parts[5])
+    except (binascii.Error, UnicodeEncodeError):
+        return "its salt or hash is not base64 (still a placeholder?)"
+    if not 8 <= len(salt) <= 64 or not 16 <= len(digest) <= 64:
+        return "its salt or hash is too short or too long (still a placeholder?)"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -75,10 +107,12 @@ class WebUser(BaseModel):
 
     @field_validator("password_hash")
     @classmethod
-    def _hash_form(cls, value: str) -> str:
-        parts = value.split("$")
-        if value and (len(parts) != 6 or parts[0] != "scrypt" or not all(part.isdigit() for part in parts[1:4])):
-            raise ValueError("password_hash must be the scrypt$N$r$p$salt$hash form `botgw web-password` prints")
+    def _hash_form(cls, value: str, info: ValidationInfo) -> str:
+        """Refused at start, whole (like .env.example's placeholder): otherwise every sign-in of the user fails."""
+        problem = hash_problem(value) if value else None
+        if problem:
+            who = f" (user {info.data['name']})" if "name" in info.data else ""
+            raise ValueError(f"not a usable password hash{who}: {problem}; {MAKE_ONE}")
         return value
 
     def check(self, password: str, dummy: str | None = None) -> bool:
@@ -135,6 +169,7 @@ class WebBotConfig(BaseModel):
 
     id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     platform: Literal["web"] = "web"
+    title: str = Field(default="botgw", description="the page's name: its browser tab, header and sign-in page")
     api_key: SecretStr
     users: list[WebUser] = Field(default_factory=list)
     trusted_header: str | None = Field(default=None, description="behind an SSO proxy: the header naming the user")
@@ -153,6 +188,14 @@ class WebBotConfig(BaseModel):
     auth_secret: SecretStr | None = Field(default=None, description="Chainlit's session signing secret")
     answer_timeout_s: float = Field(default=300.0, gt=0)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
+
+    @field_validator("title")
+    @classmethod
+    def _title_plain(cls, value: str) -> str:
+        """Chainlit writes the title into the page's HTML unescaped."""
+        if not 1 <= len(value) <= 64 or re.search(r"[<>&\"'\x00-\x1f\x7f]", value):
+            raise ValueError("the page's title: 1 to 64 characters, without < > & \" ' or control characters")
+        return value
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -13,11 +13,14 @@
   and is given back when it is right: only failures are counted.
 - At most `MAX_WAITING` sign-ins wait for a scrypt thread beyond those hashing; more are answered 503 at once.
 - An unknown name costs the same scrypt as a known one (WebBotConfig.user), so the time says nothing either.
+- A hash that cannot be checked (the configuration refuses malformed ones at start, so only one changed behind its
+  back) is a failed sign-in and one warning line, never a traceback, and never the hash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import Counter
@@ -29,6 +32,8 @@ from limits.aio.strategies import MovingWindowRateLimiter
 
 from bots.web.config import WebBotConfig, WebUser
 from bots.web.guard import FACTS, Refusal
+
+log = logging.getLogger("botgw.web")
 
 HASH_THREADS = 2
 MAX_WAITING = 16  # sign-ins waiting for a scrypt thread beyond the HASH_THREADS hashing; more: 503 at once
@@ -101,6 +106,9 @@ class PasswordSignIn:
         user = None
         try:
             user = await asyncio.get_running_loop().run_in_executor(self._pool, self.bot.user, name, password)
+        except (ValueError, TypeError, OverflowError) as exc:  # binascii.Error and hashlib's refusals among them
+            log.warning("web bot %r: the sign-in as %r failed: a password_hash of this bot cannot be checked (%s); "
+                        "make a new one with `botgw web-password`", self.bot.id, name[:64], type(exc).__name__)
         finally:
             await self._release(keys, failed=user is None)
         return user

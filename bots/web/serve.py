@@ -1,9 +1,11 @@
 """`botgw web` runs this: Chainlit's app (bots/web/app.py) on uvicorn, as `chainlit run` would, with three
 differences.
 
-- Chainlit's settings are botgw's: `.chainlit/config.toml` under the app root is written at every start (uploads
-  off, no HTML in messages, no CORS for other origins), with the login form's message for a refused sign-in in
-  every language Chainlit ships. Edits to those files are overwritten; botgw's configuration is the place.
+- Chainlit's settings are botgw's (bots/web/page.py): `.chainlit/config.toml`, translations, `chainlit.md` and the
+  logo are written into the app root at every start (uploads off, no HTML in messages, no CORS for other origins,
+  the page named after the bot's `title`, a sign-in form that asks for a user name). The app root is
+  CHAINLIT_APP_ROOT (`botgw web --app-root`), else ~/.cache/botgw/web: never the cwd, where Chainlit would
+  otherwise create its stock files; Chainlit's `.env` is looked for there too, not in the cwd.
 - `bots/web/guard.py` stands in front of the app (it also refuses the chat socket to other origins, which
   Chainlit's socket.io server does not check, and bodies over 1 MB), and uvicorn's own proxy-header handling is
   off: uvicorn would otherwise rewrite the client address from `X-Forwarded-For` for any peer in
@@ -22,101 +24,25 @@ import asyncio
 import base64
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import re
+import sys
 from importlib import metadata
 from pathlib import Path
 
 from bots.web.config import WebBotConfig
+from bots.web.page import write_app_root
 
 log = logging.getLogger("botgw.web")
 
 APP = Path(__file__).resolve().parent / "app.py"
-
-CHAINLIT_CONFIG = """\
-# Written by `botgw web` at every start (bots/web/serve.py): edits here are overwritten.
-
-[project]
-user_env = []
-session_timeout = 3600
-user_session_timeout = 1296000  # 15 days
-cache = false
-persist_user_env = false
-mask_user_env = true
-allow_origins = []  # CORS for Chainlit's HTTP routes only: the socket's Origin check is bots/web/guard.py's
-
-[features]
-unsafe_allow_html = false  # never: answers and knowledge passages are not trusted HTML
-latex = false
-user_message_markdown = true
-user_message_autoscroll = true
-assistant_message_autoscroll = true
-auto_tag_thread = true
-edit_message = true
-allow_thread_sharing = false
-favorites = false
-
-[features.slack]
-reaction_on_message_received = false
-
-# No botgw bot accepts files yet: off (bots/web/guard.py also refuses POST /project/file). Issue 23 turns
-# uploads on, bounded by type, size and count.
-[features.spontaneous_file_upload]
-    enabled = false
-    accept = []
-    max_files = 0
-    max_size_mb = 0
-
-[features.audio]
-    enabled = false
-    sample_rate = 24000
-
-[features.mcp]
-    enabled = false
-
-    [features.mcp.user_servers]
-        enabled = false
-        allowed_urls = []
-
-[UI]
-name = "Assistant"
-confirm_new_chat = true
-cot = "full"
-alert_style = "classic"
-logo_file_url = ""
-default_avatar_file_url = ""
-
-[meta]
-generated_by = "{version}"
-"""
-
-# The login form shows the translation of the refused request's status text (auth.login.errors.<statusText>).
-REFUSED_SIGN_IN = {
-    "zh-CN": "登录失败次数过多，请稍等几分钟再试。",
-    "zh-TW": "登入失敗次數過多，請稍等幾分鐘再試。",
-    "": "Too many failed sign-ins. Please wait a few minutes and try again.",
-}
+DEFAULT_APP_ROOT = "~/.cache/botgw/web"  # as `botgw web --app-root`
+# Give Chainlit a data layer of its own (Literal AI's cloud, or a database), which would keep the chats elsewhere.
+DATA_LAYER_VARIABLES = ("LITERAL_API_KEY", "DATABASE_URL")
 
 REMOTE_LINK = re.compile(r"""<link\b[^>]*\bhref=["']?(?:https?:)?//[^>]*>\s*""", re.IGNORECASE)
 INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
-
-
-def write_chainlit_files(app_root: Path, chainlit_dir: Path, version: str) -> None:
-    """botgw's .chainlit/config.toml and translations under the app root (before Chainlit is imported: it reads
-    them at import)."""
-    target = app_root / ".chainlit"
-    (target / "translations").mkdir(parents=True, exist_ok=True)
-    (target / "config.toml").write_text(CHAINLIT_CONFIG.replace("{version}", version), encoding="utf-8")
-    for source in sorted((chainlit_dir / "translations").glob("*.json")):
-        translation = json.loads(source.read_text(encoding="utf-8"))
-        errors = translation.setdefault("auth", {}).setdefault("login", {}).setdefault("errors", {})
-        message = REFUSED_SIGN_IN.get(source.stem, REFUSED_SIGN_IN[""])
-        errors["Too Many Requests"] = errors["too many requests"] = message
-        (target / "translations" / source.name).write_text(
-            json.dumps(translation, ensure_ascii=False, indent=4), encoding="utf-8"
-        )
 
 
 def without_remote_links(html: str) -> str:
@@ -138,12 +64,34 @@ def warn_about(bot: WebBotConfig) -> None:
                     "through the header; list the proxy's address in trusted_proxies", bot.id)
 
 
-def load_bot() -> WebBotConfig:
-    from gateway.config import load_settings
+def app_root() -> Path:
+    """Chainlit's app root, set in the environment for Chainlit to read at import: never the cwd."""
+    root = Path(os.environ.get("CHAINLIT_APP_ROOT") or DEFAULT_APP_ROOT).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    os.environ["CHAINLIT_APP_ROOT"] = str(root)
+    os.environ.setdefault("CHAINLIT_ENV_FILE", str(root / ".env"))  # Chainlit joins it to the cwd: absolute wins
+    return root
 
-    bot = load_settings(os.environ["BOTGW_CONFIG"]).bot(os.environ.get("BOTGW_WEB_BOT", "web"))
+
+def without_data_layer() -> None:
+    """The chats go to the gateway only: a variable that would give Chainlit a data layer is dropped, said once."""
+    for name in DATA_LAYER_VARIABLES:
+        if os.environ.pop(name, None) is not None:
+            log.warning("the page ignores %s: it keeps no chats of its own (they are the gateway's)", name)
+
+
+def load_bot() -> WebBotConfig:
+    """The web bot, or one line and exit 2 (as `botgw web` says it) when the configuration is wrong."""
+    from gateway.config import ConfigError, load_settings
+
+    try:
+        bot = load_settings(os.environ["BOTGW_CONFIG"]).bot(os.environ.get("BOTGW_WEB_BOT", "web"))
+    except ConfigError as exc:
+        print(f"botgw: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not isinstance(bot, WebBotConfig):
-        raise SystemExit(f"bot {bot.id!r} is not a web bot")
+        print(f"botgw: configuration error: bot {bot.id!r} is not a web bot", file=sys.stderr)
+        raise SystemExit(2)
     return bot
 
 
@@ -153,10 +101,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8100)
     args = parser.parse_args()
     bot = load_bot()
-    app_root = Path(os.environ.setdefault("CHAINLIT_APP_ROOT", os.getcwd()))
+    root = app_root()
+    without_data_layer()
     spec = importlib.util.find_spec("chainlit")
     assert spec is not None and spec.origin, "chainlit is not installed (pip install 'botgw[web]')"
-    write_chainlit_files(app_root, Path(spec.origin).parent, metadata.version("chainlit"))
+    write_app_root(root, Path(spec.origin).parent, metadata.version("chainlit"), bot,
+                   os.environ.get("CHAINLIT_ROOT_PATH", ""), os.environ.get("CHAINLIT_URL", ""))
 
     import chainlit.cli  # noqa: F401  (what `chainlit run` sets up on import: nest_asyncio, logging)
     import uvicorn
