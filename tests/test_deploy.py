@@ -3,10 +3,14 @@ tool fails these tests, it does not skip them):
 
 - docker-compose.yml, alone and with deploy/compose.cpu.yml: the Docker Compose v2 CLI's `config` (the
   compose specification's schema, interpolation, merging; no engine needed); every image pinned, only the
-  callback port and the web page published, secrets only from the environment;
+  reverse proxy published (the gateway scales), secrets only from the environment, only the secrets of the
+  configured bots required; deploy/caddy: `caddy validate` and the routes `caddy adapt` makes of it;
 - deploy/k8s: every overlay rendered by `kubectl kustomize` and validated against the Kubernetes 1.37 schemas
-  (kubernetes-validate, strict); the two CRDs (KEDA ScaledObject, LeaderWorkerSet) against schemas here, the
-  LeaderWorkerSet's pod templates against Kubernetes' PodTemplate schema;
+  (kubernetes-validate, strict); the CRDs: KEDA ScaledObject and LeaderWorkerSet against schemas here, the
+  LeaderWorkerSet's pod templates against Kubernetes' PodTemplate schema, the Prometheus Operator's
+  ServiceMonitor, PodMonitor and PrometheusRule against the JSON schemas in deploy/k8s/schemas (generated from the
+  Operator's CRDs, see its generate.py); the labels the monitors give the series are the ones the alert rules,
+  KEDA's query and compose's Prometheus use;
 - deploy/Dockerfile: hadolint; its ENTRYPOINT is the console script;
 - across all of them: every botgw command they run parses with botgw's own CLI parser, the configuration
   files load with the environment the deployment gives them, and every vLLM command line is the launcher's
@@ -42,7 +46,9 @@ COMPOSE_CPU = ROOT / "deploy" / "compose.cpu.yml"
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 TEMPLATE_IN_CONTAINER = "/etc/botgw/templates/ernie45.jinja"
-PUBLIC_TARGETS = {("gateway", 8080), ("web", 8100)}
+PUBLIC_TARGETS = {("proxy", 8080), ("proxy-tls", 80), ("proxy-tls", 443)}
+CADDY = ROOT / "deploy" / "caddy"
+COMPOSE_REQUIRED = {"REDIS_PASSWORD", "QDRANT_API_KEY", "GRAFANA_ADMIN_PASSWORD"}  # compose's own services need them
 SECRET_KEYS = {"secret", "token", "encoding_aes_key", "api_key", "app_secret", "password", "password_hash",
                "auth_secret", "key"}
 
@@ -59,11 +65,14 @@ def run(argv: list[str], cwd: Path = ROOT, timeout: float = 60) -> subprocess.Co
 
 
 def profile_args(profile: launcher.EngineProfile) -> list[str]:
-    """The vLLM arguments of a profile as a container runs them (the image's own template path)."""
-    argv, _ = launcher.build_command(profile, python="python3", host="0.0.0.0", port=8000)
-    args = argv[3:]  # after python3 -m vllm.entrypoints.openai.api_server
-    args[args.index("--chat-template") + 1] = TEMPLATE_IN_CONTAINER
-    return args
+    """What follows `vllm serve` in a container for a profile (the template's path inside the container)."""
+    return launcher.serve_args(profile, host="0.0.0.0", port=8000, chat_template=TEMPLATE_IN_CONTAINER)
+
+
+def serve_model(args: list[str]) -> str:
+    """The model of a `vllm serve` argument list: the positional first argument."""
+    assert args and not args[0].startswith("-"), f"vllm serve without a positional model: {args[:3]}"
+    return args[0]
 
 
 def flag(args: list[str], name: str) -> str:
@@ -106,16 +115,36 @@ def assert_checked_vllm(images: list[str], where: str) -> None:
 VARIANTS = {"gpu": [COMPOSE], "cpu": [COMPOSE, COMPOSE_CPU]}
 
 
-def compose_config(files: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [tool("docker-compose"), "--env-file", str(ROOT / ".env.example"), "--project-directory", str(ROOT)]
+def compose_project(where: Path, env: str, botgw_yaml: str | None = None) -> Path:
+    """A compose project directory as an operator has it: the repository's files, and `.env` (which compose reads
+    for interpolation and which env_file hands to the botgw services). Never the checkout's own .env."""
+    where.mkdir(parents=True, exist_ok=True)
+    for name in ("engine", "deploy"):
+        (where / name).symlink_to(ROOT / name)
+    if botgw_yaml is not None:  # a deployment's own deploy/botgw.yaml
+        (where / "deploy").unlink()
+        (where / "deploy").mkdir()
+        for item in (ROOT / "deploy").iterdir():
+            if item.name != "botgw.yaml":
+                (where / "deploy" / item.name).symlink_to(item)
+        (where / "deploy" / "botgw.yaml").write_text(botgw_yaml)
+    (where / ".env").write_text(env)
+    return where
+
+
+def compose_config(files: list[Path], *extra: str, project: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    argv = [tool("docker-compose"), "--project-directory", str(project)]
+    if not (project / ".env").exists():
+        argv += ["--env-file", str(ROOT / ".env.example")]
     for file in files:
         argv += ["-f", str(file)]
-    return run([*argv, "--profile", "embed", "config", "--format", "json", *extra])
+    return run([*argv, "--profile", "embed", "--profile", "tls", "config", "--format", "json", *extra], cwd=project)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
-def rendered_compose(request: pytest.FixtureRequest) -> tuple[str, dict]:
-    proc = compose_config(VARIANTS[request.param])
+def rendered_compose(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    project = compose_project(tmp_path_factory.mktemp("compose") / "botgw", operator_env())
+    proc = compose_config(VARIANTS[request.param], project=project)
     assert proc.returncode == 0, f"docker compose config ({request.param}):\n{proc.stderr}"
     return request.param, json.loads(proc.stdout)
 
@@ -136,11 +165,78 @@ def test_compose_needs_the_secrets_from_env(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "REDIS_PASSWORD" in proc.stderr
 
 
+def _example_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """.env.example's values as an operator fills them in: the web user's hash made by `botgw web-password` (botgw
+    refuses the example's placeholder at start, as it should)."""
+    from bots.web.config import hash_password
+
+    env = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            if not key.startswith(drop):
+                env[key] = value
+    if "WEB_USER_PASSWORD_HASH" in env:
+        env["WEB_USER_PASSWORD_HASH"] = f"'{hash_password('a password')}'"
+    return env
+
+
+def operator_env() -> str:
+    return "".join(f"{key}={value}\n" for key, value in _example_env().items())
+
+
+def test_compose_requires_only_what_its_own_services_use(tmp_path: Path) -> None:
+    """The bots' secrets are botgw's business (deploy/botgw.yaml): compose requires only its own services' ones."""
+    required = set()
+    for file in (COMPOSE, COMPOSE_CPU):
+        required |= set(re.findall(r"\$\{(\w+):\?", file.read_text()))
+    assert required == COMPOSE_REQUIRED
+    minimal = "".join(f"{key}=x{key.lower()}\n" for key in sorted(COMPOSE_REQUIRED))
+    proc = compose_config([COMPOSE], project=compose_project(tmp_path / "p", minimal))
+    assert proc.returncode == 0, proc.stderr
+    for key in COMPOSE_REQUIRED:  # and each of them is really required
+        rest = "".join(f"{k}=x\n" for k in sorted(COMPOSE_REQUIRED - {key}))
+        proc = compose_config([COMPOSE], project=compose_project(tmp_path / key, rest))
+        assert proc.returncode != 0 and key in proc.stderr
+
+
+def test_compose_a_wecom_only_deployment_needs_no_other_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/botgw.yaml without the DingTalk and web bots, .env without their lines: it renders, the services get
+    .env through env_file (an override too), and botgw loads; leaving out a WeCom secret stops botgw naming it."""
+    from gateway.config import ConfigError
+
+    config = yaml.safe_load((ROOT / "deploy" / "botgw.yaml").read_text())
+    config["bots"] = [bot for bot in config["bots"] if bot["platform"] == "wecom"]
+    env = _example_env(drop=("DINGTALK_", "WEB_"))
+    env["BOTGW_ENGINE__MAX_TOKENS"] = "777"
+    dotenv = "".join(f"{key}={value}\n" for key, value in env.items())
+    project = compose_project(tmp_path / "p", dotenv, botgw_yaml=yaml.safe_dump(config))
+    proc = compose_config([COMPOSE], project=project)
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    for name in ("gateway", "worker", "dingtalk-stream", "web"):
+        environment = services[name]["environment"]
+        assert environment["WECOM_SECRET"] == env["WECOM_SECRET"] and environment["BOTGW_ENGINE__MAX_TOKENS"] == "777"
+        assert not any(key.startswith("DINGTALK_") for key in environment)
+    gateway = services["gateway"]
+    mount = next(v for v in gateway["volumes"] if v["target"] == "/etc/botgw/botgw.yaml")
+    with monkeypatch.context() as patch:
+        for key, value in gateway["environment"].items():
+            patch.setenv(key, str(value).replace("$$", "$"))
+        settings = load_settings(mount["source"])
+        assert [bot.platform for bot in settings.bots] == ["wecom"] and settings.engine.max_tokens == 777
+        patch.delenv("WECOM_SECRET")
+        with pytest.raises(ConfigError, match="WECOM_SECRET"):
+            load_settings(mount["source"])
+
+
 def test_compose_services_images_ports(rendered_compose: tuple[str, dict]) -> None:
     variant, config = rendered_compose
     services = config["services"]
     expected = {"vllm", "vllm-embed", "redis", "qdrant", "gateway", "worker", "dingtalk-stream", "web",
-                "prometheus", "grafana"}
+                "prometheus", "grafana", "proxy", "proxy-tls"}
     assert set(services) == expected
     for name, service in services.items():
         assert_pinned(service["image"])
@@ -153,9 +249,10 @@ def test_compose_services_images_ports(rendered_compose: tuple[str, dict]) -> No
     published = {(n, int(p["target"])) for n, s in services.items() for p in s.get("ports", [])
                  if p.get("host_ip") != "127.0.0.1"}
     assert published == PUBLIC_TARGETS
-    worker = services["worker"]
-    assert "container_name" not in worker and not worker.get("ports"), "worker must scale with --scale"
+    for name in ("worker", "gateway"):
+        assert "container_name" not in services[name] and not services[name].get("ports"), f"{name} must scale"
     assert services["vllm-embed"]["profiles"] == ["embed"]
+    assert services["proxy-tls"]["profiles"] == ["tls"] and not services["proxy"].get("profiles")
     gpu = services["vllm"].get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
     if variant == "gpu":
         assert gpu and gpu[0]["capabilities"] == ["gpu"]
@@ -176,15 +273,16 @@ def test_compose_vllm_images_are_the_checked_version(rendered_compose: tuple[str
 def test_compose_vllm_runs_the_launcher_profile(rendered_compose: tuple[str, dict]) -> None:
     variant, config = rendered_compose
     vllm = config["services"]["vllm"]
-    assert vllm["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert vllm["entrypoint"] == ["vllm", "serve"]  # not the deprecated python -m vllm.entrypoints.openai.api_server
+    assert config["services"]["vllm-embed"]["entrypoint"] == ["vllm", "serve"]
     profile = launcher.get_profile("ernie-0.3b-gpu" if variant == "gpu" else "ernie-0.3b-cpu")
     assert vllm["command"] == profile_args(profile)
     for key, value in profile.env.items():
         assert vllm["environment"][key] == value
     template = next(v for v in vllm["volumes"] if v["target"] == TEMPLATE_IN_CONTAINER)
-    assert Path(template["source"]) == launcher.CHAT_TEMPLATE
+    assert Path(template["source"]).resolve() == launcher.CHAT_TEMPLATE
     embed = config["services"]["vllm-embed"]["command"]
-    assert flag(embed, "--model") == "BAAI/bge-m3" and flag(embed, "--runner") == "pooling"
+    assert serve_model(embed) == "BAAI/bge-m3" and flag(embed, "--runner") == "pooling"
 
 
 def test_compose_botgw_commands_parse_and_config_loads(
@@ -216,6 +314,79 @@ def test_compose_botgw_commands_parse_and_config_loads(
             assert _parser().parse_args(service["command"]).port == 8100
         if name == "dingtalk-stream":  # deploy/prometheus/prometheus.yml scrapes it there
             assert _parser().parse_args(service["command"]).metrics_port == 9102
+
+
+# --- the reverse proxy (Caddy) ---------------------------------------------------------------------------------
+
+def caddy() -> str:
+    path = shutil.which("caddy")
+    if not path:
+        pytest.fail("caddy is not installed: `apt-get install caddy` (Debian's package; scripts/install_ops_tools.sh)")
+    return path
+
+
+CADDY_ENV = {"BOTGW_HOST": "bot.example.com", "ACME_EMAIL": "ops@example.com"}
+
+
+def caddy_run(command: str, config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`caddy validate|adapt` as the container runs it, from another directory (imports are relative to the file)."""
+    env = {**os.environ, **CADDY_ENV, "HOME": str(cwd), "XDG_DATA_HOME": str(cwd), "XDG_CONFIG_HOME": str(cwd)}
+    return subprocess.run([caddy(), command, "--config", str(config), "--adapter", "caddyfile"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _caddy_routes(routes: list[dict], paths: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[dict]]:
+    """The handlers of an adapted Caddy config by the path matchers above them, subroutes unwrapped."""
+    found: dict[tuple[str, ...], list[dict]] = {}
+    for route in routes:
+        here = paths + tuple(p for m in route.get("match", []) for p in m.get("path", []))
+        for handler in route.get("handle", []):
+            if handler["handler"] == "subroute":
+                for key, handlers in _caddy_routes(handler.get("routes", []), here).items():
+                    found.setdefault(key, []).extend(handlers)
+            else:
+                found.setdefault(here, []).append(handler)
+    return found
+
+
+@pytest.mark.parametrize("name", ["Caddyfile", "Caddyfile.tls"])
+def test_caddy_configs_are_valid_and_route_callbacks_to_every_gateway(name: str, tmp_path: Path) -> None:
+    assert caddy_run("validate", CADDY / name, tmp_path).returncode == 0
+    adapted = caddy_run("adapt", CADDY / name, tmp_path)
+    assert adapted.returncode == 0, adapted.stderr
+    server = next(iter(json.loads(adapted.stdout)["apps"]["http"]["servers"].values()))
+    routes = _caddy_routes(server["routes"])
+    callback = {h["handler"]: h for h in routes[("/callback/*",)]}
+    assert callback["reverse_proxy"]["dynamic_upstreams"] == {**callback["reverse_proxy"]["dynamic_upstreams"],
+                                                             "source": "a", "name": "gateway", "port": "8080"}
+    assert callback["request_body"]["max_size"] == 64 * 1024
+    page = {h["handler"]: h for h in routes[()]}
+    assert page["reverse_proxy"]["upstreams"] == [{"dial": "web:8100"}]
+    if name == "Caddyfile":
+        assert server["listen"] == [":8080"]
+    else:
+        assert server["listen"] == [":443"]
+        hosts = [h for r in server["routes"] for m in r.get("match", []) for h in m.get("host", [])]
+        assert hosts == [CADDY_ENV["BOTGW_HOST"]]
+
+
+def test_caddy_validation_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "Caddyfile"
+    bad.write_text(":8080 {\n\treverse_proxi web:8100\n}\n")
+    proc = caddy_run("validate", bad, tmp_path)
+    assert proc.returncode != 0 and "reverse_proxi" in proc.stderr
+
+
+def test_compose_proxy_serves_the_caddy_configs(rendered_compose: tuple[str, dict]) -> None:
+    _, config = rendered_compose
+    services = config["services"]
+    for name, file in (("proxy", "Caddyfile"), ("proxy-tls", "Caddyfile.tls")):
+        service = services[name]
+        mount = next(v for v in service["volumes"] if v["target"].rstrip("/") == "/etc/caddy")
+        assert Path(mount["source"]).resolve() == CADDY.resolve() and mount.get("read_only")
+        assert service["command"][:4] == ["caddy", "run", "--config", f"/etc/caddy/{file}"]
+    assert services["proxy-tls"]["environment"]["BOTGW_HOST"]
+    assert {"gateway", "web"} <= set(services["proxy"]["depends_on"])
 
 
 def test_env_example_names_every_variable_with_a_comment() -> None:
@@ -416,6 +587,13 @@ CRD_SCHEMAS = {
     },
 }
 
+# The Prometheus Operator's objects: JSON schemas generated from its CRDs (deploy/k8s/schemas/generate.py), as strict
+# as the API server's field validation.
+OPERATOR_SCHEMAS = K8S / "schemas" / "monitoring.coreos.com"
+for _kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+    _schema = OPERATOR_SCHEMAS / f"{_kind.lower()}_v1.json"
+    CRD_SCHEMAS[("monitoring.coreos.com/v1", _kind)] = json.loads(_schema.read_text())
+
 # Runs in the ops venv (kubernetes-validate and jsonschema live there): validates every document on stdin.
 _VALIDATOR = r"""
 import json, sys
@@ -433,7 +611,8 @@ def k8s(doc, where):
 for where, doc in payload["docs"]:
     key = (doc.get("apiVersion"), doc.get("kind"))
     if key in crds:
-        for err in jsonschema.Draft7Validator(crds[key]).iter_errors(doc):
+        validator = jsonschema.validators.validator_for(crds[key], default=jsonschema.Draft7Validator)
+        for err in validator(crds[key]).iter_errors(doc):
             errors.append(f"{where}: {err.message} at {'.'.join(map(str, err.path))}")
         if key[1] == "LeaderWorkerSet":
             for role in ("leaderTemplate", "workerTemplate"):
@@ -457,19 +636,24 @@ def validate_k8s(docs: list[tuple[str, dict]]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def rendered_k8s(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    """Every overlay as `kubectl kustomize` renders it, with secrets.env made from the example (as an operator
-    does; the real one is never committed)."""
-    kubectl = tool("kubectl")
+def k8s_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deploy/k8s with secrets.env made from the example (as an operator does; the real one is never committed)."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("secrets.env"))
     shutil.copy(tree / "base" / "secrets.env.example", tree / "base" / "secrets.env")
-    rendered = {}
-    for overlay in OVERLAYS:
-        proc = run([kubectl, "kustomize", str(tree / "overlays" / overlay)])
-        assert proc.returncode == 0, f"kubectl kustomize overlays/{overlay}:\n{proc.stderr}"
-        rendered[overlay] = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-    return rendered
+    return tree
+
+
+def kustomize(where: Path) -> list[dict]:
+    proc = run([tool("kubectl"), "kustomize", str(where)])
+    assert proc.returncode == 0, f"kubectl kustomize {where.name}:\n{proc.stderr}"
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered_k8s(k8s_tree: Path) -> dict[str, list[dict]]:
+    """Every overlay as `kubectl kustomize` renders it."""
+    return {overlay: kustomize(k8s_tree / "overlays" / overlay) for overlay in OVERLAYS}
 
 
 def _find(docs: list[dict], kind: str, name: str) -> dict:
@@ -510,9 +694,21 @@ def test_k8s_validator_rejects_wrong_manifests() -> None:
         ("crd", {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
                  "spec": {"scaleTargetRef": {"name": "w"}, "triggers": [], "maxReplicas": 3}}),
         ("unknown", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "x"}}),
+        ("servicemonitor", {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                            "metadata": {"name": "x"},
+                            "spec": {"jobLable": "a", "selector": {}, "endpoints": [{"port": "admin"}]}}),
+        ("podmonitor", {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": {"name": "x"},
+                        "spec": {"selector": {}, "podMetricsEndpoints": [{"port": "m", "relabelings": [
+                            {"action": "rename", "targetLabel": "job"}]}]}}),
+        ("rule", {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": {"name": "x"},
+                  "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "expression": "up == 0"}]}]}}),
+        ("good", {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": {"name": "x"},
+                  "spec": {"selector": {"matchLabels": {"a": "b"}}, "jobLabel": "a",
+                           "podMetricsEndpoints": [{"port": "m", "interval": "15s"}]}}),
     ]
     errors = validate_k8s(wrong)
-    assert {e.split(":")[0] for e in errors} == {"typo", "crd", "unknown"}, errors
+    assert {e.split(":")[0] for e in errors} == {"typo", "crd", "unknown", "servicemonitor", "podmonitor", "rule"}, \
+        errors
 
 
 def test_k8s_workloads(rendered_k8s: dict[str, list[dict]]) -> None:
@@ -576,8 +772,12 @@ def _vllm_container(docs: list[dict]) -> tuple[dict, int]:
 
 def test_k8s_vllm_runs_the_launcher_profiles(rendered_k8s: dict[str, list[dict]],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from bots.web.config import hash_password
+
     secrets = dict(line.split("=", 1) for line in (K8S / "base" / "secrets.env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
+    secrets["WEB_USER_PASSWORD_HASH"] = hash_password("a password")  # as the operator fills it in (the example's
+    # placeholder is refused at start, as it should be)
     for overlay, docs in rendered_k8s.items():
         container, nodes = _vllm_container(docs)
         args = container["args"]
@@ -587,13 +787,15 @@ def test_k8s_vllm_runs_the_launcher_profiles(rendered_k8s: dict[str, list[dict]]
         if nodes > 1:
             profile = launcher.ernie_21b_a3b_multinode_profile(nodes=nodes, gpus_per_node=gpus)
             assert tp == gpus and dp == nodes
-        elif "21B" in flag(args, "--model"):
+        elif "21B" in serve_model(args):
             profile = launcher.ernie_21b_a3b_profile(tensor_parallel_size=tp, data_parallel_size=dp)
             assert gpus == tp * dp
         else:
             profile = launcher.get_profile("ernie-0.3b-gpu")
             assert gpus == 1
         assert args == profile_args(profile), overlay
+        command = container["command"]  # `vllm serve`, directly or as the leader script's last word
+        assert command == ["vllm", "serve"] or 'exec vllm serve "$@"' in command[-2], overlay
         assert container["readinessProbe"]["httpGet"]["path"] == "/health"
         assert any(m["mountPath"] == str(Path(TEMPLATE_IN_CONTAINER).parent) for m in container["volumeMounts"])
         # the configuration the botgw pods get: the ConfigMap's file, the Secret's and botgw-env's variables
@@ -620,3 +822,205 @@ def test_k8s_vllm_runs_the_launcher_profiles(rendered_k8s: dict[str, list[dict]]
 
 def test_k8s_template_is_the_engine_template() -> None:
     assert (K8S / "base" / "ernie45.jinja").read_bytes() == launcher.CHAT_TEMPLATE.read_bytes()
+
+
+# --- monitoring: the Prometheus Operator's objects, the labels the rules, the board and KEDA agree on -----------
+
+RULES_FILE = ROOT / "deploy" / "prometheus" / "rules" / "botgw.rules.yml"
+COMPOSE_PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+BOARD = ROOT / "deploy" / "grafana" / "dashboards" / "botgw.json"
+_MATCHER = r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"'
+
+
+def label_matchers(expr: str) -> list[tuple[str, str, str]]:
+    """(label, operator, value) of every matcher in a PromQL expression."""
+    return re.findall(_MATCHER, expr)
+
+
+def rule_expressions() -> list[str]:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return [str(rule["expr"]) for group in groups for rule in group["rules"]]
+
+
+def board_expressions() -> list[str]:
+    panels = json.loads(BOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel.get("targets", [])]
+
+
+def compose_jobs() -> dict[str, dict[str, str]]:
+    """Compose's scrape jobs and the constant labels their relabelings add."""
+    jobs = {}
+    for job in yaml.safe_load(COMPOSE_PROMETHEUS.read_text())["scrape_configs"]:
+        jobs[job["job_name"]] = {r["target_label"]: r["replacement"] for r in job.get("relabel_configs", [])
+                                 if "source_labels" not in r}
+    return jobs
+
+
+def _selected(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def operator_targets(docs: list[dict]) -> dict[str, dict]:
+    """What each ServiceMonitor and PodMonitor scrapes, as the Operator builds it: the job label (jobLabel's value on
+    the Service or pod, else the Service's name / `namespace/name` of the PodMonitor, then relabelings), the constant
+    labels relabelings add, the namespace, the port (name and number) and the pods behind it."""
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "LeaderWorkerSet")]
+
+    def pod_templates() -> list[dict]:
+        out = []
+        for d in workloads:
+            if d["kind"] == "LeaderWorkerSet":
+                out += [d["spec"]["leaderWorkerTemplate"][r] for r in ("leaderTemplate", "workerTemplate")]
+            else:
+                out.append(d["spec"]["template"])
+        return out
+
+    targets = {}
+    for monitor in (d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")):
+        spec, name = monitor["spec"], monitor["metadata"]["name"]
+        endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
+        assert len(endpoints) == 1, f"{name}: one endpoint expected"
+        endpoint = endpoints[0]
+        if monitor["kind"] == "ServiceMonitor":
+            services = [d for d in docs
+                        if d["kind"] == "Service" and _selected(spec["selector"], d["metadata"]["labels"])]
+            assert len(services) == 1, f"ServiceMonitor {name} selects {len(services)} Services"
+            service = services[0]
+            job_default, job_source = service["metadata"]["name"], service["metadata"]["labels"]
+            port = next((p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]), None)
+            assert port, f"ServiceMonitor {name}: the Service has no port {endpoint['port']}"
+            templates = [t for t in pod_templates() if _selected({"matchLabels": service["spec"]["selector"]},
+                                                                 t["metadata"]["labels"])]
+            number = port["port"]
+            container_ports = [p for t in templates for c in t["spec"]["containers"] for p in c.get("ports", [])
+                               if p.get("name") == port["targetPort"] or p["containerPort"] == port["targetPort"]]
+            assert container_ports, f"ServiceMonitor {name}: no pod has the Service's targetPort {port['targetPort']}"
+            number = container_ports[0]["containerPort"]
+        else:
+            templates = [t for t in pod_templates() if _selected(spec["selector"], t["metadata"]["labels"])]
+            assert templates, f"PodMonitor {name} selects no pods"
+            job_default = f"{monitor['metadata'].get('namespace')}/{name}"
+            job_source = templates[0]["metadata"]["labels"]
+            ports = [p for c in templates[0]["spec"]["containers"] for p in c.get("ports", [])
+                     if p.get("name") == endpoint["port"]]
+            assert ports, f"PodMonitor {name}: the pods have no port {endpoint['port']}"
+            number = ports[0]["containerPort"]
+        job = job_source[spec["jobLabel"]] if spec.get("jobLabel") else job_default
+        constants = {}
+        for relabel in endpoint.get("relabelings", []):
+            assert not relabel.get("sourceLabels"), f"{name}: only constant relabelings are modelled here"
+            constants[relabel["targetLabel"]] = relabel["replacement"]
+        job = constants.pop("job", job)
+        targets[name] = {"job": job, "labels": constants, "namespace": monitor["metadata"].get("namespace"),
+                         "port": number, "pod_labels": templates[0]["metadata"]["labels"],
+                         "path": endpoint.get("path", "/metrics")}
+    return targets
+
+
+def test_k8s_monitors_give_the_compose_job_names(rendered_k8s: dict[str, list[dict]]) -> None:
+    """The same `job` (and `role`) labels as compose's Prometheus, for the same processes."""
+    compose = compose_jobs()
+    for overlay, docs in rendered_k8s.items():
+        targets = operator_targets(docs)
+        assert set(targets) == {"gateway", "worker", "dingtalk-stream", "vllm"}, overlay
+        for name, target in targets.items():
+            assert target["job"] == name, f"{overlay}: {name} scraped as job {target['job']!r}"
+            assert target["labels"] == compose[name], f"{overlay}: {name} labels {target['labels']} vs compose"
+            assert target["namespace"] == "botgw" and target["path"] == "/metrics"
+        # the ports are compose's (deploy/prometheus/prometheus.yml scrapes the same ones)
+        scrape = yaml.safe_load(COMPOSE_PROMETHEUS.read_text())["scrape_configs"]
+        compose_ports = {j["job_name"]: j["dns_sd_configs"][0]["port"] for j in scrape if "dns_sd_configs" in j}
+        assert {n: t["port"] for n, t in targets.items()} == {n: compose_ports[n] for n in targets}, overlay
+
+
+def test_k8s_monitoring_namespace_may_reach_every_scraped_port(rendered_k8s: dict[str, list[dict]]) -> None:
+    for overlay, docs in rendered_k8s.items():
+        policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+        for name, target in operator_targets(docs).items():
+            allowed = False
+            for policy in policies:
+                if not _selected(policy["spec"]["podSelector"], target["pod_labels"]):
+                    continue
+                for rule in policy["spec"].get("ingress", []):
+                    from_monitoring = any(f.get("namespaceSelector", {}).get("matchLabels", {})
+                                          .get("kubernetes.io/metadata.name") == "monitoring" for f in rule["from"])
+                    if from_monitoring and target["port"] in {p["port"] for p in rule.get("ports", [])}:
+                        allowed = True
+            assert allowed, f"{overlay}: no NetworkPolicy lets namespace monitoring scrape {name}:{target['port']}"
+
+
+def test_alert_rules_and_board_name_only_jobs_both_deployments_produce(rendered_k8s: dict[str, list[dict]]) -> None:
+    """Every `job` the rules and the board match on is a compose job, and one the Operator's monitors produce (but
+    vllm-embed, compose's optional embedding engine, which k8s does not run); no other label is matched on that
+    only one of the two gives."""
+    compose = compose_jobs()
+    k8s_jobs = {t["job"] for t in operator_targets(rendered_k8s["default"]).values()}
+    assert k8s_jobs == set(compose) - {"vllm-embed", "prometheus"}
+    named_jobs = set()
+    for expr in rule_expressions() + board_expressions():
+        for label, op, value in label_matchers(expr):
+            if label == "job":
+                alternatives = value.split("|") if op in ("=~", "!~") else [value]
+                assert all(re.fullmatch(r"[\w-]+", a) for a in alternatives), f"{expr}: a job pattern, not names"
+                named_jobs |= set(alternatives)
+            else:  # a label the services themselves export, never a scrape label only one deployment adds
+                assert label not in {"namespace", "pod", "service", "container", "endpoint", "role", "deployment"}, \
+                    f"{expr}: {label} is a scrape label"
+    assert named_jobs, "the rules match on job"
+    assert named_jobs <= set(compose), named_jobs - set(compose)
+    assert named_jobs - {"vllm-embed"} <= k8s_jobs, named_jobs - k8s_jobs
+
+
+def test_the_label_check_catches_a_job_nobody_scrapes() -> None:
+    assert label_matchers('up{job=~"gateway|worker"} == 0 or absent(up{job="vlm"})') == [
+        ("job", "=~", "gateway|worker"), ("job", "=", "vlm")]
+    assert "vlm" not in compose_jobs()
+
+
+def test_k8s_prometheus_rule_is_the_rules_file(rendered_k8s: dict[str, list[dict]]) -> None:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    for overlay, docs in rendered_k8s.items():
+        rule = _find(docs, "PrometheusRule", "botgw")
+        assert rule["spec"]["groups"] == groups, f"{overlay}: base/prometheusrule.yaml differs from {RULES_FILE.name}"
+
+
+def test_keda_asks_the_operators_prometheus_for_labels_the_gateway_monitor_gives(
+    rendered_k8s: dict[str, list[dict]],
+) -> None:
+    for overlay, docs in rendered_k8s.items():
+        gateway = operator_targets(docs)["gateway"]
+        produced = {"job": gateway["job"], "namespace": gateway["namespace"], **gateway["labels"]}
+        for trigger in _find(docs, "ScaledObject", "worker")["spec"]["triggers"]:
+            meta = trigger["metadata"]
+            # the Service the Operator makes for its Prometheus pods: prometheus-operated, port 9090 (web)
+            assert re.fullmatch(r"http://prometheus-operated\.monitoring\.svc(\.cluster\.local)?:9090",
+                                meta["serverAddress"]), meta["serverAddress"]
+            matchers = label_matchers(meta["query"])
+            assert ("job", "=", "gateway") in matchers, meta["query"]
+            for label, op, value in matchers:
+                assert op == "=" and produced.get(label) == value, f"{overlay}: {label}{op}{value!r} matches no series"
+
+
+def test_k8s_grafana_board_is_the_compose_board(rendered_k8s: dict[str, list[dict]]) -> None:
+    """The board as a ConfigMap for Grafana's dashboard sidecar (label grafana_dashboard=1), the same file as
+    compose's; its panels use the datasource uid `prometheus`, which compose provisions and kube-prometheus-stack
+    gives its own Prometheus datasource."""
+    assert (K8S / "base" / "grafana" / "botgw.json").read_bytes() == BOARD.read_bytes()
+    for docs in rendered_k8s.values():
+        config = _find(docs, "ConfigMap", "botgw-grafana-dashboard")
+        assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(config["data"]["botgw.json"]) == json.loads(BOARD.read_text())
+
+
+def test_k8s_hosts_and_tls_come_from_the_overlays(k8s_tree: Path, rendered_k8s: dict[str, list[dict]]) -> None:
+    base = [d for d in kustomize(k8s_tree / "base") if d["kind"] == "Ingress"]
+    assert len(base) == 2
+    for ingress in base:
+        assert "tls" not in ingress["spec"] and all("host" not in r for r in ingress["spec"]["rules"])
+    for overlay, docs in rendered_k8s.items():
+        for ingress in (d for d in docs if d["kind"] == "Ingress"):
+            hosts = [r["host"] for r in ingress["spec"]["rules"]]
+            tls = ingress["spec"]["tls"]
+            assert hosts and {h for t in tls for h in t["hosts"]} == set(hosts), overlay
+            assert all(t["secretName"] for t in tls)
+            assert ingress["metadata"]["annotations"]["cert-manager.io/cluster-issuer"]

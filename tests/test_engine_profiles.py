@@ -42,8 +42,8 @@ def all_profile_commands() -> dict[str, list[str]]:
     commands = {}
     for name, profile in profiles.items():
         argv, _ = launcher.build_command(profile, python="python", host="127.0.0.1", port=8000)
-        assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-        commands[name] = argv[3:]
+        assert argv[1:4] == list(launcher.VLLM_SERVE)  # `vllm serve`, not the deprecated module
+        commands[name] = argv[4:]
     return commands
 
 
@@ -53,9 +53,11 @@ def test_every_profile_is_accepted_by_vllms_parser() -> None:
               "rerank-bge-v2-m3"}  # fmt: skip
     assert wanted <= set(commands)
     bogus = [*commands["tiny"], "--enable-warp-drive"]
-    errors = run_in_engine_venv("engine.argcheck", [*commands.values(), bogus])
-    assert dict(zip(commands, errors, strict=False)) == dict.fromkeys(commands, "")
-    assert "enable-warp-drive" in errors[-1], "the check must be able to fail"
+    two_models = [*commands["tiny"], "other-model"]  # a second positional: `vllm serve` takes one model
+    errors = run_in_engine_venv("engine.argcheck", [*commands.values(), bogus, two_models])
+    assert dict(zip(commands, errors[:-2], strict=True)) == dict.fromkeys(commands, "")
+    assert "enable-warp-drive" in errors[-2], "the check must be able to fail"
+    assert "other-model" in errors[-1]
 
 
 def test_moe_profiles_carry_expert_parallelism_and_eplb() -> None:
@@ -134,7 +136,7 @@ def test_the_embedding_profile_runs_vllms_pooling_runner_for_bge_m3() -> None:
     from knowledge.config import EmbeddingSettings
 
     argv = all_profile_commands()["embed-bge-m3"]
-    assert argv[argv.index("--model") + 1] == "BAAI/bge-m3"
+    assert argv[0] == "BAAI/bge-m3" and "--model" not in argv  # `vllm serve MODEL`
     assert argv[argv.index("--runner") + 1] == "pooling"
     served = argv[argv.index("--served-model-name") + 1]
     assert served == EmbeddingSettings(base_url="http://127.0.0.1:8001").model_name
@@ -148,7 +150,104 @@ def test_the_rerank_profile_serves_the_model_knowledge_rerank_asks_for() -> None
     from knowledge.config import RerankSettings
 
     argv = all_profile_commands()["rerank-bge-v2-m3"]
-    assert argv[argv.index("--model") + 1] == "BAAI/bge-reranker-v2-m3"
+    assert argv[0] == "BAAI/bge-reranker-v2-m3"
     assert argv[argv.index("--runner") + 1] == "pooling"
     assert argv[argv.index("--served-model-name") + 1] == RerankSettings().model
     assert "--chat-template" not in argv
+
+
+def test_serve_args_take_the_model_positionally_and_overrides_replace_it() -> None:
+    """`vllm serve MODEL`: vLLM 0.32 warns that `--model` will go (vllm/utils/argparse_utils.py), so an operator's
+    `-- --model X` replaces the positional model instead of being passed on."""
+    profile = launcher.get_profile("ernie-0.3b-cpu")
+    overrides = ["--model", "my/model", "--max-num-seqs", "4"]
+    args = launcher.serve_args(profile, host="0.0.0.0", port=8000, overrides=overrides)
+    assert args[0] == "my/model" and "--model" not in args
+    assert args[args.index("--max-num-seqs") + 1] == "4" and args.count("--max-num-seqs") == 1
+    args = launcher.serve_args(profile, host="h", port=1, overrides=["--model=other/model"])
+    assert args[0] == "other/model" and not any(a.startswith("--model") for a in args)
+    inside = launcher.serve_args(profile, host="h", port=1, chat_template="/etc/t.jinja")
+    assert inside[inside.index("--chat-template") + 1] == "/etc/t.jinja"
+    argv, env = launcher.build_command(profile, python="/py", host="h", port=1)
+    assert argv == ["/py", *launcher.VLLM_SERVE, *launcher.serve_args(profile, host="h", port=1)]
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+
+
+def test_the_launcher_runs_the_vllm_console_scripts_function_as_vllm_serve() -> None:
+    """VLLM_MAIN calls what the `vllm` console script calls (vLLM's entry_points), and in the engine venv it gets as
+    far as `vllm serve`'s own parser: `--help` of the serve subcommand, where the console script itself fails."""
+    probe = (
+        "import importlib.metadata as m\n"
+        "print([e.value for e in m.entry_points(group='console_scripts') if e.name == 'vllm'])"
+    )
+    result = subprocess.run([ENGINE_PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == repr(["vllm.entrypoints.cli.main:main"])
+    assert "from vllm.entrypoints.cli.main import main" in launcher.VLLM_MAIN
+    helped = subprocess.run([ENGINE_PYTHON, *launcher.VLLM_SERVE, "--help"], capture_output=True, text=True,
+                            timeout=300, cwd="/")
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "usage: vllm serve [model_tag] [options]" in helped.stdout
+    assert "deprecated" not in (helped.stdout + helped.stderr).lower()
+
+
+# --- the supervisor's relay ----------------------------------------------------------------------------------
+
+ACCESS = 'INFO:     127.0.0.1:51234 - "GET {path} HTTP/1.1" {status}\n'
+
+
+def test_the_relay_drops_the_probes_access_lines_only() -> None:
+    from engine.supervisor import Relay, is_probe_access_line
+
+    lines = [
+        ACCESS.format(path="/metrics", status="200 OK"),
+        "(APIServer pid=7) " + ACCESS.format(path="/health", status="200 OK"),
+        ACCESS.format(path="/health", status="503 Service Unavailable"),   # a failing probe says something
+        ACCESS.format(path="/v1/models", status="200 OK"),
+        'INFO:     10.0.0.2:4000 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n',
+        ACCESS.format(path="/metricsx", status="200 OK"),
+        "INFO 12-02 10:00:00 [core.py:1] something about /metrics\n",
+    ]
+    out, status = io.StringIO(), io.StringIO()
+    relay = Relay(out, status)
+    for line in lines:
+        relay(line)
+    assert out.getvalue() == "".join(lines[2:])
+    assert status.getvalue() == ""
+    assert is_probe_access_line(lines[0]) and not is_probe_access_line(lines[3])
+
+
+def test_the_relay_turns_loading_lines_into_botgw_status_lines() -> None:
+    """The lines in vLLM 0.32's wording (its log calls), as `botgw engine serve` shows them on stderr; each step
+    once, a progress bar by its last state, and every vLLM line still relayed."""
+    from engine.supervisor import Relay, loading_status
+
+    lines = [
+        "(EngineCore pid=9) INFO 12-02 10:00:01 [cpu_model_runner.py:68] Starting to load model /m/ernie-tiny...\n",
+        "Loading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
+        "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.0it/s]\n",
+        "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.0it/s]\n",
+        "INFO 12-02 10:00:03 [default_loader.py:502] Loading weights took 1.52 seconds\n",
+        "INFO 12-02 10:00:03 [gpu_model_runner.py:5150] Model loading took 0.57 GiB memory and 2.345678 seconds\n",
+        "INFO 12-02 10:00:04 [cpu_model_runner.py:87] Warming up model for the compilation...\n",
+        "INFO 12-02 10:00:09 [core.py:403] init engine (profile, create kv cache, warmup model) took 8.10 s\n",
+        "(APIServer pid=8) INFO 12-02 10:00:10 [entry.py:140] Starting vLLM server on http://127.0.0.1:8010\n",
+        "(APIServer pid=8) INFO:     Application startup complete.\n",
+        "INFO 12-02 10:00:11 [loggers.py:1] Engine 000: Avg prompt throughput: 0.0 tokens/s\n",
+    ]
+    out, status = io.StringIO(), io.StringIO()
+    relay = Relay(out, status)
+    for line in lines:
+        relay(line)
+    assert out.getvalue() == "".join(lines)
+    assert status.getvalue().splitlines() == [
+        "botgw: engine loading the model /m/ernie-tiny",
+        "botgw: engine loading weights: shard 1/2 (50%)",
+        "botgw: engine weights loaded in 1.52 s",
+        "botgw: engine model loaded (0.57 GiB, 2.3 s)",
+        "botgw: engine warming up",
+        "botgw: engine initialised in 8.10 s (KV cache, warm-up)",
+        "botgw: engine starting the API server on http://127.0.0.1:8010",
+        "botgw: engine ready",
+    ]
+    assert loading_status("INFO something else entirely\n") is None
