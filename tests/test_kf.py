@@ -225,3 +225,51 @@ def test_a_token_refused_even_when_fresh_is_retried_not_dead_lettered() -> None:
         asyncio.run(send())
     # the first token, one refetch, and the refused refetch replaced so that the retry starts with a new one
     assert raised.value.code == "token" and len(fetched) == 3
+
+
+def test_a_handoff_for_a_customer_with_no_session_says_so_and_exits_1(
+    kf: Kf, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to print "queued", exit 0, and the worker dead-lettered the move with 95013."""
+    from gateway.cli import main
+
+    person = customer()  # never wrote: WeCom reads the session as 4 (ended or never started)
+    stats = Keys(kf.namespace).scheduler_stats
+    queued_before = int(kf.redis.hget(stats, "enqueued") or 0)
+    asked_before, moves_before = kf.calls("service_state_get"), kf.calls("service_state_trans")
+    assert main(["kf", "handoff", "--config", str(kf.path), "--bot", "kefu", "--customer", person]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip().splitlines() == [
+        f"botgw kf handoff: {person} has no open session with {KFID} (ended, or never started): "
+        "nothing to hand off until they write again"
+    ]
+    assert kf.calls("service_state_get") == asked_before + 1, "the platform was asked"
+    assert int(kf.redis.hget(stats, "enqueued") or 0) == queued_before, "nothing was queued"
+    time.sleep(1.0)
+    assert kf.calls("service_state_trans") == moves_before
+
+
+def test_sim_after_a_handoff_reports_the_human_holding_the_session_as_success(
+    kf: Kf, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Silence is the right answer while a human (or the queue for one) holds the session: exit 0, said so, and
+    without waiting out --timeout."""
+    from gateway.cli import main
+
+    person = customer()
+    kf.write(person, "/help")
+    kf.wait_sent(person, 1)
+    assert main(["kf", "handoff", "--config", str(kf.path), "--bot", "kefu", "--customer", person]) == 0
+    wait_for(lambda: kf.session(person)["service_state"] == 2, 30, "the worker's move to the queue")
+    kf.wait_sent(person, 2)  # the handoff notice
+    capsys.readouterr()
+    started = time.monotonic()
+    argv = ["sim", "wecom-kf", "--config", str(kf.path), "--bot", "kefu", "--customer", person]
+    assert main([*argv, "--gateway", kf.gateway_url, "--timeout", "60", "还在吗？"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "no answer (the session is with a human)", err
+    assert "Traceback" not in err
+    assert time.monotonic() - started < 30, "it waited for an answer that cannot come"
+    assert len(kf.sent(person)) == 2
+    wait_for(lambda: any(turn["content"] == "还在吗？" for turn in kf.memory(person)), 30, "botgw to keep the message")

@@ -12,6 +12,7 @@ import threading
 import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import defusedxml.ElementTree as ET
@@ -24,6 +25,7 @@ from fastapi.testclient import TestClient
 from bots.base import CallbackRejected
 from bots.simulator import wecom_kf
 from bots.simulator.server import create_simulator_app
+from bots.simulator.state_file import StateFileError
 from bots.simulator.wecom_kf import WeComKfCallbackSigner
 from bots.wecom.crypto import WeComCrypto
 from bots.wecom_kf.config import WeComKfConfig
@@ -41,8 +43,8 @@ def kf_bot() -> WeComKfConfig:
         encoding_aes_key=base64.b64encode(secrets.token_bytes(32)).decode().rstrip("="),
         corp_id=CORP,
         secret=SECRET,
-        open_kfids=[KF_A, KF_B],
-        accounts={KF_C: {}},
+        open_kfids=[KF_A, KF_B, KF_C],
+        accounts={KF_C: {}},  # settings only for an account it serves (the config refuses others)
     )
 
 
@@ -554,7 +556,7 @@ def test_playground_command_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: 
         while not all(server.started for server in servers):
             assert time.monotonic() < deadline, "servers did not start"
             time.sleep(0.05)
-        settings = types.SimpleNamespace(bot=lambda bot_id: bot)
+        settings = types.SimpleNamespace(bots=[bot])
         monkeypatch.setattr(cli, "load_settings", lambda path: settings)
         argv = ["sim", "wecom-kf", "--config", "unused.yaml", "--bot", "kf", "--customer", "wmplay"]
         code = cli.main([*argv, "--gateway", f"http://127.0.0.1:{gw_port}", "--timeout", "10", "你好"])
@@ -569,3 +571,44 @@ def test_playground_command_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: 
             server.should_exit = True
         for thread in threads:
             thread.join(10)
+
+
+def test_with_a_state_file_a_restart_forgets_nothing_a_real_kefu_remembers(tmp_path: Path) -> None:
+    """`sim serve --state FILE` (the playground's): the log, a cursor handed out, the session and what the customer
+    saw are there after a restart; a cursor never issued is still refused, as before (never kinder)."""
+    path, user = tmp_path / "simulator.json", user_id()
+    with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+        before = Kf(client)
+        before.customer(user, "第一条")
+        page = before.sync(token=before.customer(user, "第二条")["token"], open_kfid=KF_A)
+        assert [item["text"]["content"] for item in page["msg_list"]] == ["第一条", "第二条"]
+        before.api("service_state/trans", {"open_kfid": KF_A, "external_userid": user, "service_state": 1})
+        assert before.send(user, "答复")["errcode"] == 0
+        later = before.customer(user, "第三条")
+        assert client.get("/__sim__/kf/pulled", params={"msgid": later["msgids"][0]}).json() == {"pulled": False}
+    assert path.exists() and not list(tmp_path.glob(".*.tmp")), "written whole, by a rename"
+
+    with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+        after = Kf(client)  # a new access token: the old one is forgotten, which costs the gateway one refetch
+        resumed = after.sync(token=later["token"], open_kfid=KF_A, cursor=page["next_cursor"])
+        assert resumed["errcode"] == 0 and [item["text"]["content"] for item in resumed["msg_list"]] == ["第三条"]
+        assert client.get("/__sim__/kf/pulled", params={"msgid": later["msgids"][0]}).json() == {"pulled": True}
+        assert after.session(user)["service_state"] == 1 and after.session(user)["sent_since_customer"] == 0
+        assert [item["content"] for item in after.sent(user)] == ["答复"]
+        unknown = after.sync(token=after.customer(user)["token"], open_kfid=KF_A, cursor="never-issued")
+        assert unknown["errcode"] == 40058, "an unknown cursor is refused after a restart as before it"
+
+
+def test_a_state_file_that_cannot_be_read_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "simulator.json"
+    path.write_text('{"format": 1, "kf": {"log": "half', encoding="utf-8")
+    with pytest.raises(StateFileError, match=r"simulator\.json is unreadable .*remove it"):
+        create_simulator_app([kf_bot()], free_port(), path)
+    assert path.read_text(encoding="utf-8").endswith("half"), "left as it was for a look"
+
+
+def test_without_a_state_file_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with TestClient(create_simulator_app([kf_bot()], free_port())) as client:
+        Kf(client).customer(user_id())
+    assert list(tmp_path.iterdir()) == []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
+from bots.simulator.state_file import StateFile, changes_kf_state
 from bots.simulator.web_login import LoginState, web_login_router
 from bots.simulator.wecom_api import WeComApiState, wecom_api_router
 from bots.simulator.wecom_kf import KfState, kf_router
@@ -18,9 +20,11 @@ from bots.wecom.config import WeComAppConfig
 from bots.wecom_kf.config import WeComKfConfig
 
 
-def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
+def create_simulator_app(bots: Sequence[object], port: int, state_path: Path | None = None) -> FastAPI:
     """WeCom (apps, group robots, AI-bot response URLs) and DingTalk (OpenAPI, sessionWebhooks, Stream)
-    for the configured bots; `port` is the simulator's own, behind the Stream relay."""
+    for the configured bots; `port` is the simulator's own, behind the Stream relay. With `state_path`, the
+    微信客服 state is read from it now and kept in it (bots/simulator/state_file.py: why); StateFileError says
+    when the file cannot be used."""
     apps = {(bot.corp_id, bot.secret.get_secret_value()) for bot in bots if isinstance(bot, WeComAppConfig)}
     kf_bots = [bot for bot in bots if isinstance(bot, WeComKfConfig)]
     apps |= {(bot.corp_id, bot.secret.get_secret_value()) for bot in kf_bots}  # gettoken for the 微信客服 secret
@@ -28,6 +32,9 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
     agents = {bot.agent_id: (bot.corp_id, bot.secret.get_secret_value()) for bot in app_bots}
     wecom = WeComApiState(apps=apps, agents=agents)
     kf = KfState.from_bots(kf_bots)
+    state_file = StateFile(state_path, kf) if state_path else None
+    if state_file is not None:
+        state_file.load()
     robots = RobotState()
     dingtalk = DingTalkState(
         apps={(bot.app_key, bot.app_secret.get_secret_value()) for bot in bots if isinstance(bot, DingTalkBotConfig)},
@@ -42,6 +49,8 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
         yield
         delivery.cancel()
         await relay.stop()
+        if state_file is not None:
+            state_file.save()
 
     app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.wecom = wecom
@@ -51,6 +60,16 @@ def create_simulator_app(bots: Sequence[object], port: int) -> FastAPI:
     app.include_router(robots_router(robots))
     app.include_router(dingtalk_router(dingtalk, relay))
     app.include_router(web_login_router(LoginState(), wecom, dingtalk))  # the pages' sign-in
+
+    if state_file is not None:
+
+        @app.middleware("http")
+        async def keep_state(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            """Written before the answer leaves: what a caller was told (a cursor) survives a kill."""
+            response = await call_next(request)
+            if changes_kf_state(request.method, request.url.path):
+                state_file.save()
+            return response
 
     @app.get("/__sim__/healthz")
     async def healthz() -> dict[str, str]:

@@ -8,7 +8,9 @@ What it plays (reference: /work/shared/reference/wecom-kf.md, cited below as [re
 - kf/service_state/get and kf/service_state/trans: the state machine, with the msg_code trans hands out.
 - kf/account/list.
 It records every message it "delivers", takes faults on demand, and the tests drive the customer, the human agents
-and the platform's events through control routes under /__sim__/kf/.
+and the platform's events through control routes under /__sim__/kf/. Started with `--state FILE` (the playground), it
+keeps what the real platform never forgets (logs, cursors, sessions) across restarts (bots/simulator/state_file.py);
+a cursor it never issued is refused either way.
 
 Errcodes. Real, with a public source:
   40014 / 42001  access_token invalid / expired (silenceper/wechat work/kf/error.go; as wecom_api.py answers)
@@ -224,6 +226,45 @@ class KfState:
 
     def count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a real Kefu would still know after the simulator restarts: the accounts, every account's log, the
+        cursors and callback Tokens it handed out, sessions, codes, msgids used, what customers saw, who refuses
+        and who is off duty (bots/simulator/state_file.py writes it). Faults and call counters are the tests'
+        instruments, not the platform's memory, and are left out; so are expired Tokens and codes, which read
+        exactly as unknown ones."""
+        now = time.time()
+        return {
+            "accounts": [vars(account) for account in self.accounts.values()],
+            "log": [[kfid, item] for kfid, item in self.log],
+            "cursors": {cursor: list(where) for cursor, where in self.cursors.items()},
+            "sync_tokens": {token: list(issued) for token, issued in self.sync_tokens.items() if issued[1] >= now},
+            "sessions": [[kfid, user, vars(sess)] for (kfid, user), sess in self.sessions.items()],
+            "codes": {code: vars(issued) for code, issued in self.codes.items() if issued.expires_at >= now},
+            "used_msgids": sorted([kfid, msgid] for kfid, msgid in self.used_msgids),
+            "delivered": [vars(item) for item in self.delivered],
+            "refusing": sorted([kfid, user] for kfid, user in self.refusing),
+            "off_duty": sorted(self.off_duty),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take back a `snapshot()`. The configured accounts keep their configured names; accounts added through
+        the control routes come back too."""
+        self.reset()
+        for account in saved["accounts"]:
+            self.accounts.setdefault(account["open_kfid"], KfAccount(**account))
+        for kfid in self.accounts:
+            self.by_account.setdefault(kfid, [])
+        for kfid, item in saved["log"]:
+            self.append(kfid, item)
+        self.cursors.update({cursor: (scope, int(position)) for cursor, (scope, position) in saved["cursors"].items()})
+        self.sync_tokens.update({token: (kfid, float(at)) for token, (kfid, at) in saved["sync_tokens"].items()})
+        self.sessions.update({(kfid, user): KfSession(**fields) for kfid, user, fields in saved["sessions"]})
+        self.codes.update({code: KfCode(**fields) for code, fields in saved["codes"].items()})
+        self.used_msgids.update((kfid, msgid) for kfid, msgid in saved["used_msgids"])
+        self.delivered.extend(KfDelivered(**item) for item in saved["delivered"])
+        self.refusing.update((kfid, user) for kfid, user in saved["refusing"])
+        self.off_duty.update(saved["off_duty"])
 
     def next_fault(self, endpoint: str) -> KfFault | None:
         return next_fault(self.faults, endpoint)
@@ -720,6 +761,17 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
             "sent_since_customer": sess.sent_since_customer,
             "last_customer_at": sess.last_customer_at,
         }
+
+    @router.get("/__sim__/kf/pulled")
+    async def pulled(msgid: str) -> JSONResponse:
+        """Whether a sync_msg page has returned the log item `msgid` yet: a cursor past it was handed out."""
+        for index, (kfid, item) in enumerate(state.log):
+            if item.get("msgid") == msgid:
+                at = next(i for i, mine in enumerate(state.by_account[kfid]) if mine is item)
+                cursors = state.cursors.values()
+                past = any(pos > (at if scope else index) for scope, pos in cursors if scope in ("", kfid))
+                return JSONResponse({"pulled": past})
+        return JSONResponse({"error": f"no log item {msgid!r}"}, status_code=404)
 
     @router.get("/__sim__/kf/accounts")
     async def accounts(corp_id: str = "") -> list[dict[str, str]]:
