@@ -36,14 +36,15 @@ def describe_missing(missing: dict[str, list[str]], where: str) -> str:
     )
 
 
-async def check_bases(settings: Settings, strict: bool) -> None:
+async def check_bases(settings: Settings, strict: bool, wait_s: float = STORE_WAIT_S) -> None:
     """`strict` (a worker, unless knowledge.allow_missing_bases): missing bases stop the start (ConfigError);
-    otherwise (a gateway) they are a warning. A store that cannot be read now is a warning either way."""
+    otherwise (a gateway) they are a warning. A store that cannot be read now (held by another process for
+    longer than `wait_s`, or a server that does not answer) is a warning either way."""
     if not settings.bases_in_use():
         return
     where = settings.knowledge.store.qdrant_url or str(settings.knowledge.store.folder())
     try:
-        missing = await asyncio.to_thread(missing_bases, settings)
+        missing = await asyncio.to_thread(missing_bases, settings, wait_s)
     except StoreLocked:
         log.warning("knowledge bases not checked: the store %s is held by another process", where)
         return

@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -30,18 +33,34 @@ GRACEFUL_SHUTDOWN_S = 10
 log = logging.getLogger("botgw")
 
 
+class UsageError(Exception):
+    """The command was called wrongly in a way argparse cannot see (exit 2, like argparse's own)."""
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.base_check import check_bases
     from gateway.http_bounds import BoundedHttpToolsProtocol
+    from gateway.redis_client import STARTUP_WAIT_S, connected
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
     admin_port = settings.admin.port if args.admin_port is None else args.admin_port
     sockets = [_listen(args.host, args.port)]
     if admin_port:
-        sockets.append(_listen(settings.admin.host, admin_port))
+        hint = "another `botgw serve` on this machine? give this one --admin-port PORT (or 0 for none)"
+        sockets.append(_listen(settings.admin.host, admin_port, hint))
+
+    async def dependencies() -> None:
+        """Before uvicorn: a Redis that never comes is one line here, not a traceback from the lifespan."""
+        async with connected(settings.redis_url, STARTUP_WAIT_S, **settings.redis_options()):
+            pass
+        await check_bases(settings, strict=False, wait_s=2.0)  # a warning only: not worth a slow start
+
+    asyncio.run(dependencies())
+    if admin_port:
         log.info("admin listener (/metrics, /readyz, /admin) on %s:%d", settings.admin.host, admin_port)
     app = create_app(settings, admin_port=admin_port or None)
     # On SIGTERM uvicorn stops accepting, lets in-flight callbacks finish (their acks are milliseconds), then
@@ -59,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, hint: str = "") -> socket.socket:
     """A listening socket, bound before uvicorn starts so that a port in use fails the start with its address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -67,7 +86,9 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.bind((host, port))
     except OSError as exc:
-        raise SystemExit(f"botgw serve: cannot listen on {host}:{port}: {exc.strerror}") from None
+        in_use = exc.errno == errno.EADDRINUSE and hint
+        raise SystemExit(f"botgw serve: cannot listen on {host}:{port}: {exc.strerror}"
+                         + (f" ({hint})" if in_use else "")) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -88,11 +109,13 @@ def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from gateway.base_check import check_bases
     from gateway.runtime import open_runtime
     from gateway.worker import Worker
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
+    asyncio.run(check_bases(settings, strict=True))
     consumer = args.name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     if settings.worker.metrics_port:
         from prometheus_client import start_http_server
@@ -213,13 +236,20 @@ def _engine_serve(args: argparse.Namespace) -> int:
 
 
 def _sim_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import uvicorn
 
     from bots.simulator.server import create_simulator_app
+    from bots.simulator.state_file import StateFileError
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
-    app = create_simulator_app(settings.bots, args.port)
+    try:
+        app = create_simulator_app(settings.bots, args.port, Path(args.state) if args.state else None)
+    except StateFileError as exc:
+        print(f"botgw sim serve: {exc}", file=sys.stderr)
+        return 2
     # The Stream gateway's own keepalive: how long DingTalk keeps pushing into a connection that died silently
     # before it notices (UNCONFIRMED on the platform; a message pushed into it meanwhile is lost).
     keepalive = args.stream_keepalive_s
@@ -236,10 +266,16 @@ def _sim_serve(args: argparse.Namespace) -> int:
 
 
 def _sim_wecom(args: argparse.Namespace) -> int:
+    from bots.simulator.bot_choice import choose_bot
     from bots.simulator.wecom_callback import WeComCallbackSigner
+    from bots.wecom.config import WeComAppConfig
 
     settings = load_settings(args.config)
-    bot = settings.bot(args.bot)
+    bot, problem = choose_bot(settings.bots, args.bot, "wecom")  # before anything is posted
+    if problem:
+        print(f"botgw sim wecom: {problem}", file=sys.stderr)
+    if not isinstance(bot, WeComAppConfig):
+        return 2
     since = time.time()
     callback = WeComCallbackSigner(bot).text(args.user, args.text)
     gateway = args.gateway.rstrip("/")
@@ -256,13 +292,16 @@ def _sim_wecom(args: argparse.Namespace) -> int:
 
 
 def _sim_wecom_ai(args: argparse.Namespace) -> int:
+    from bots.simulator.bot_choice import choose_bot
     from bots.simulator.wecom_ai import WeComAIBotUser
     from bots.wecom.config import WeComAIBotConfig
 
     settings = load_settings(args.config)
-    bot = settings.bot(args.bot)
+    bot, problem = choose_bot(settings.bots, args.bot, "wecom-ai")  # before anything is posted
+    if problem:
+        print(f"botgw sim wecom-ai: {problem}", file=sys.stderr)
     if not isinstance(bot, WeComAIBotConfig):
-        raise ConfigError(f"bot {args.bot!r} is not a wecom-ai bot")
+        return 2
     gateways = args.gateway or [os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL)]
 
     async def show(text: str) -> None:
@@ -282,12 +321,15 @@ def _sim_wecom_ai(args: argparse.Namespace) -> int:
 
 def _sim_dingtalk(args: argparse.Namespace) -> int:
     from bots.dingtalk.config import DingTalkBotConfig
+    from bots.simulator.bot_choice import choose_bot
     from bots.simulator.dingtalk_user import DingTalkUser
 
     settings = load_settings(args.config)
-    bot = settings.bot(args.bot)
+    bot, problem = choose_bot(settings.bots, args.bot, "dingtalk")  # before anything is posted
+    if problem:
+        print(f"botgw sim dingtalk: {problem}", file=sys.stderr)
     if not isinstance(bot, DingTalkBotConfig):
-        raise ConfigError(f"bot {args.bot!r} is not a dingtalk bot")
+        return 2
 
     async def main() -> int:
         async with httpx.AsyncClient(timeout=10) as http:
@@ -317,14 +359,22 @@ def _sim_dingtalk(args: argparse.Namespace) -> int:
 
 def _sim_wecom_kf(args: argparse.Namespace) -> int:
     """A WeChat customer writes to a 微信客服 account: the simulator logs it, the gateway gets the signed "pull"
-    callback, and the answer is whatever the simulated Kefu API delivered to the customer."""
+    callback, and the answer is whatever the simulated Kefu API delivered to the customer.
+
+    Silence is the right answer while a human or the queue for one holds the session (state 2 or 3): that is
+    reported as such, exit 0. When the session was already theirs before the customer wrote, the bot cannot answer
+    (send_msg is refused in 2 and 3, and the customer's message does not move the session), so the command stops
+    once botgw has pulled the message instead of waiting out --timeout."""
+    from bots.simulator.bot_choice import choose_bot
     from bots.simulator.wecom_kf import WeComKfCallbackSigner
     from bots.wecom_kf.config import WeComKfConfig
 
     settings = load_settings(args.config)
-    bot = settings.bot(args.bot)
+    bot, problem = choose_bot(settings.bots, args.bot, "wecom-kf")  # before anything is posted
+    if problem:
+        print(f"botgw sim wecom-kf: {problem}", file=sys.stderr)
     if not isinstance(bot, WeComKfConfig):
-        raise ConfigError(f"bot {args.bot!r} is not a wecom-kf bot")
+        return 2
     gateway, simulator = args.gateway.rstrip("/"), bot.api_base
     with httpx.Client(timeout=10) as http:
         try:
@@ -335,6 +385,7 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
                     print(f"botgw sim: the simulator at {simulator} has no account for {bot.corp_id}", file=sys.stderr)
                     return 2
                 open_kfid = accounts[0]["open_kfid"]
+            state_before = _sim_kf_state(http, simulator, open_kfid, args.customer)
             since = time.time()
             wrote = http.post(
                 f"{simulator}/__sim__/kf/customer",
@@ -353,6 +404,9 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         seen: list[dict] = []
         quiet_since = time.monotonic()
+        held_by_human = state_before in HUMAN_KF_STATES
+        written = [str(msgid) for msgid in wrote.json().get("msgids", [])]
+        pulled_at = 0.0
         while time.monotonic() < deadline:
             sent = http.get(f"{simulator}/__sim__/kf/sent", params={"external_userid": args.customer, "since": since})
             mine = [item for item in sent.json() if item["open_kfid"] == open_kfid]
@@ -360,13 +414,40 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
                 seen, quiet_since = mine, time.monotonic()
             elif seen and time.monotonic() - quiet_since > 1.0:
                 break
+            if held_by_human and not seen:
+                if not pulled_at and _sim_kf_pulled(http, simulator, written):
+                    pulled_at = time.monotonic()
+                if pulled_at and time.monotonic() - pulled_at > 1.0:  # a moment for anything botgw might send
+                    break
             time.sleep(0.1)
+        state_after = _sim_kf_state(http, simulator, open_kfid, args.customer) if not seen else None
+    if not seen and state_after in HUMAN_KF_STATES:
+        print("no answer (the session is with a human)")
+        who = "waiting in the queue for an agent" if state_after == 2 else "held by a human agent"
+        print(f"[service_state {state_after}: {who}; the bot stays quiet]", file=sys.stderr)
+        return 0
     if not seen:
         print(f"botgw sim: no answer to {args.customer} within {args.timeout:.0f} s", file=sys.stderr)
         return 1
     for item in seen:
         print(f"[{item['via']}] {item['content']}")
     return 0
+
+
+HUMAN_KF_STATES = (2, 3)  # 微信客服 service_state: the queue for a human, a human agent (wecom-kf.md §6)
+
+
+def _sim_kf_state(http: httpx.Client, simulator: str, open_kfid: str, customer: str) -> int:
+    """The customer's session state as the simulated platform holds it (its control route, not the Kefu API)."""
+    params = {"open_kfid": open_kfid, "external_userid": customer}
+    return int(http.get(f"{simulator}/__sim__/kf/session", params=params).json()["service_state"])
+
+
+def _sim_kf_pulled(http: httpx.Client, simulator: str, msgids: list[str]) -> bool:
+    """Whether botgw has pulled (kf/sync_msg) every one of the customer's messages."""
+    return bool(msgids) and all(
+        http.get(f"{simulator}/__sim__/kf/pulled", params={"msgid": msgid}).json()["pulled"] for msgid in msgids
+    )
 
 
 def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # type: ignore[no-untyped-def]
@@ -402,21 +483,19 @@ def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, 
 def _push(args: argparse.Namespace) -> int:
     from gateway.keys import Keys
     from gateway.push import enqueue_push
-    from gateway.redis_client import open_redis
+    from gateway.redis_client import connected
     from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
     if settings.bot(args.bot).platform != "wecom-webhook":
-        raise ConfigError(f"bot {args.bot!r} is not a wecom-webhook group robot")
+        robots = ", ".join(bot.id for bot in settings.bots if bot.platform == "wecom-webhook") or "none configured"
+        raise ConfigError(f"bot {args.bot!r} is not a wecom-webhook group robot (group robots: {robots})")
 
     async def main() -> int:
-        redis = open_redis(settings.redis_url, **settings.redis_options())
-        try:
+        async with connected(settings.redis_url, **settings.redis_options()) as redis:
             return await enqueue_push(
                 Scheduler(redis, Keys(settings.namespace)), args.bot, args.text, markdown=args.markdown
             )
-        finally:
-            await redis.aclose()
 
     turn = asyncio.run(main())
     print(f"queued as push #{turn} for {args.bot}; a worker delivers it within the robot's rate", file=sys.stderr)
@@ -430,7 +509,7 @@ def _limits(args: argparse.Namespace) -> int:
     from gateway.identities import IdentityError, qualify, tenants_by_family
     from gateway.keys import Keys
     from gateway.limits import Budgets
-    from gateway.redis_client import open_redis
+    from gateway.redis_client import connected
 
     settings = load_settings(args.config)
     try:
@@ -440,44 +519,77 @@ def _limits(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> dict:
-        redis = open_redis(settings.redis_url, **settings.redis_options())
-        try:
+        async with connected(settings.redis_url, **settings.redis_options()) as redis:
             budgets = Budgets(redis, settings.redis_url, Keys(settings.namespace), settings.limits)
             if args.limits_command == "reset":
                 return {"reset": who, "cleared": await budgets.reset(who)}
             return await budgets.show(who)
-        finally:
-            await redis.aclose()
 
     print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
     return 0
 
 
 def _kf_handoff(args: argparse.Namespace) -> int:
-    """`botgw kf handoff`: hand a 微信客服 customer to a human (a named agent, else the queue)."""
+    """`botgw kf handoff`: hand a 微信客服 customer to a human (a named agent, else the queue).
+
+    The platform is asked for the customer's session first (kf/service_state/get, with the bot's own client and the
+    token cache the workers share): a customer with no session (state 4, or 95013) cannot be handed to anyone, and
+    queueing the move anyway only had the worker dead-letter it later while this command said "queued". The session
+    can still end between this check and the worker's move; the worker then dead-letters it with 95013."""
+    from bots.base import SendError
+    from bots.wecom_kf.adapter import STATE_ENDED
+    from bots.wecom_kf.client import KfApiClient
+    from bots.wecom_kf.exceptions import SESSION_ENDED
     from bots.wecom_kf.models import handoff_for
     from gateway.keys import Keys
     from gateway.push import enqueue_handoff
     from gateway.redis_client import open_redis
     from gateway.scheduler import Scheduler
+    from gateway.tokens import RedisTokenStore
 
     settings = load_settings(args.config)
     try:
-        message = handoff_for(settings.bot(args.bot), args.open_kfid, args.customer)
+        bot = settings.bot(args.bot)
+        message = handoff_for(bot, args.open_kfid, args.customer)
     except (ValueError, ConfigError) as exc:
         print(f"botgw kf handoff: {exc}", file=sys.stderr)
         return 2
+    open_kfid = message.reply_to.chat_id
 
-    async def main() -> int:
+    async def main() -> int | None:
+        """The place in the conversation's lane, or None when the customer has no session."""
         redis = open_redis(settings.redis_url, **settings.redis_options())
+        keys = Keys(settings.namespace)
         try:
-            scheduler = Scheduler(redis, Keys(settings.namespace))
+            async with httpx.AsyncClient(timeout=10) as http:
+                api = KfApiClient(bot, http, RedisTokenStore(redis, keys))  # type: ignore[arg-type]
+                try:
+                    state, _ = await api.service_state(open_kfid, args.customer)
+                except SendError as exc:
+                    if exc.code != SESSION_ENDED:
+                        raise
+                    state = STATE_ENDED
+            if state == STATE_ENDED:
+                return None
+            scheduler = Scheduler(redis, keys)
             await scheduler.load_scripts()
             return await enqueue_handoff(scheduler, message, settings.memory.group, args.servicer or "")
         finally:
             await redis.aclose()
 
-    place = asyncio.run(main())
+    try:
+        place = asyncio.run(main())
+    except SendError as exc:  # the platform refused or was unreachable: its words (no token, no secret in them)
+        asked = f"{args.customer}'s session at {open_kfid}"
+        print(f"botgw kf handoff: cannot ask WeCom for {asked}: {exc}", file=sys.stderr)
+        return 3
+    if place is None:
+        print(
+            f"botgw kf handoff: {args.customer} has no open session with {open_kfid} (ended, or never started): "
+            "nothing to hand off until they write again",
+            file=sys.stderr,
+        )
+        return 1
     print(f"handoff of {args.customer} queued (place {place} in the conversation)")
     return 0
 
@@ -504,7 +616,7 @@ def _migrate_keys(args: argparse.Namespace) -> int:
     from gateway.identities import tenants_by_family
     from gateway.key_migration import migrate_keys, qualify_counters
     from gateway.keys import Keys
-    from gateway.redis_client import is_cluster_url, open_redis
+    from gateway.redis_client import connected, is_cluster_url
 
     settings = load_settings(args.config)
     cluster = is_cluster_url(settings.redis_url)
@@ -515,14 +627,11 @@ def _migrate_keys(args: argparse.Namespace) -> int:
         )
 
     async def main() -> dict[str, int]:
-        redis = open_redis(settings.redis_url, **settings.redis_options())
         keys = Keys(settings.namespace)
-        try:
+        async with connected(settings.redis_url, **settings.redis_options()) as redis:
             moved = {} if cluster else await migrate_keys(redis, keys, dry_run=args.dry_run)
             tenants = tenants_by_family(settings.bots)
             return {**moved, **await qualify_counters(redis, keys, tenants, dry_run=args.dry_run)}
-        finally:
-            await redis.aclose()
 
     print(json.dumps({"namespace": settings.namespace, "dry_run": args.dry_run, **asyncio.run(main())}))
     return 0
@@ -534,16 +643,15 @@ def _dlq(args: argparse.Namespace) -> int:
 
     from gateway.dead_letters import DeadLetters, NoSuchDeadLetter
     from gateway.keys import Keys
-    from gateway.redis_client import open_redis
+    from gateway.redis_client import connected
     from gateway.scheduler import Scheduler
 
     settings = load_settings(args.config)
 
     async def main() -> object:
-        redis = open_redis(settings.redis_url, **settings.redis_options())
         keys = Keys(settings.namespace)
-        letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
-        try:
+        async with connected(settings.redis_url, **settings.redis_options()) as redis:
+            letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
             if args.dlq_command == "list":
                 return [letter.summary() for letter in await letters.list(args.count)]
             if args.dlq_command == "show":
@@ -552,17 +660,60 @@ def _dlq(args: argparse.Namespace) -> int:
             if args.dlq_command == "replay":
                 return {letter_id: await letters.replay(letter_id) for letter_id in args.ids}
             if not args.ids and not args.all:
-                raise ConfigError("purge needs dead-letter ids, or --all")
+                raise UsageError("purge needs dead-letter ids, or --all")
             return {"purged": await letters.purge(args.ids)}
-        finally:
-            await redis.aclose()
 
     try:
         print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
     except NoSuchDeadLetter as exc:
-        print(f"botgw: no dead letter {exc}", file=sys.stderr)
+        print(f"botgw dlq {args.dlq_command}: no dead letter {exc} (`botgw dlq list` shows them)", file=sys.stderr)
         return 1
     return 0
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    """`botgw config check`: the checks every process makes at start, then the effective configuration (the
+    file, `${VAR}`s and `BOTGW_*` applied, defaults filled in) with every secret masked."""
+    import yaml
+
+    from gateway.base_check import describe_missing, missing_bases
+    from knowledge.errors import KnowledgeError
+
+    settings = load_settings(args.config)  # keys, values and cross-references: a failure exits 2 from main
+    print(f"ok: {args.config}: every key known, every value valid, every bot reference resolved", file=sys.stderr)
+    failed = False
+    if settings.bases_in_use():
+        where = settings.knowledge.store.qdrant_url or str(settings.knowledge.store.folder())
+        try:
+            missing = missing_bases(settings)
+        except KnowledgeError as exc:
+            print(f"not checked: knowledge bases ({exc})", file=sys.stderr)
+        else:
+            if missing and not settings.knowledge.allow_missing_bases:
+                print(f"error: {describe_missing(missing, where)}", file=sys.stderr)
+                failed = True
+            elif missing:
+                print(f"warning: {describe_missing(missing, where)}", file=sys.stderr)
+            else:
+                print(f"ok: knowledge bases {', '.join(sorted(settings.bases_in_use()))} found in {where}",
+                      file=sys.stderr)
+    shown = _masked_urls(settings.model_dump(mode="json"))  # SecretStr dumps as '**********' already
+    print(yaml.safe_dump(shown, allow_unicode=True, sort_keys=False), end="")
+    return 2 if failed else 0
+
+
+_URL_PASSWORD = re.compile(r"(://[^/@\s:]*:)[^@/\s]+@|([?&][A-Za-z_]*password=)[^&\s]*")
+
+
+def _masked_urls(value: object) -> object:
+    """The password inside any URL (`redis://:pw@host`, `http://user:pw@host`) replaced by '***'."""
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", value)
+    if isinstance(value, dict):
+        return {key: _masked_urls(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_masked_urls(item) for item in value]
+    return value
 
 
 def _kb(args: argparse.Namespace) -> int:
@@ -583,6 +734,13 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number (1 or more)")
     return value
+
+
+def letter_id(text: str) -> str:
+    """An argparse type: a dead letter's id as `dlq list` prints it (a Redis stream id, `1712345678901-0`)."""
+    if not re.fullmatch(r"\d{1,20}(-\d{1,20})?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a dead-letter id (like 1712345678901-0; `botgw dlq list`)")
+    return text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -658,21 +816,33 @@ def _parser() -> argparse.ArgumentParser:
     dlq_list = dlq_sub.add_parser("list", help="the newest dead letters, one line each")
     dlq_list.add_argument("--count", type=positive_int, default=100)
     dlq_show = dlq_sub.add_parser("show", help="one dead letter in full")
-    dlq_show.add_argument("id")
+    dlq_show.add_argument("id", type=letter_id)
     dlq_replay = dlq_sub.add_parser("replay", help="queue again with the original dedup key (never answered twice)")
-    dlq_replay.add_argument("ids", nargs="+")
+    dlq_replay.add_argument("ids", nargs="+", type=letter_id)
     dlq_purge = dlq_sub.add_parser("purge", help="drop dead letters")
-    dlq_purge.add_argument("ids", nargs="*")
+    dlq_purge.add_argument("ids", nargs="*", type=letter_id)
     dlq_purge.add_argument("--all", action="store_true")
     for cmd in (dlq_list, dlq_show, dlq_replay, dlq_purge):
         cmd.add_argument("--config", required=True)
         cmd.set_defaults(run=_dlq)
+
+    config_cmd = sub.add_parser("config", help="the configuration: check it, show what takes effect")
+    config_sub = config_cmd.add_subparsers(dest="config_command", required=True)
+    config_check = config_sub.add_parser(
+        "check", help="run the start-up checks and print the effective configuration, secrets masked"
+    )
+    config_check.add_argument("--config", required=True)
+    config_check.set_defaults(run=_config_check)
 
     kb = sub.add_parser("kb", help="knowledge bases: add documents, list, remove, search")
     kb_sub = kb.add_subparsers(dest="kb_command", required=True)
     kb_add = kb_sub.add_parser("add", help="add (or update) files and folders; unchanged files are skipped")
     kb_add.add_argument("kb", help="the knowledge base (created on first add)")
     kb_add.add_argument("paths", nargs="+", help="files (.md .txt .html .pdf .docx .csv .xlsx) or folders")
+    kb_add.add_argument(
+        "--skip-unsupported", action="store_true",
+        help="skip named files of a format botgw cannot read (they fail otherwise; in folders they are skipped)",
+    )
     kb_list = kb_sub.add_parser("list", help="the knowledge bases, or the documents of one")
     kb_list.add_argument("kb", nargs="?", default=None)
     kb_list.add_argument("--json", action="store_true")
@@ -733,6 +903,13 @@ def _parser() -> argparse.ArgumentParser:
     sim_serve.add_argument(
         "--stream-keepalive-s", type=float, default=20.0, help="Stream gateway's ping interval and timeout"
     )
+    sim_serve.add_argument(
+        "--state",
+        metavar="FILE",
+        default=None,
+        help="keep the simulated 微信客服 (its log, cursors, sessions) in FILE across restarts, as the real platform "
+        "does (the playground's); without it everything is in memory",
+    )
     sim_serve.set_defaults(run=_sim_serve)
     sim_wecom = sim_sub.add_parser("wecom", help="send a message as a WeCom user and print the bot's reply")
     sim_wecom.add_argument("--config", required=True)
@@ -774,22 +951,70 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.redis_client import RedisConfigError
+    """Every failure ends in one line on stderr that says what, where and what to do, and an exit code that
+    means something: 2 usage or configuration, 3 a dependency down or refusing, 1 anything else. `--debug`
+    anywhere before `--` (or BOTGW_DEBUG=1) adds the traceback."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    before_dashes = words[: words.index("--")] if "--" in words else words
+    debug = "--debug" in before_dashes or os.environ.get("BOTGW_DEBUG", "") not in ("", "0")
+    if "--debug" in before_dashes:
+        words.remove("--debug")
+    if not debug:  # a library's warning is no line for an operator (qdrant-client's version check, say)
+        warnings.filterwarnings("ignore", category=UserWarning)
+    args = _parser().parse_args(words)
+    sub = getattr(args, f"{args.command.replace('-', '_')}_command", None)
+    command = f"{args.command} {sub}" if sub else args.command
+    code, line, error = _outcome(args, command)
+    if line:
+        print(line, file=sys.stderr)
+    if debug and error is not None:
+        import traceback
 
-    args = _parser().parse_args(argv)
+        traceback.print_exception(error)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    return code
+
+
+def _outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseException | None]:
+    """Run the command: its exit code, the one line that explains a failure, and the failure itself."""
+    from redis.exceptions import RedisError
+
+    from gateway.redis_client import RedisConfigError, RedisUnavailable
+    from knowledge.errors import KnowledgeError
+
     try:
-        return int(args.run(args) or 0)
-    except (ConfigError, RedisConfigError) as exc:
-        print(f"botgw: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:
-        print(f"botgw: configuration error: {describe_errors(exc)}", file=sys.stderr)
-        return 2
+        return int(args.run(args) or 0), "", None
     except KeyboardInterrupt:
-        return 130
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
+        return 130, "", None
+    except Exception as exc:  # one line each, below; the traceback only with --debug
+        if isinstance(exc, (ConfigError, RedisConfigError)):
+            return 2, f"botgw: configuration error: {exc}", exc
+        if isinstance(exc, ValidationError):
+            return 2, f"botgw: configuration error: {describe_errors(exc)}", exc
+        if isinstance(exc, UsageError):
+            return 2, f"botgw {command}: {exc}", exc
+        if isinstance(exc, (RedisUnavailable, KnowledgeError)):
+            return 3, f"botgw {command}: {exc}", exc
+        if isinstance(exc, RedisError):
+            return 3, f"botgw {command}: Redis failed during the command ({type(exc).__name__}): run it again", exc
+        if isinstance(exc, httpx.HTTPError):
+            return 3, f"botgw {command}: {_request_host(exc)} did not answer ({type(exc).__name__}): is it up?", exc
+        frame = exc.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        at = f"{os.path.basename(frame.tb_frame.f_code.co_filename)}:{frame.tb_lineno}" if frame else "?"
+        return 1, (f"botgw {command}: failed unexpectedly ({type(exc).__name__} at {at}); run it again with "
+                   "--debug for the traceback, and report it if it persists"), exc
+
+
+def _request_host(exc: httpx.HTTPError) -> str:
+    """The host:port a failed request went to (no path, no query: they may carry a token)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:
+        return "a server"
+    return f"{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -17,9 +19,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from knowledge.config import KB_NAME_PATTERN, KnowledgeSettings
-from knowledge.errors import KnowledgeError, StoreLocked
-from knowledge.ingest import Outcome
+from knowledge.errors import EmbeddingMismatch, FileRejected, KnowledgeError, StoreLocked
+from knowledge.formats import PARSERS
+from knowledge.ingest import collect
+from knowledge.progress import AddProgress
 from knowledge.service import Knowledge
+
+ADD_NICENESS = 10  # `kb add` runs at a lower CPU priority than the engine and the workers beside it
 
 
 def run_kb_command(settings: KnowledgeSettings, args: argparse.Namespace) -> int:
@@ -37,11 +43,18 @@ def run_kb_command(settings: KnowledgeSettings, args: argparse.Namespace) -> int
         finally:
             await knowledge.aclose()
 
+    if args.kb_command == "add":
+        # Embedding takes every core it is given; a question asked meanwhile should not wait for it.
+        with contextlib.suppress(OSError):
+            os.nice(ADD_NICENESS)
     try:
         return asyncio.run(main())
-    except KnowledgeError as exc:
-        print(f"botgw kb: {exc}", file=sys.stderr)
-        return 1
+    except (FileRejected, EmbeddingMismatch) as exc:  # what was asked cannot be done: fix it and ask again
+        print(f"botgw kb {args.kb_command}: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, FileRejected) else 2
+    except KnowledgeError as exc:  # the store or the embedding engine is busy, down or refusing
+        print(f"botgw kb {args.kb_command}: {exc}", file=sys.stderr)
+        return 3
 
 
 def _say(text: str) -> None:
@@ -53,20 +66,23 @@ async def kb_add(knowledge: Knowledge, args: argparse.Namespace) -> int:
         _say("botgw kb: a knowledge base name is letters, digits, '_', '.' or '-' (at most 64)")
         return 2
 
-    def progress(number: int, total: int, outcome: Outcome) -> None:
-        detail = outcome.reason or f"{outcome.chunks} chunks"
-        _say(f"[{number}/{total}] {outcome.doc}: {outcome.status} ({detail}, {outcome.seconds:.1f} s)")
-
-    outcomes = await knowledge.add(args.kb, args.paths, progress)
+    shown = AddProgress(collect(args.paths), sys.stderr, terminal=sys.stderr.isatty())
+    outcomes = await knowledge.add(
+        args.kb, args.paths, shown.file_done, shown.embedding, skip_unsupported=args.skip_unsupported
+    )
     counts = {status: sum(o.status == status for o in outcomes) for status in ("added", "replaced", "unchanged")}
     failed = [o for o in outcomes if o.status == "failed"]
     skipped = sum(o.status == "skipped" for o in outcomes)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
     print(f"{args.kb}: {summary}, {len(failed)} failed, {skipped} skipped")
+    if skipped:
+        _say(f"botgw kb: {skipped} file(s) skipped: botgw cannot read their format ({' '.join(sorted(PARSERS))})")
     for outcome in failed:
         _say(f"failed: {outcome.path}: {outcome.reason}")
     if failed:
         _say("botgw kb: nothing of the failed files was written; the others were added. Fix them and run again.")
+    if any(o.reason.startswith("unsupported format") for o in failed):
+        _say("botgw kb: to add the rest and leave files of other formats out, add --skip-unsupported")
     return 1 if failed else 0
 
 

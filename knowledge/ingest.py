@@ -45,6 +45,9 @@ class Outcome:
 
 
 Progress = Callable[[int, int, Outcome], None]
+# While a file is embedded: (its document name, chunks embedded so far, its chunks in all). Long files take
+# minutes on a CPU; this is what lets a command show how far it is.
+Embedding = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -67,19 +70,28 @@ class _Cut:
     existing: DocRecord | None
 
 
-def collect(paths: Iterable[str | Path]) -> list[tuple[Path, str]]:
-    """(file, document name) for each file given and each file under each folder given. A file's name is its
-    file name; under a folder, its path relative to that folder (so that two folders' 说明.md stay apart)."""
-    found: list[tuple[Path, str]] = []
+@dataclass(frozen=True)
+class Found:
+    """A file to add: its path, its document name, and whether it was named itself (not found in a folder)."""
+
+    path: Path
+    doc: str
+    named: bool
+
+
+def collect(paths: Iterable[str | Path]) -> list[Found]:
+    """Each file given and each file under each folder given. A file's name is its file name; under a folder,
+    its path relative to that folder (so that two folders' 说明.md stay apart)."""
+    found: list[Found] = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
             for file in sorted(path.rglob("*")):
                 relative = file.relative_to(path)
                 if file.is_file() and not any(part.startswith(".") for part in relative.parts):
-                    found.append((file, relative.as_posix()))
+                    found.append(Found(file, relative.as_posix(), named=False))
         else:
-            found.append((path, path.name))
+            found.append(Found(path, path.name, named=True))
     return found
 
 
@@ -96,19 +108,29 @@ class Ingestor:
         digest.update(f"\0chunker{CHUNKER_VERSION}:{chunking.size}:{chunking.overlap}".encode())
         return digest.hexdigest()
 
-    async def add(self, kb: str, paths: Iterable[str | Path], progress: Progress | None = None) -> list[Outcome]:
-        """Add files and folders to `kb`, one file at a time; return what became of each."""
+    async def add(
+        self,
+        kb: str,
+        paths: Iterable[str | Path],
+        progress: Progress | None = None,
+        embedding: Embedding | None = None,
+        skip_unsupported: bool = False,
+    ) -> list[Outcome]:
+        """Add files and folders to `kb`, one file at a time; return what became of each. A file of a format
+        that cannot be read fails when it was named (as an upload of it does), unless `skip_unsupported`; one
+        found in a folder is skipped."""
         files = collect(paths)
         outcomes: list[Outcome] = []
-        for number, (file, doc) in enumerate(files, start=1):
-            outcome = await self._add_file(kb, file, doc)
+        for number, found in enumerate(files, start=1):
+            outcome = await self._add_file(kb, found, skip_unsupported or not found.named, embedding)
             outcomes.append(outcome)
             if progress is not None:
                 progress(number, len(files), outcome)
         return outcomes
 
-    async def _add_file(self, kb: str, file: Path, doc: str) -> Outcome:
+    async def _add_file(self, kb: str, found: Found, skip_unsupported: bool, embedding: Embedding | None) -> Outcome:
         started = time.monotonic()
+        file, doc = found.path, found.doc
 
         def done(status: Status, chunks: int = 0, reason: str = "") -> Outcome:
             return Outcome(str(file), doc, status, chunks, reason, time.monotonic() - started)
@@ -116,7 +138,10 @@ class Ingestor:
         if file.is_dir() or not file.exists():
             return done("failed", reason="no such file or folder")
         if file.suffix.lower() not in PARSERS:
-            return done("skipped", reason=f"unsupported format {file.suffix or '(no extension)'}")
+            unsupported = f"unsupported format {file.suffix or '(no extension)'}"
+            if skip_unsupported:
+                return done("skipped", reason=unsupported)
+            return done("failed", reason=f"{unsupported} (botgw reads {' '.join(sorted(PARSERS))})")
         try:
             cut = await self._cut(kb, doc, file.name, self._read(file))
         except FileRejected as exc:
@@ -125,7 +150,8 @@ class Ingestor:
             return done("failed", reason=f"cannot read it: {exc.strerror or exc}")
         if cut.chunks is None:
             return done("unchanged", cut.existing.chunks if cut.existing else 0)
-        chunks = await self._write(kb, cut, str(file.resolve()))  # a failed write raises: it is not the file's fault
+        # A failed write raises: it is not the file's fault.
+        chunks = await self._write(kb, cut, str(file.resolve()), embedding)
         return done("replaced" if cut.existing is not None else "added", chunks)
 
     async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
@@ -169,10 +195,10 @@ class Ingestor:
             raise FileRejected("no text found in the file")
         return _Cut(doc, fingerprint, len(data), document.title, chunks, existing)
 
-    async def _write(self, kb: str, cut: _Cut, source: str) -> int:
+    async def _write(self, kb: str, cut: _Cut, source: str, embedding: Embedding | None = None) -> int:
         """Embed a cut file and publish it (new version, flip, old one out); the number of chunks."""
         assert cut.chunks is not None
-        points = await self._points(kb, cut.doc, cut.title, cut.chunks)
+        points = await self._points(kb, cut.doc, cut.title, cut.chunks, embedding)
         record = DocRecord(
             kb=kb,
             doc=cut.doc,
@@ -200,13 +226,19 @@ class Ingestor:
         self._check_size(file.stat().st_size)
         return file.read_bytes()
 
-    async def _points(self, kb: str, doc: str, title: str, chunks: list[Chunk]) -> list[ChunkPoint]:
+    async def _points(
+        self, kb: str, doc: str, title: str, chunks: list[Chunk], embedding: Embedding | None = None
+    ) -> list[ChunkPoint]:
         texts = [embedding_text(title, chunk.section, chunk.text, chunk.question) for chunk in chunks]
         folded = [fold(text) for text in texts]  # one script: a question in the other one still finds it
         batch = self._settings.embedding.batch_size
         vectors = []
         for start in range(0, len(folded), batch):
+            if embedding is not None:
+                embedding(doc, start, len(folded))
             vectors.extend(await self._embedder.passages(folded[start : start + batch]))
+        if embedding is not None:
+            embedding(doc, len(folded), len(folded))
         asked = [fold(chunk.question) for chunk in chunks if chunk.question]
         question_vectors = iter(await self._embedder.queries(asked) if asked else [])
         version = uuid.uuid4().hex

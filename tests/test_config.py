@@ -159,10 +159,10 @@ def test_the_redis_url_forms_open_the_right_client() -> None:
     assert limits_storage("redis://a:6379/0") == ("async+redis://a:6379/0", {})
 
 
-def test_a_redis_that_never_answers_at_start_is_one_clear_line_without_the_url() -> None:
+def test_a_redis_that_never_answers_at_start_is_one_clear_line_with_its_address_without_the_password() -> None:
     import asyncio
 
-    from gateway.redis_client import RedisConfigError, check_redis, open_redis
+    from gateway.redis_client import RedisUnavailable, check_redis, open_redis
     from tests.procs import free_port
 
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
@@ -174,9 +174,9 @@ def test_a_redis_that_never_answers_at_start_is_one_clear_line_without_the_url()
         finally:
             await redis.aclose()
 
-    with pytest.raises(RedisConfigError, match="did not answer for 1 s") as refused:
+    with pytest.raises(RedisUnavailable, match="did not answer for 1 s") as refused:
         asyncio.run(check())
-    assert "s3cret-pw" not in str(refused.value) and "127.0.0.1" not in str(refused.value)
+    assert "s3cret-pw" not in str(refused.value) and url.split("@")[1].split("/")[0] in str(refused.value)
 
 
 def test_a_redis_that_refuses_the_password_is_one_clear_line_at_once(tmp_path: Path) -> None:
@@ -204,7 +204,8 @@ def test_a_redis_that_refuses_the_password_is_one_clear_line_at_once(tmp_path: P
             config = write(tmp_path, f"redis_url: '{url}'\n")
             command = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(config)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-            assert done.returncode == 2 and "refused the credentials" in done.stderr, done.stderr[-1500:]
+            assert done.returncode == 3 and "refused the credentials" in done.stderr, done.stderr[-1500:]
+            assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
             assert "wrong-pw1" not in done.stderr and time.monotonic() - started < 15, "no 30 s wait for a password"
     finally:
         server.terminate()
@@ -229,3 +230,115 @@ def test_a_kefu_bot_whose_app_is_not_a_wecom_bot_is_refused_at_start() -> None:
     twice = {**kefu, "id": "kefu2", "app": "staff"}
     with pytest.raises(ValueError, match=r"already serves bots\.kefu"):
         Settings(bots=[{**kefu, "app": "staff"}, twice, {**staff, "encoding_aes_key": kefu["encoding_aes_key"]}])
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "line"),
+    [
+        ("engine:\n  max_token: 100\n", "engine.max_token: unknown key; did you mean max_tokens?"),
+        ("memory:\n  token_budgt: 100\n", "memory.token_budgt: unknown key; did you mean token_budget?"),
+        ("worker:\n  concurency: 4\n", "worker.concurency: unknown key; did you mean concurrency?"),
+        ("admin:\n  tokn: a-long-enough-admin-token-value\n", "admin.tokn: unknown key; did you mean token?"),
+        ("knowledge:\n  allow_missing_base: true\n", "knowledge.allow_missing_base: unknown key; did you mean "
+         "allow_missing_bases?"),
+    ],
+)
+def test_a_mistyped_key_in_any_section_is_named_with_the_nearest_valid_one(
+    yaml_text: str, line: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(write(tmp_path, yaml_text))
+    assert line in str(refused.value)
+    assert "a-long-enough-admin-token-value" not in str(refused.value)
+
+
+def test_a_mistyped_key_from_the_environment_or_in_a_bot_is_named_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_WECOM_SECRET", "x")
+    monkeypatch.setenv("BOTGW_ENGINE__MAX_TOKEN", "100")
+    with pytest.raises(ConfigError, match=r"engine\.max_token: unknown key; did you mean max_tokens\?"):
+        load_settings(write(tmp_path, BOT))
+    monkeypatch.delenv("BOTGW_ENGINE__MAX_TOKEN")
+    with pytest.raises(ConfigError, match=r"bots\.app\.agentid: unknown key; did you mean agent_id\?"):
+        load_settings(write(tmp_path, BOT.replace("agent_id:", "agentid:")))
+
+
+def test_every_section_of_the_settings_refuses_unknown_keys() -> None:
+    """A new section that forgets extra="forbid" would let its typos pass silently: every model reachable from
+    Settings is checked."""
+    from pydantic import BaseModel
+
+    from gateway.config import Settings, _models_in
+
+    seen: set[type[BaseModel]] = set()
+    todo: list[type[BaseModel]] = [Settings]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        assert model.model_config.get("extra") == "forbid", f"{model.__name__} accepts unknown keys"
+        for field in model.model_fields.values():
+            todo.extend(_models_in(field.annotation))
+    assert len(seen) > 20
+
+
+def test_cross_references_are_checked_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_WECOM_SECRET", "x")
+    with pytest.raises(ConfigError, match=r"alert_bot must name a 'wecom-webhook' group robot \(found a 'wecom' bot"):
+        load_settings(write(tmp_path, "alert_bot: app\n" + BOT))
+    kefu = """
+  - id: kefu
+    platform: wecom-kf
+    corp_id: ww1
+    secret: kefu-secret-value
+    token: kftok
+    encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
+    open_kfids: [wk1]
+"""
+    with pytest.raises(ConfigError, match=r"bots\.kefu\.handoff\.servicer"):
+        load_settings(write(tmp_path, BOT + kefu + "    handoff: {servicer: 张三 the agent}\n"))
+    with pytest.raises(ConfigError, match="accounts names wk2, which open_kfids does not serve"):
+        load_settings(write(tmp_path, BOT + kefu + "    accounts: {wk2: {welcome_text: hi}}\n"))
+    settings = load_settings(write(tmp_path, BOT + kefu + "    handoff: {servicer: zhang.san@corp}\n"))
+    assert settings.bot("kefu").handoff.servicer == "zhang.san@corp"
+    with pytest.raises(ConfigError, match=r"no bot with id 'nosuch' in the configuration \(its bots: app, kefu\)"):
+        settings.bot("nosuch")
+
+
+def test_a_missing_knowledge_base_stops_a_worker_and_is_shown_by_config_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from gateway.base_check import check_bases
+
+    text = f"""
+redis_url: redis://:the-redis-password@127.0.0.1:1/0
+knowledge: {{store: {{path: {tmp_path / "store"}}}}}
+bots:
+  - id: robot
+    platform: wecom-webhook
+    key: robot-key-value
+  - id: kefu
+    platform: wecom-kf
+    corp_id: ww1
+    secret: kefu-secret-value
+    token: kftok
+    encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
+    knowledge: {{bases: [xinghee]}}
+"""
+    path = write(tmp_path, text)
+    assert main(["worker", "--config", str(path)]) == 2, "a worker must not start answering 没有找到 to everyone"
+    err = capsys.readouterr().err
+    assert "'xinghee' (named by bots.kefu.knowledge)" in err and "knowledge.allow_missing_bases" in err, err
+    assert main(["config", "check", "--config", str(path)]) == 2
+    shown = capsys.readouterr()
+    assert "'xinghee'" in shown.err and "redis_url: redis://:***@127.0.0.1:1/0" in shown.out, shown
+    for secret in ("the-redis-password", "robot-key-value", "kefu-secret-value", "kWxPEV2UE"):
+        assert secret not in shown.out + shown.err
+    allowed = load_settings(path)
+    allowed.knowledge.allow_missing_bases = True
+    asyncio.run(check_bases(allowed, strict=True))  # a warning only, no refusal
+    asyncio.run(check_bases(load_settings(path), strict=False))  # a gateway warns, and starts
