@@ -393,7 +393,7 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
             )
         except httpx.HTTPError as exc:
             print(f"botgw sim: the simulator at {simulator} is not reachable ({type(exc).__name__})", file=sys.stderr)
-            return 2
+            return 3
         if wrote.status_code != 200:
             print(f"botgw sim: simulator answered {wrote.status_code}: {wrote.text}", file=sys.stderr)
             return 1
@@ -456,7 +456,7 @@ def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # typ
         ack = http.post(url, params=callback.params, content=callback.body)
     except httpx.HTTPError as exc:
         print(f"botgw sim: the gateway at {url} is not reachable ({type(exc).__name__})", file=sys.stderr)
-        return 2
+        return 3
     if ack.status_code != 200:
         print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
         return 1
