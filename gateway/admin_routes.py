@@ -11,7 +11,7 @@ import hmac
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from bots.base import CallbackRejected
+from bots.base import CallbackRejected, SendError
 from bots.safe_json import parse_json_object
 from bots.wecom_kf.models import handoff_for
 from gateway.identities import IdentityError, qualify, tenants_by_family
@@ -94,5 +94,14 @@ async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400 if bot_id else 404)
     servicer = str(body.get("servicer") or "")
+    # Asked first, as `botgw kf handoff` does: a customer without a session cannot be handed to anyone, and
+    # queueing the move anyway only had the worker dead-letter it (95013) after this said "queued".
+    open_kfid, customer = message.reply_to.chat_id, message.sender_id
+    try:
+        if not await runtime.adapters[bot_id].api.has_session(open_kfid, customer):
+            return JSONResponse({"error": f"{customer} has no open session with {open_kfid} (ended, or never "
+                                          "started): nothing to hand off until they write again"}, status_code=409)
+    except SendError as exc:  # the platform refused or did not answer: its words (no token, no secret in them)
+        return JSONResponse({"error": f"cannot ask WeCom for the customer's session: {exc}"}, status_code=502)
     place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
     return JSONResponse({"queued": True, "place": place}, status_code=202)

@@ -537,13 +537,11 @@ def _kf_handoff(args: argparse.Namespace) -> int:
     queueing the move anyway only had the worker dead-letter it later while this command said "queued". The session
     can still end between this check and the worker's move; the worker then dead-letters it with 95013."""
     from bots.base import SendError
-    from bots.wecom_kf.adapter import STATE_ENDED
     from bots.wecom_kf.client import KfApiClient
-    from bots.wecom_kf.exceptions import SESSION_ENDED
     from bots.wecom_kf.models import handoff_for
     from gateway.keys import Keys
     from gateway.push import enqueue_handoff
-    from gateway.redis_client import open_redis
+    from gateway.redis_client import connected
     from gateway.scheduler import Scheduler
     from gateway.tokens import RedisTokenStore
 
@@ -558,24 +556,15 @@ def _kf_handoff(args: argparse.Namespace) -> int:
 
     async def main() -> int | None:
         """The place in the conversation's lane, or None when the customer has no session."""
-        redis = open_redis(settings.redis_url, **settings.redis_options())
         keys = Keys(settings.namespace)
-        try:
+        async with connected(settings.redis_url, **settings.redis_options()) as redis:
             async with httpx.AsyncClient(timeout=10) as http:
                 api = KfApiClient(bot, http, RedisTokenStore(redis, keys))  # type: ignore[arg-type]
-                try:
-                    state, _ = await api.service_state(open_kfid, args.customer)
-                except SendError as exc:
-                    if exc.code != SESSION_ENDED:
-                        raise
-                    state = STATE_ENDED
-            if state == STATE_ENDED:
-                return None
+                if not await api.has_session(open_kfid, args.customer):
+                    return None
             scheduler = Scheduler(redis, keys)
             await scheduler.load_scripts()
             return await enqueue_handoff(scheduler, message, settings.memory.group, args.servicer or "")
-        finally:
-            await redis.aclose()
 
     try:
         place = asyncio.run(main())

@@ -6,6 +6,7 @@ simulator logs it), WeCom POSTs a signed "pull" callback, botgw pulls kf/sync_ms
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import time
 
@@ -15,9 +16,9 @@ import pytest
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import commands
 from gateway.keys import Keys
-from tests.conftest import random_aes_key
+from tests.conftest import Stack, random_aes_key, stack_config
 from tests.kf_env import HANDOFF_NOTICE, KFID, Kf, customer
-from tests.procs import start_worker, wait_for
+from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
 
 
 def test_the_same_callback_three_times_is_one_pull_and_one_answer(kf: Kf) -> None:
@@ -273,3 +274,37 @@ def test_sim_after_a_handoff_reports_the_human_holding_the_session_as_success(
     assert time.monotonic() - started < 30, "it waited for an answer that cannot come"
     assert len(kf.sent(person)) == 2
     wait_for(lambda: any(turn["content"] == "还在吗？" for turn in kf.memory(person)), 30, "botgw to keep the message")
+
+
+def test_the_admin_handoff_asks_the_platform_first_like_the_command(stack: Stack) -> None:
+    """POST /admin/kf/{bot}/handoff for a customer with no session: 409 and nothing queued (it used to answer 202
+    and the worker dead-lettered the move); for one who wrote: 202, and the session goes to the queue."""
+    namespace = "ka" + secrets.token_hex(4)
+    sim_port, port = free_port(), free_port()
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    token = secrets.token_urlsafe(24)
+    bot = {"id": "kefu", "platform": "wecom-kf", "corp_id": "wwka" + secrets.token_hex(5),
+           "secret": secrets.token_urlsafe(24), "token": secrets.token_hex(8), "encoding_aes_key": random_aes_key(),
+           "api_base": sim_url, "open_kfids": [KFID]}  # fmt: skip
+    config = stack_config(stack.config["redis_url"], stack.config["engine"]["base_url"], sim_url, namespace)
+    config.update(bots=[bot], admin={"token": token})
+    path = write_config(stack.log_dir / f"{namespace}.yaml", config)
+    procs = [Proc([*BOTGW, "sim", "serve", "--config", str(path), "--port", str(sim_port)],
+                  stack.log_dir / f"{namespace}-sim.log")]  # fmt: skip
+    try:
+        wait_http(f"{sim_url}/__sim__/healthz", 30, procs[0])
+        procs.append(start_gateway(path, port, stack.log_dir, f"gw-{namespace}"))
+        admin = f"{procs[1].admin_url}/admin/kf/kefu/handoff"
+        headers = {"Authorization": f"Bearer {token}"}
+        nobody = customer()
+        refused = httpx.post(admin, json={"customer": nobody}, headers=headers, timeout=10)
+        assert refused.status_code == 409 and "has no open session" in refused.json()["error"], refused.text
+        assert not stack.redis.hget(Keys(namespace).scheduler_stats, "enqueued"), "nothing was queued"
+        writer = customer()
+        httpx.post(f"{sim_url}/__sim__/kf/customer", json={"open_kfid": KFID, "external_userid": writer,
+                                                          "text": "你好"}, timeout=10).raise_for_status()
+        queued = httpx.post(admin, json={"customer": writer}, headers=headers, timeout=10)
+        assert queued.status_code == 202 and queued.json()["queued"] is True, queued.text
+    finally:
+        for proc in procs:
+            proc.stop()

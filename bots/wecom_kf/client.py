@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from bots.base import RetryableSendError
+from bots.base import RetryableSendError, SendError
 from bots.wecom.client import WeComApiClient
 from bots.wecom.exceptions import TOKEN_INVALID_CODES
-from bots.wecom_kf.exceptions import error_for
+from bots.wecom_kf.exceptions import SESSION_ENDED, error_for
 
 SYNC_LIMIT = 1000  # the most sync_msg returns per call
+SESSION_STATE_ENDED = 4  # service_state 4: 已结束 (reference wecom-kf.md, "States")
 
 
 class KfApiClient(WeComApiClient):
@@ -51,6 +52,17 @@ class KfApiClient(WeComApiClient):
     async def service_state(self, open_kfid: str, customer: str) -> tuple[int, str]:
         data = await self.call("/cgi-bin/kf/service_state/get", {"open_kfid": open_kfid, "external_userid": customer})
         return int(data.get("service_state", 0)), str(data.get("servicer_userid", ""))
+
+    async def has_session(self, open_kfid: str, customer: str) -> bool:
+        """Whether the customer has a session a handoff can move: not ended (state 4), and not unknown (95013,
+        "the session has ended"). A refusal of another kind, or no answer, raises."""
+        try:
+            state, _ = await self.service_state(open_kfid, customer)
+        except SendError as exc:
+            if exc.code != SESSION_ENDED:
+                raise
+            return False
+        return state != SESSION_STATE_ENDED
 
     async def trans(self, open_kfid: str, customer: str, state: int, servicer: str | None = None) -> str:
         """Move the session to `state`; returns the msg_code for the notice that may follow ('' if none)."""
