@@ -8,6 +8,7 @@ when it points at the platform's own API origin, parsed exactly as the HTTP clie
 from __future__ import annotations
 
 import logging
+import re
 
 import httpx
 from prometheus_client import Counter
@@ -46,3 +47,31 @@ def trusted(url: str, allowed_base: str, platform: str, kind: str) -> bool:
     log.warning("refused a URL from inside a message", extra={"platform": platform, "kind": kind, "host": host})
     REFUSED_URLS.labels(platform, kind).inc()
     return False
+
+
+_SECRET_QUERY_KEY = re.compile(r"pass|secret|token|key|sig|auth|cred", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for a message or a log line: its scheme, host(s), port and path, never a user name or password
+    (`***@` says there are some), and the values of query parameters that look like credentials
+    (`?sentinel_password=`, `?api_key=`) as `***`. A password may hold '/', '?', '#' or '@', which makes the
+    host ambiguous: then only the scheme is kept, and the rest is said to be hidden."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return "(a URL without a scheme, hidden)"
+    ends = [index for index in (rest.find(char) for char in "/?#") if index >= 0]
+    authority, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    if "@" in tail:  # an '@' after the authority "ended": a password holding '/', '?' or '#'
+        return f"{scheme}://(address hidden: the password in the URL holds / ? # or @)"
+    _, at, host = authority.rpartition("@")
+    host = f"***@{host}" if at else host  # that there are credentials is worth seeing; what they are is not
+    path, _, query = tail.partition("#")[0].partition("?")
+    if query:
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        query = "&".join(
+            f"{name}={'***' if _SECRET_QUERY_KEY.search(name) else value}" if equals else name
+            for name, equals, value in pairs
+        )
+        path += f"?{query}"
+    return f"{scheme}://{host}{path}"

@@ -86,13 +86,15 @@ async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
     try:
         body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")
         bot = next((b for b in runtime.settings.bots if b.id == bot_id), None)
-        message = handoff_for(bot, body.get("open_kfid"), str(body.get("customer") or ""))
+        if bot is None:
+            return JSONResponse({"error": f"no bot {bot_id!r}"}, status_code=404)
+        message = handoff_for(bot, body.get("open_kfid"), body.get("customer") or "", body.get("servicer"))
     except BodyTooLarge:
         return JSONResponse({"error": "request body too large"}, status_code=413)
     except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)
         return JSONResponse({"error": exc.detail}, status_code=exc.status)
     except ValueError as exc:
-        return JSONResponse({"error": str(exc)}, status_code=400 if bot_id else 404)
+        return JSONResponse({"error": str(exc)}, status_code=400)
     servicer = str(body.get("servicer") or "")
     # Asked first, as `botgw kf handoff` does: a customer without a session cannot be handed to anyone, and
     # queueing the move anyway only had the worker dead-letter it (95013) after this said "queued".

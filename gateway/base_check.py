@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from bots.urls import redact_url
 from gateway.config import ConfigError, Settings
-from knowledge.errors import KnowledgeError, StoreLocked
+from knowledge.errors import StoreLocked
 from knowledge.store import KnowledgeStore
 
 log = logging.getLogger(__name__)
@@ -19,12 +20,20 @@ def missing_bases(settings: Settings, wait_s: float = STORE_WAIT_S) -> dict[str,
     uses = settings.bases_in_use()
     if not uses:
         return {}
+    if settings.knowledge.store.qdrant_url is None and not settings.knowledge.store.folder().exists():
+        return uses  # no store yet (or a mistyped path): nothing in it, and nothing created by looking
     store = KnowledgeStore.open(settings.knowledge.store, wait_s)
     try:
         present = {record.kb for record in store.documents(list(uses))}
     finally:
         store.close()
     return {base: keys for base, keys in uses.items() if base not in present}
+
+
+def store_where(settings: Settings) -> str:
+    """The knowledge store, for messages: the server's URL without credentials, or the embedded folder."""
+    store = settings.knowledge.store
+    return redact_url(store.qdrant_url) if store.qdrant_url else str(store.folder())
 
 
 def describe_missing(missing: dict[str, list[str]], where: str) -> str:
@@ -42,13 +51,13 @@ async def check_bases(settings: Settings, strict: bool, wait_s: float = STORE_WA
     longer than `wait_s`, or a server that does not answer) is a warning either way."""
     if not settings.bases_in_use():
         return
-    where = settings.knowledge.store.qdrant_url or str(settings.knowledge.store.folder())
+    where = store_where(settings)
     try:
         missing = await asyncio.to_thread(missing_bases, settings, wait_s)
     except StoreLocked:
         log.warning("knowledge bases not checked: the store %s is held by another process", where)
         return
-    except (KnowledgeError, OSError) as exc:
+    except Exception as exc:  # a server down, a folder unreadable: the start goes on, answers will say the rest
         log.warning("knowledge bases not checked: the store %s could not be read (%s)", where, type(exc).__name__)
         return
     if not missing:

@@ -33,6 +33,9 @@ GRACEFUL_SHUTDOWN_S = 10
 log = logging.getLogger("botgw")
 
 
+LONG_RUNNING = {"serve", "worker", "dingtalk-stream", "web", "sim serve", "engine serve"}
+
+
 class UsageError(Exception):
     """The command was called wrongly in a way argparse cannot see (exit 2, like argparse's own)."""
 
@@ -553,7 +556,7 @@ def _kf_handoff(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     try:
         bot = settings.bot(args.bot)
-        message = handoff_for(bot, args.open_kfid, args.customer)
+        message = handoff_for(bot, args.open_kfid, args.customer, args.servicer)
     except (ValueError, ConfigError) as exc:
         print(f"botgw kf handoff: {exc}", file=sys.stderr)
         return 2
@@ -670,14 +673,14 @@ def _config_check(args: argparse.Namespace) -> int:
     file, `${VAR}`s and `BOTGW_*` applied, defaults filled in) with every secret masked."""
     import yaml
 
-    from gateway.base_check import describe_missing, missing_bases
+    from gateway.base_check import describe_missing, missing_bases, store_where
     from knowledge.errors import KnowledgeError
 
     settings = load_settings(args.config)  # keys, values and cross-references: a failure exits 2 from main
     print(f"ok: {args.config}: every key known, every value valid, every bot reference resolved", file=sys.stderr)
     failed = False
     if settings.bases_in_use():
-        where = settings.knowledge.store.qdrant_url or str(settings.knowledge.store.folder())
+        where = store_where(settings)
         try:
             missing = missing_bases(settings)
         except KnowledgeError as exc:
@@ -691,22 +694,24 @@ def _config_check(args: argparse.Namespace) -> int:
             else:
                 print(f"ok: knowledge bases {', '.join(sorted(settings.bases_in_use()))} found in {where}",
                       file=sys.stderr)
-    shown = _masked_urls(settings.model_dump(mode="json"))  # SecretStr dumps as '**********' already
+    shown = _masked(settings.model_dump(mode="json"))  # SecretStr dumps as '**********' already
     print(yaml.safe_dump(shown, allow_unicode=True, sort_keys=False), end="")
     return 2 if failed else 0
 
 
-_URL_PASSWORD = re.compile(r"(://[^/@\s:]*:)[^@/\s]+@|([?&][A-Za-z_]*password=)[^&\s]*")
-
-
-def _masked_urls(value: object) -> object:
-    """The password inside any URL (`redis://:pw@host`, `http://user:pw@host`) replaced by '***'."""
+def _masked(value: object, key: str = "") -> object:
+    """What else may be secret in a dumped configuration: credentials inside URLs (bots.urls.redact_url), and
+    password hashes (they can be attacked offline)."""
     if isinstance(value, str):
-        return _URL_PASSWORD.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", value)
+        if "hash" in key or "sha256" in key:
+            return "**********"
+        from bots.urls import redact_url
+
+        return redact_url(value) if "://" in value else value
     if isinstance(value, dict):
-        return {key: _masked_urls(item) for key, item in value.items()}
+        return {name: _masked(item, str(name)) for name, item in value.items()}
     if isinstance(value, list):
-        return [_masked_urls(item) for item in value]
+        return [_masked(item, key) for item in value]
     return value
 
 
@@ -941,23 +946,31 @@ def _parser() -> argparse.ArgumentParser:
     sim_ai.add_argument("--interval", type=float, default=0.5, help="seconds between refresh callbacks")
     sim_ai.add_argument("text")
     sim_ai.set_defaults(run=_sim_wecom_ai)
+    parser.add_argument("--debug", action="store_true", help="a failure's traceback too (or BOTGW_DEBUG=1)")
+    for leaf in _leaf_parsers(parser):  # also after the command's name: `botgw dlq list --debug`
+        leaf.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    subs = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for sub in subs for child in sub.choices.values() for leaf in _leaf_parsers(child)]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Every failure ends in one line on stderr that says what, where and what to do, and an exit code that
     means something: 2 usage or configuration, 3 a dependency down or refusing, 1 anything else. `--debug`
-    anywhere before `--` (or BOTGW_DEBUG=1) adds the traceback."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    before_dashes = words[: words.index("--")] if "--" in words else words
-    debug = "--debug" in before_dashes or os.environ.get("BOTGW_DEBUG", "") not in ("", "0")
-    if "--debug" in before_dashes:
-        words.remove("--debug")
-    if not debug:  # a library's warning is no line for an operator (qdrant-client's version check, say)
-        warnings.filterwarnings("ignore", category=UserWarning)
-    args = _parser().parse_args(words)
+    (before or after the command's name, or BOTGW_DEBUG=1) adds the traceback."""
+    args = _parser().parse_args(argv)
+    debug = args.debug or os.environ.get("BOTGW_DEBUG", "") not in ("", "0")
     sub = getattr(args, f"{args.command.replace('-', '_')}_command", None)
     command = f"{args.command} {sub}" if sub else args.command
+    if command in LONG_RUNNING:
+        logging.captureWarnings(True)  # a library's warning becomes a log line like every other
+    elif not debug:  # and is no line for an operator of a one-shot command (qdrant-client's version check)
+        warnings.filterwarnings("ignore", category=UserWarning)
     code, line, error = _outcome(args, command)
     if line:
         print(line, file=sys.stderr)

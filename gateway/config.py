@@ -27,6 +27,11 @@ from gateway.memory import GroupMemory
 from knowledge.config import KnowledgeSettings, KnowledgeUse
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_PREFIX = "BOTGW_"
+# BOTGW_* variables that are not settings: botgw's own commands, install scripts and tests read them.
+TOOL_VARIABLES = {"CONFIG", "DEBUG", "GATEWAY_URL", "SIMULATOR_URL", "WEB_BOT", "ENGINE_PYTHON", "ENGINE_VENV",
+                  "VLLM_PACKAGE", "INSTALL_BROWSER", "OPS_VENV", "TINY_MODEL_DIR", "IMAGE", "PROCS", "VARS", "SIDE",
+                  "AUDIT_TIMEOUT_S", "FUZZ_EXAMPLES"}  # fmt: skip
 MIN_ADMIN_TOKEN_CHARS = 24
 MIN_SIGNING_SECRET_CHARS = 32
 
@@ -328,9 +333,19 @@ def load_settings(path: str | Path | None) -> Settings:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{file} must hold a mapping at the top level")
         data = _expand_env(loaded)
-    ids = [bot.get("id") for bot in data.get("bots", []) if isinstance(bot, dict)]
-    if len(ids) != len(set(ids)):
-        raise ConfigError("bot ids must be unique")
+    odd = [key for key in data if not isinstance(key, str)]
+    if odd:
+        raise ConfigError(f"top-level keys are names: {str(odd[0])[:40]!r} is not one (a key without quotes that "
+                          "YAML reads as a number, true or null?)")
+    bots = data.get("bots")
+    ids = [bot.get("id") if isinstance(bot, dict) else None for bot in bots] if isinstance(bots, list) else []
+    named = [bot_id for bot_id in ids if isinstance(bot_id, str)]
+    if len(named) != len(set(named)):
+        twice = sorted({bot_id for bot_id in named if named.count(bot_id) > 1})
+        raise ConfigError(f"bot ids must be unique: {', '.join(twice)} more than once")
+    mistyped = _mistyped_environment(set(_ENV_REF.findall(file.read_text(encoding="utf-8"))) if path else set())
+    if mistyped:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(mistyped))
     try:
         settings = Settings(**data)
     except ValidationError as exc:
@@ -338,6 +353,26 @@ def load_settings(path: str | Path | None) -> Settings:
     if settings.worker.block_ms / 1000 >= settings.redis_timeout_s:
         raise ConfigError("worker.block_ms must be shorter than redis_timeout_s: a blocking read would time out")
     return settings
+
+
+def _mistyped_environment(referenced: set[str]) -> list[str]:
+    """BOTGW_* variables meant as settings whose section is misspelt: pydantic-settings reads only the names it
+    knows and would ignore them. Meant as a setting: a nested name (`__`), or a name close to a section's. Not
+    judged: botgw's tools' own variables, and those the YAML file refers to as `${VAR}` (they are values)."""
+    sections = list(Settings.model_fields)
+    found = []
+    for name in sorted(os.environ):
+        if not name.startswith(ENV_PREFIX) or name in referenced:
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        section = rest.split("__", 1)[0].lower()
+        if section in sections or rest in TOOL_VARIABLES or rest.startswith("TEST_"):
+            continue
+        near = get_close_matches(section, sections, n=1, cutoff=0.6 if "__" in rest else 0.8)
+        if "__" in rest or near:
+            hint = f"; did you mean {ENV_PREFIX}{near[0].upper()}{rest[len(section):]}?" if near else ""
+            found.append(f"environment variable {name}: not a setting{hint}")
+    return found
 
 
 def describe_errors(exc: ValidationError, bot_ids: Sequence[Any] = ()) -> str:
@@ -358,7 +393,8 @@ def _key_path(loc: tuple[Any, ...], bot_ids: Sequence[Any]) -> str:
     """`bots.demo.secrett` rather than pydantic's `bots.0.wecom.secrett`: the bot by its id, no union tag."""
     parts = [str(part) for part in loc]
     if len(loc) >= 2 and loc[0] == "bots" and isinstance(loc[1], int):
-        label = bot_ids[loc[1]] if loc[1] < len(bot_ids) and bot_ids[loc[1]] else loc[1]
+        named = loc[1] < len(bot_ids) and isinstance(bot_ids[loc[1]], str) and bot_ids[loc[1]]
+        label = bot_ids[loc[1]] if named else loc[1]
         rest = parts[3:] if len(loc) > 2 and str(loc[2]) in PLATFORMS else parts[2:]
         parts = ["bots", str(label), *rest]
     return ".".join(parts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from bots.urls import redact_url
 
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -45,10 +48,13 @@ class RedisUnavailable(Exception):
 def redis_address(url: str) -> str:
     """Where `url` points, for messages: host:port (each seed of a cluster or sentinel URL) or a socket path,
     never the user name or password."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() == "unix":
-        return parts.path or "a unix socket"
-    hosts = parts.netloc.rpartition("@")[2]
+    shown = redact_url(url)
+    scheme, _, rest = shown.partition("://")
+    if rest.startswith("(address hidden"):
+        return "the address in redis_url (hidden: its password holds / ? # or @)"
+    if scheme.lower() == "unix":
+        return rest.partition("?")[0] or "a unix socket"
+    hosts = re.split(r"[/?]", rest, maxsplit=1)[0].rpartition("@")[2]
     seeds = [seed if ":" in seed.rsplit("]", 1)[-1] else f"{seed}:6379" for seed in hosts.split(",") if seed]
     return ",".join(seeds) or "localhost:6379"
 

@@ -55,6 +55,9 @@ def run_kb_command(settings: KnowledgeSettings, args: argparse.Namespace) -> int
     except KnowledgeError as exc:  # the store or the embedding engine is busy, down or refusing
         print(f"botgw kb {args.kb_command}: {exc}", file=sys.stderr)
         return 3
+    except OSError as exc:  # a folder given that cannot be listed, say
+        print(f"botgw kb {args.kb_command}: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 def _say(text: str) -> None:

@@ -20,6 +20,7 @@ from typing import Protocol
 import httpx
 import numpy as np
 
+from bots.urls import redact_url
 from knowledge.config import OFFLINE_MODEL, EmbeddingSettings
 from knowledge.errors import EmbeddingUnavailable
 
@@ -111,6 +112,7 @@ class ServedEmbedder:
         assert settings.base_url
         root = settings.base_url.removesuffix("/v1")
         self._url = f"{root}/v1/embeddings"
+        self._at = redact_url(self._url)  # for messages: no credentials
         self._settings = settings
         self._query_prefix, self._passage_prefix = settings.prefixes()
         self._own_http = http is None
@@ -133,25 +135,25 @@ class ServedEmbedder:
                     self._url, json=body, headers=headers, timeout=self._settings.timeout_s
                 )
             except httpx.HTTPError as exc:
-                raise EmbeddingUnavailable(f"the embedding engine at {self._url} is not reachable ({exc!r})") from None
+                raise EmbeddingUnavailable(f"the embedding engine at {self._at} is not reachable ({exc!r})") from None
             if response.status_code != 200:
                 raise EmbeddingUnavailable(
-                    f"the embedding engine at {self._url} answered {response.status_code}: {response.text[:200]}"
+                    f"the embedding engine at {self._at} answered {response.status_code}: {response.text[:200]}"
                 )
             try:
                 data = sorted(response.json()["data"], key=lambda item: item["index"])
                 out += [item["embedding"] for item in data]
             except (ValueError, KeyError, TypeError):
-                raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered no embeddings") from None
+                raise EmbeddingUnavailable(f"the embedding engine at {self._at} answered no embeddings") from None
         if len(out) != len(texts):
-            raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered {len(out)} of {len(texts)}")
+            raise EmbeddingUnavailable(f"the embedding engine at {self._at} answered {len(out)} of {len(texts)}")
         sizes = {len(vector) if isinstance(vector, list) else -1 for vector in out}
         if len(sizes) > 1 or min(sizes, default=1) < 1:
-            raise EmbeddingUnavailable(f"the embedding engine at {self._url} answered vectors of sizes {sorted(sizes)}")
+            raise EmbeddingUnavailable(f"the embedding engine at {self._at} answered vectors of sizes {sorted(sizes)}")
         try:
             return normalise(np.asarray(out, dtype=np.float32))
         except (ValueError, TypeError):
-            message = f"the embedding engine at {self._url} answered vectors that are not numbers"
+            message = f"the embedding engine at {self._at} answered vectors that are not numbers"
             raise EmbeddingUnavailable(message) from None
 
     async def passages(self, texts: list[str]) -> np.ndarray:

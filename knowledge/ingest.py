@@ -120,9 +120,16 @@ class Ingestor:
         that cannot be read fails when it was named (as an upload of it does), unless `skip_unsupported`; one
         found in a folder is skipped."""
         files = collect(paths)
+        first: dict[str, Path] = {}
         outcomes: list[Outcome] = []
         for number, found in enumerate(files, start=1):
-            outcome = await self._add_file(kb, found, skip_unsupported or not found.named, embedding)
+            earlier = first.setdefault(found.doc, found.path)
+            if earlier != found.path:  # one document name, two files: the second would silently replace the first
+                outcome = Outcome(str(found.path), found.doc, "failed", reason=f"{earlier} has the same document "
+                                  "name: give their folder instead (its files are named by their path in it), or "
+                                  "rename one")
+            else:
+                outcome = await self._add_file(kb, found, skip_unsupported or not found.named, embedding)
             outcomes.append(outcome)
             if progress is not None:
                 progress(number, len(files), outcome)

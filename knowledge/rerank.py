@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import httpx
 
+from bots.urls import redact_url
 from knowledge.config import RerankSettings
 from knowledge.errors import KnowledgeError
 
@@ -20,6 +21,7 @@ class Reranker:
     def __init__(self, settings: RerankSettings, http: httpx.AsyncClient | None = None) -> None:
         assert settings.base_url
         self._url = f"{settings.base_url.removesuffix('/v1')}/rerank"
+        self._at = redact_url(self._url)  # for messages: no credentials
         self._settings = settings
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=settings.timeout_s)
@@ -33,17 +35,17 @@ class Reranker:
         try:
             response = await self._http.post(self._url, json=body, headers=headers, timeout=self._settings.timeout_s)
         except httpx.HTTPError as exc:
-            raise RerankUnavailable(f"the reranker at {self._url} is not reachable ({exc!r})") from None
+            raise RerankUnavailable(f"the reranker at {self._at} is not reachable ({exc!r})") from None
         if response.status_code != 200:
-            raise RerankUnavailable(f"the reranker at {self._url} answered {response.status_code}")
+            raise RerankUnavailable(f"the reranker at {self._at} answered {response.status_code}")
         scores = [float("nan")] * len(passages)
         try:
             for result in response.json()["results"]:
                 scores[int(result["index"])] = float(result["relevance_score"])
         except (ValueError, KeyError, TypeError, IndexError):
-            raise RerankUnavailable(f"the reranker at {self._url} answered no usable results") from None
+            raise RerankUnavailable(f"the reranker at {self._at} answered no usable results") from None
         if any(score != score for score in scores):  # NaN: a passage left unscored
-            raise RerankUnavailable(f"the reranker at {self._url} scored {len(passages)} passages only in part")
+            raise RerankUnavailable(f"the reranker at {self._at} scored {len(passages)} passages only in part")
         return scores
 
     async def aclose(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from bots.urls import redact_url
 from knowledge.config import StoreSettings
 from knowledge.errors import EmbeddingMismatch, KnowledgeError, StoreLocked
 from knowledge.lexical import LEXICAL_SCHEME
@@ -126,7 +127,7 @@ class KnowledgeStore:
         if settings.qdrant_url:
             api_key = settings.api_key.get_secret_value() if settings.api_key else None
             client = QdrantClient(url=settings.qdrant_url, api_key=api_key, timeout=int(settings.timeout_s))
-            return cls(client, settings, settings.qdrant_url)
+            return cls(client, settings, redact_url(settings.qdrant_url))  # `where` is shown in messages
         folder = settings.folder()
         folder.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + wait_s

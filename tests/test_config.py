@@ -335,10 +335,70 @@ bots:
     assert "'xinghee' (named by bots.kefu.knowledge)" in err and "knowledge.allow_missing_bases" in err, err
     assert main(["config", "check", "--config", str(path)]) == 2
     shown = capsys.readouterr()
-    assert "'xinghee'" in shown.err and "redis_url: redis://:***@127.0.0.1:1/0" in shown.out, shown
+    assert "'xinghee'" in shown.err and "redis_url: redis://***@127.0.0.1:1/0" in shown.out, shown
     for secret in ("the-redis-password", "robot-key-value", "kefu-secret-value", "kWxPEV2UE"):
         assert secret not in shown.out + shown.err
     allowed = load_settings(path)
     allowed.knowledge.allow_missing_bases = True
     asyncio.run(check_bases(allowed, strict=True))  # a warning only, no refusal
     asyncio.run(check_bases(load_settings(path), strict=False))  # a gateway warns, and starts
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pa@ss-word-tail@127.0.0.1:6379/0", "redis://***@127.0.0.1:6379/0"),
+        ("redis+sentinel://:pw1@h:1,h2:2/svc?sentinel_password=pw2", "redis+sentinel://***@h:1,h2:2/svc?sentinel_password=***"),
+        ("http://e4/v1?Password=X&token=TOK&model=m", "http://e4/v1?Password=***&token=***&model=m"),
+        ("http://u:pw/with-slash@e2:8000", "http://(address hidden: the password in the URL holds / ? # or @)"),
+        ("redis://:pa?ss@h:6379/0", "redis://(address hidden: the password in the URL holds / ? # or @)"),
+        ("rediss://user:secret@h", "rediss://***@h"),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+    ],
+)
+def test_a_url_shown_in_a_message_carries_no_credentials(url: str, shown: str) -> None:
+    from bots.urls import redact_url
+    from gateway.redis_client import redis_address
+
+    assert redact_url(url) == shown
+    address = redis_address(url)
+    for secret in ("pa@ss", "ss-word", "pw", "TOK", "secret", "pa?ss"):
+        assert secret not in address and secret not in redact_url(url)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("bots: 5\n", "bots: Input should be a valid list"),
+        ("1: 2\n", "top-level keys are names: '1' is not one"),
+        ("true: 1\n", "top-level keys are names: 'True' is not one"),
+        ("bots:\n  - {id: [1], platform: wecom-webhook, key: robot-key-value}\n", "bots.0.id: Input should be a valid"),
+        ("bots:\n  - {id: a, platform: wecom-webhook, key: k1}\n  - {id: a, platform: wecom-webhook, key: k2}\n",
+         "bot ids must be unique: a more than once"),
+        ("bots:\n  - {id: a, platform: wecom-webhook, key: k1}\n  - x\n  - {id: b, platform: wecom-webhook, key: k, "
+         "keey: 2}\n", "bots.b.keey: unknown key; did you mean key?"),
+    ],
+)
+def test_odd_shapes_of_configuration_are_one_line_not_a_crash(
+    text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "check", "--config", str(write(tmp_path, text))]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and "robot-key-value" not in err, err
+
+
+def test_a_mistyped_botgw_environment_variable_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "admin:\n  token: ${BOTGW_ADMIN_TOKEN}\n")
+    monkeypatch.setenv("BOTGW_ADMIN_TOKEN", "a-long-enough-admin-token-value")  # named by the file: a value
+    monkeypatch.setenv("BOTGW_ENGINE_PYTHON", "/usr/bin/python3")  # a tool's own
+    assert load_settings(path).admin.token is not None
+    monkeypatch.setenv("BOTGW_ENGNE__MAX_TOKENS", "5")
+    with pytest.raises(ConfigError, match=r"BOTGW_ENGNE__MAX_TOKENS: not a setting; did you mean "
+                                          r"BOTGW_ENGINE__MAX_TOKENS\?"):
+        load_settings(path)
+    monkeypatch.delenv("BOTGW_ENGNE__MAX_TOKENS")
+    monkeypatch.setenv("BOTGW_REDIS_UR", "redis://h:1/0")
+    with pytest.raises(ConfigError, match="BOTGW_REDIS_UR: not a setting; did you mean BOTGW_REDIS_URL"):
+        load_settings(path)

@@ -77,3 +77,9 @@ def test_kb_add_refuses_a_named_file_it_cannot_read_unless_told_to_skip(tmp_path
     assert from_folder.returncode == 0 and "1 added" in from_folder.stdout and "1 skipped" in from_folder.stdout
     assert "[2/2] 退货.md: added" in from_folder.stderr, from_folder.stderr
     assert "Traceback" not in refused.stderr + skipped.stderr + from_folder.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "退货.md").write_text("# 换货\n\n十五天内换货。", encoding="utf-8")
+    twice = kb_add(str(folder / "退货.md"), str(other / "退货.md"))
+    assert twice.returncode == 1 and "has the same document name" in twice.stderr, twice.stderr
+    assert "1 unchanged" in twice.stdout and "1 failed" in twice.stdout, "the second must not replace the first"

@@ -297,6 +297,11 @@ def test_the_admin_handoff_asks_the_platform_first_like_the_command(stack: Stack
         admin = f"{procs[1].admin_url}/admin/kf/kefu/handoff"
         headers = {"Authorization": f"Bearer {token}"}
         nobody = customer()
+        unknown = httpx.post(admin.replace("/kefu/", "/nosuch/"), json={"customer": nobody}, headers=headers)
+        assert unknown.status_code == 404, unknown.text
+        for body in ({"customer": nobody, "open_kfid": "wk-not-served"}, {"customer": nobody, "open_kfid": 5},
+                     {"customer": nobody, "servicer": "张三 the agent"}):  # fmt: skip
+            assert httpx.post(admin, json=body, headers=headers, timeout=10).status_code == 400, body
         refused = httpx.post(admin, json={"customer": nobody}, headers=headers, timeout=10)
         assert refused.status_code == 409 and "has no open session" in refused.json()["error"], refused.text
         assert not stack.redis.hget(Keys(namespace).scheduler_stats, "enqueued"), "nothing was queued"

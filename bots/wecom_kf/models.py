@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -91,19 +92,28 @@ def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
     return PulledItem(kind=kind, message=message, event=event if kind == "event" else {})
 
 
-def handoff_for(bot: object, open_kfid: str | None, customer: str) -> InboundMessage:
+def handoff_for(
+    bot: object, open_kfid: object, customer: object, servicer: object = None
+) -> InboundMessage:
     """An operator's handoff of one customer, as the message the worker hands over (in the customer's lane).
-    ValueError says what is wrong: not a 微信客服 bot, or which account is meant is not clear."""
-    from bots.wecom_kf.config import WeComKfConfig
+    ValueError says what is wrong: not a 微信客服 bot, which account is meant is not clear or not served, or the
+    agent named is not a WeCom userid."""
+    from bots.wecom_kf.config import USERID_PATTERN, WeComKfConfig
 
     if not isinstance(bot, WeComKfConfig):
         raise ValueError(f"bot {getattr(bot, 'id', '?')!r} is not a wecom-kf bot")
-    if not customer:
+    if not isinstance(customer, str) or not customer:
         raise ValueError("a customer (external_userid) is needed")
+    if open_kfid is not None and not isinstance(open_kfid, str):
+        raise ValueError("open_kfid is a string")
+    if servicer and (not isinstance(servicer, str) or not re.match(USERID_PATTERN, servicer)):
+        raise ValueError("servicer is an agent's WeCom userid (letters, digits, _ - @ . ; at most 64)")
     accounts = bot.open_kfids or []
     open_kfid = open_kfid or (accounts[0] if len(accounts) == 1 else "")
     if not open_kfid:
         raise ValueError("the account (open_kfid) is needed: the bot serves more than one, or all of them")
+    if bot.open_kfids is not None and open_kfid not in bot.open_kfids:
+        raise ValueError(f"the bot does not serve the account {open_kfid!r} (its open_kfids: {', '.join(accounts)})")
     return InboundMessage(
         platform=PLATFORM,
         bot_id=bot.id,
