@@ -90,8 +90,7 @@ def _listen(host: str, port: int, hint: str = "") -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         in_use = exc.errno == errno.EADDRINUSE and hint
-        raise SystemExit(f"botgw serve: cannot listen on {host}:{port}: {exc.strerror}"
-                         + (f" ({hint})" if in_use else "")) from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}" + (f" ({hint})" if in_use else "")) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -209,3 +209,22 @@ def test_an_engine_that_cannot_start_here_is_one_line_and_exit_3(
     _clean(text)
     code, text = _run(capfd, "engine plan", "")
     assert code == 0 and text.split("vllm serve ", 1)[1].startswith(str(Path.home())), text
+
+
+def test_a_second_gateway_on_the_same_admin_port_is_told_about_admin_port(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        config = _config(tmp_path, "redis://127.0.0.1:6379/0")
+        code, text = _run(capfd, "serve", config, "--admin-port", str(port))  # the last one given counts
+        assert code == 2, text
+        assert f"cannot listen on 127.0.0.1:{port}" in text and "--admin-port PORT (or 0 for none)" in text, text
+        _clean(text)
+    finally:
+        busy.close()
