@@ -1,10 +1,12 @@
 """The deploy artefacts, checked with the real tools (scripts/install_ops_tools.sh installs them; a missing
 tool fails these tests, it does not skip them):
 
-- docker-compose.yml, alone and with deploy/compose.cpu.yml: the Docker Compose v2 CLI's `config` (the
-  compose specification's schema, interpolation, merging; no engine needed); every image pinned, only the
-  reverse proxy published (the gateway scales), secrets only from the environment, only the secrets of the
-  configured bots required; deploy/caddy: `caddy validate` and the routes `caddy adapt` makes of it;
+- docker-compose.yml, alone and with deploy/compose.cpu.yml or deploy/caddy/compose.tls.yml: the Docker Compose
+  v2 CLI's `config` (the compose specification's schema, interpolation, merging; no engine needed); every image
+  pinned, only the reverse proxy published (plain HTTP on loopback, or HTTPS alone), secrets only from the
+  environment and each service only the ones it uses (.env for compose, botgw.env for botgw), only the secrets of
+  the configured bots required; the web page trusts X-Forwarded-For from the proxy's fixed address alone;
+  deploy/caddy: `caddy validate`, the routes `caddy adapt` makes of it, and what a running Caddy sends upstream;
 - deploy/k8s: every overlay rendered by `kubectl kustomize` and validated against the Kubernetes 1.37 schemas
   (kubernetes-validate, strict); the CRDs: KEDA ScaledObject and LeaderWorkerSet against schemas here, the
   LeaderWorkerSet's pod templates against Kubernetes' PodTemplate schema, the Prometheus Operator's
@@ -20,6 +22,7 @@ tool fails these tests, it does not skip them):
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
 import re
@@ -43,12 +46,16 @@ ROOT = Path(__file__).resolve().parent.parent
 OPS_BIN = Path(os.environ.get("BOTGW_OPS_VENV", "~/.cache/botgw/ops-venv")).expanduser() / "bin"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "deploy" / "compose.cpu.yml"
+COMPOSE_TLS = ROOT / "deploy" / "caddy" / "compose.tls.yml"
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 TEMPLATE_IN_CONTAINER = "/etc/botgw/templates/ernie45.jinja"
-PUBLIC_TARGETS = {("proxy", 8080), ("proxy-tls", 80), ("proxy-tls", 443)}
+TLS_TARGETS = {("proxy", 80), ("proxy", 443)}  # published beyond loopback, with compose.tls.yml only
 CADDY = ROOT / "deploy" / "caddy"
 COMPOSE_REQUIRED = {"REDIS_PASSWORD", "QDRANT_API_KEY", "GRAFANA_ADMIN_PASSWORD"}  # compose's own services need them
+TLS_REQUIRED = {"PUBLIC_HOST", "ACME_EMAIL"}  # compose.tls.yml's proxy needs them
+BOTGW_SERVICES = {"gateway", "worker", "dingtalk-stream", "web"}
+FROM_COMPOSE_ENV = {"REDIS_PASSWORD", "QDRANT_API_KEY"}  # .env values the botgw services get by name
 SECRET_KEYS = {"secret", "token", "encoding_aes_key", "api_key", "app_secret", "password", "password_hash",
                "auth_secret", "key"}
 
@@ -112,12 +119,12 @@ def assert_checked_vllm(images: list[str], where: str) -> None:
 
 # --- docker compose ------------------------------------------------------------------------------------------
 
-VARIANTS = {"gpu": [COMPOSE], "cpu": [COMPOSE, COMPOSE_CPU]}
+VARIANTS = {"gpu": [COMPOSE], "cpu": [COMPOSE, COMPOSE_CPU], "tls": [COMPOSE, COMPOSE_TLS]}
 
 
-def compose_project(where: Path, env: str, botgw_yaml: str | None = None) -> Path:
-    """A compose project directory as an operator has it: the repository's files, and `.env` (which compose reads
-    for interpolation and which env_file hands to the botgw services). Never the checkout's own .env."""
+def compose_project(where: Path, env: str, botgw_yaml: str | None = None, botgw_env: str | None = None) -> Path:
+    """A compose project directory as an operator has it: the repository's files, `.env` (which compose reads for
+    interpolation) and `botgw.env` (which env_file hands to the botgw services). Never the checkout's own."""
     where.mkdir(parents=True, exist_ok=True)
     for name in ("engine", "deploy"):
         (where / name).symlink_to(ROOT / name)
@@ -129,6 +136,8 @@ def compose_project(where: Path, env: str, botgw_yaml: str | None = None) -> Pat
                 (where / "deploy" / item.name).symlink_to(item)
         (where / "deploy" / "botgw.yaml").write_text(botgw_yaml)
     (where / ".env").write_text(env)
+    if botgw_env is not None:
+        (where / "botgw.env").write_text(botgw_env)
     return where
 
 
@@ -138,12 +147,13 @@ def compose_config(files: list[Path], *extra: str, project: Path = ROOT) -> subp
         argv += ["--env-file", str(ROOT / ".env.example")]
     for file in files:
         argv += ["-f", str(file)]
-    return run([*argv, "--profile", "embed", "--profile", "tls", "config", "--format", "json", *extra], cwd=project)
+    return run([*argv, "--profile", "embed", "config", "--format", "json", *extra], cwd=project)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def rendered_compose(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
-    project = compose_project(tmp_path_factory.mktemp("compose") / "botgw", operator_env())
+    project = compose_project(tmp_path_factory.mktemp("compose") / "botgw", operator_env(),
+                              botgw_env=operator_env(BOTGW_ENV_EXAMPLE))
     proc = compose_config(VARIANTS[request.param], project=project)
     assert proc.returncode == 0, f"docker compose config ({request.param}):\n{proc.stderr}"
     return request.param, json.loads(proc.stdout)
@@ -165,13 +175,17 @@ def test_compose_needs_the_secrets_from_env(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "REDIS_PASSWORD" in proc.stderr
 
 
-def _example_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
-    """.env.example's values as an operator fills them in: the web user's hash made by `botgw web-password` (botgw
-    refuses the example's placeholder at start, as it should)."""
+ENV_EXAMPLE = ROOT / ".env.example"
+BOTGW_ENV_EXAMPLE = ROOT / "botgw.env.example"
+
+
+def _example_env(drop: tuple[str, ...] = (), file: Path = ENV_EXAMPLE) -> dict[str, str]:
+    """An example env file's values as an operator fills them in: the web user's hash made by `botgw web-password`
+    (botgw refuses the example's placeholder at start, as it should)."""
     from bots.web.config import hash_password
 
     env = {}
-    for line in (ROOT / ".env.example").read_text().splitlines():
+    for line in file.read_text().splitlines():
         if line and not line.lstrip().startswith("#"):
             key, value = line.split("=", 1)
             if not key.startswith(drop):
@@ -181,8 +195,8 @@ def _example_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
     return env
 
 
-def operator_env() -> str:
-    return "".join(f"{key}={value}\n" for key, value in _example_env().items())
+def operator_env(file: Path = ENV_EXAMPLE) -> str:
+    return "".join(f"{key}={value}\n" for key, value in _example_env(file=file).items())
 
 
 def test_compose_requires_only_what_its_own_services_use(tmp_path: Path) -> None:
@@ -191,6 +205,7 @@ def test_compose_requires_only_what_its_own_services_use(tmp_path: Path) -> None
     for file in (COMPOSE, COMPOSE_CPU):
         required |= set(re.findall(r"\$\{(\w+):\?", file.read_text()))
     assert required == COMPOSE_REQUIRED
+    assert set(re.findall(r"\$\{(\w+):\?", COMPOSE_TLS.read_text())) == TLS_REQUIRED
     minimal = "".join(f"{key}=x{key.lower()}\n" for key in sorted(COMPOSE_REQUIRED))
     proc = compose_config([COMPOSE], project=compose_project(tmp_path / "p", minimal))
     assert proc.returncode == 0, proc.stderr
@@ -203,20 +218,21 @@ def test_compose_requires_only_what_its_own_services_use(tmp_path: Path) -> None
 def test_compose_a_wecom_only_deployment_needs_no_other_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """deploy/botgw.yaml without the DingTalk and web bots, .env without their lines: it renders, the services get
-    .env through env_file (an override too), and botgw loads; leaving out a WeCom secret stops botgw naming it."""
+    """deploy/botgw.yaml without the DingTalk and web bots, botgw.env without their lines: it renders, the services
+    get botgw.env through env_file (an override too), and botgw loads; leaving out a WeCom secret stops botgw naming
+    it."""
     from gateway.config import ConfigError
 
     config = yaml.safe_load((ROOT / "deploy" / "botgw.yaml").read_text())
     config["bots"] = [bot for bot in config["bots"] if bot["platform"] == "wecom"]
-    env = _example_env(drop=("DINGTALK_", "WEB_"))
+    env = _example_env(drop=("DINGTALK_", "WEB_"), file=BOTGW_ENV_EXAMPLE)
     env["BOTGW_ENGINE__MAX_TOKENS"] = "777"
-    dotenv = "".join(f"{key}={value}\n" for key, value in env.items())
-    project = compose_project(tmp_path / "p", dotenv, botgw_yaml=yaml.safe_dump(config))
+    botgw_env = "".join(f"{key}={value}\n" for key, value in env.items())
+    project = compose_project(tmp_path / "p", operator_env(), botgw_yaml=yaml.safe_dump(config), botgw_env=botgw_env)
     proc = compose_config([COMPOSE], project=project)
     assert proc.returncode == 0, proc.stderr
     services = json.loads(proc.stdout)["services"]
-    for name in ("gateway", "worker", "dingtalk-stream", "web"):
+    for name in sorted(BOTGW_SERVICES):
         environment = services[name]["environment"]
         assert environment["WECOM_SECRET"] == env["WECOM_SECRET"] and environment["BOTGW_ENGINE__MAX_TOKENS"] == "777"
         assert not any(key.startswith("DINGTALK_") for key in environment)
@@ -236,25 +252,28 @@ def test_compose_services_images_ports(rendered_compose: tuple[str, dict]) -> No
     variant, config = rendered_compose
     services = config["services"]
     expected = {"vllm", "vllm-embed", "redis", "qdrant", "gateway", "worker", "dingtalk-stream", "web",
-                "prometheus", "grafana", "proxy", "proxy-tls"}
+                "prometheus", "grafana", "proxy"}
     assert set(services) == expected
     for name, service in services.items():
         assert_pinned(service["image"])
         assert "latest" not in service["image"]
         assert service.get("restart") == "unless-stopped", name
         assert service.get("healthcheck", {}).get("test"), f"{name}: no healthcheck"
-        for port in service.get("ports", []):
-            if (name, int(port["target"])) not in PUBLIC_TARGETS:
-                assert port.get("host_ip") == "127.0.0.1", f"{name}: port {port} published beyond loopback"
     published = {(n, int(p["target"])) for n, s in services.items() for p in s.get("ports", [])
                  if p.get("host_ip") != "127.0.0.1"}
-    assert published == PUBLIC_TARGETS
+    # plain HTTP only on loopback (a TLS terminator on the host); HTTPS alone with compose.tls.yml, never both
+    assert published == (TLS_TARGETS if variant == "tls" else set())
+    proxy_ports = {(p.get("host_ip"), int(p["target"]), str(p["published"])) for p in services["proxy"]["ports"]}
+    if variant == "tls":
+        assert proxy_ports == {("0.0.0.0", 80, "80"), ("0.0.0.0", 443, "443")}
+    else:
+        assert proxy_ports == {("127.0.0.1", 8080, "8080")}
     for name in ("worker", "gateway"):
         assert "container_name" not in services[name] and not services[name].get("ports"), f"{name} must scale"
     assert services["vllm-embed"]["profiles"] == ["embed"]
-    assert services["proxy-tls"]["profiles"] == ["tls"] and not services["proxy"].get("profiles")
+    assert not services["proxy"].get("profiles")
     gpu = services["vllm"].get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
-    if variant == "gpu":
+    if variant != "cpu":
         assert gpu and gpu[0]["capabilities"] == ["gpu"]
     else:
         assert not gpu, "the CPU override must drop the GPU reservation"
@@ -275,7 +294,7 @@ def test_compose_vllm_runs_the_launcher_profile(rendered_compose: tuple[str, dic
     vllm = config["services"]["vllm"]
     assert vllm["entrypoint"] == ["vllm", "serve"]  # not the deprecated python -m vllm.entrypoints.openai.api_server
     assert config["services"]["vllm-embed"]["entrypoint"] == ["vllm", "serve"]
-    profile = launcher.get_profile("ernie-0.3b-gpu" if variant == "gpu" else "ernie-0.3b-cpu")
+    profile = launcher.get_profile("ernie-0.3b-cpu" if variant == "cpu" else "ernie-0.3b-gpu")
     assert vllm["command"] == profile_args(profile)
     for key, value in profile.env.items():
         assert vllm["environment"][key] == value
@@ -325,7 +344,7 @@ def caddy() -> str:
     return path
 
 
-CADDY_ENV = {"BOTGW_HOST": "bot.example.com", "ACME_EMAIL": "ops@example.com"}
+CADDY_ENV = {"PUBLIC_HOST": "bot.example.com", "ACME_EMAIL": "ops@example.com"}
 
 
 def caddy_run(command: str, config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -367,7 +386,7 @@ def test_caddy_configs_are_valid_and_route_callbacks_to_every_gateway(name: str,
     else:
         assert server["listen"] == [":443"]
         hosts = [h for r in server["routes"] for m in r.get("match", []) for h in m.get("host", [])]
-        assert hosts == [CADDY_ENV["BOTGW_HOST"]]
+        assert hosts == [CADDY_ENV["PUBLIC_HOST"]]
 
 
 def test_caddy_validation_can_fail(tmp_path: Path) -> None:
@@ -377,36 +396,226 @@ def test_caddy_validation_can_fail(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "reverse_proxi" in proc.stderr
 
 
+class _Echo(BaseHTTPRequestHandler):
+    """An upstream that answers with the X-Forwarded-* headers it received."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({k: v for k, v in self.headers.items() if k.lower().startswith("x-forwarded")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_caddy_sends_the_client_address_and_drops_a_forged_one(tmp_path: Path) -> None:
+    """routes.caddy run by a real Caddy (the page's upstream pointed at a local echo server): the page gets
+    X-Forwarded-For with the address of the client that connected, never the one the client wrote itself."""
+    import urllib.request
+
+    upstream = HTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    routes = (CADDY / "routes.caddy").read_text()
+    assert "reverse_proxy web:8100" in routes
+    (tmp_path / "routes.caddy").write_text(
+        routes.replace("reverse_proxy web:8100", f"reverse_proxy 127.0.0.1:{upstream.server_address[1]}"))
+    port = _free_port()
+    (tmp_path / "Caddyfile").write_text(f"{{\n\tadmin off\n}}\n\nhttp://127.0.0.1:{port} {{\n\timport routes.caddy\n}}\n")
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    proc = subprocess.Popen([caddy(), "run", "--config", str(tmp_path / "Caddyfile"), "--adapter", "caddyfile"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        import time
+
+        deadline, seen = time.monotonic() + 20, None
+        while seen is None:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"X-Forwarded-For": "203.0.113.9"})
+            try:
+                with urllib.request.urlopen(request, timeout=2) as answer:
+                    seen = json.loads(answer.read())
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "caddy did not serve"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        upstream.shutdown()
+        upstream.server_close()
+    headers = {k.lower(): v for k, v in seen.items()}
+    assert headers.get("x-forwarded-for") == "127.0.0.1", headers  # the peer, and the forged entry dropped
+
+
 def test_compose_proxy_serves_the_caddy_configs(rendered_compose: tuple[str, dict]) -> None:
-    _, config = rendered_compose
-    services = config["services"]
-    for name, file in (("proxy", "Caddyfile"), ("proxy-tls", "Caddyfile.tls")):
-        service = services[name]
-        mount = next(v for v in service["volumes"] if v["target"].rstrip("/") == "/etc/caddy")
-        assert Path(mount["source"]).resolve() == CADDY.resolve() and mount.get("read_only")
-        assert service["command"][:4] == ["caddy", "run", "--config", f"/etc/caddy/{file}"]
-    assert services["proxy-tls"]["environment"]["BOTGW_HOST"]
-    assert {"gateway", "web"} <= set(services["proxy"]["depends_on"])
+    variant, config = rendered_compose
+    service = config["services"]["proxy"]
+    file = "Caddyfile.tls" if variant == "tls" else "Caddyfile"
+    mount = next(v for v in service["volumes"] if v["target"].rstrip("/") == "/etc/caddy")
+    assert Path(mount["source"]).resolve() == CADDY.resolve() and mount.get("read_only")
+    assert service["command"][:4] == ["caddy", "run", "--config", f"/etc/caddy/{file}"]
+    if variant == "tls":
+        assert set(service["environment"]) == TLS_REQUIRED and all(service["environment"].values())
+        assert {v["target"] for v in service["volumes"]} >= {"/data", "/config"}  # the certificates are kept
+    else:
+        assert not service.get("environment")
+    assert {"gateway", "web"} <= set(service["depends_on"])
 
 
-def test_env_example_names_every_variable_with_a_comment() -> None:
-    text = (ROOT / ".env.example").read_text()
-    defined, commented = {}, False
-    for line in text.splitlines():
+def _compose_network(config: dict) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """The compose network's subnet and the range Docker hands out addresses from."""
+    (ipam,) = config["networks"]["default"]["ipam"]["config"]
+    return ipaddress.ip_network(ipam["subnet"]), ipaddress.ip_network(ipam["ip_range"])
+
+
+def test_web_page_trusts_exactly_the_compose_proxy() -> None:
+    """deploy/botgw.yaml's web bot believes X-Forwarded-For from the proxy's fixed address in docker-compose.yml
+    and from nothing else: not the rest of the subnet, from whose ip_range Docker numbers the other containers."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    subnet, dynamic = _compose_network(compose)
+    assert dynamic.subnet_of(subnet)
+    proxy = ipaddress.ip_address(compose["services"]["proxy"]["networks"]["default"]["ipv4_address"])
+    assert proxy in subnet and proxy not in dynamic and proxy != next(subnet.hosts())  # .1 is the bridge's
+    assert compose["networks"]["default"].get("enable_ipv6") is False
+    web = next(b for b in yaml.safe_load((ROOT / "deploy" / "botgw.yaml").read_text())["bots"] if b["id"] == "web")
+    assert [ipaddress.ip_network(n, strict=False) for n in web["trusted_proxies"]] == \
+        [ipaddress.ip_network(f"{proxy}/32")]
+    assert not web.get("trusted_header")  # trusting the proxy names the client, it signs nobody in
+
+
+def test_compose_proxy_keeps_its_address_and_the_page_trusts_it(
+    rendered_compose: tuple[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variant, config = rendered_compose
+    subnet, dynamic = _compose_network(config)
+    proxy = config["services"]["proxy"]["networks"]["default"]["ipv4_address"]
+    web = config["services"]["web"]
+    mount = next(v for v in web["volumes"] if v["target"] == "/etc/botgw/botgw.yaml")
+    with monkeypatch.context() as patch:
+        for key, value in web["environment"].items():
+            patch.setenv(key, str(value).replace("$$", "$"))
+        bot = load_settings(mount["source"]).bot("web")
+    assert bot.trusts_proxy(proxy), variant
+    assert not any(bot.trusts_proxy(str(a)) for a in (next(dynamic.hosts()), subnet.broadcast_address - 1))
+    assert not bot.trusts_proxy("203.0.113.9")
+
+
+def test_compose_tls_requires_its_host_and_email(tmp_path: Path) -> None:
+    """compose.tls.yml without PUBLIC_HOST (or ACME_EMAIL) does not render, naming it; without compose.tls.yml
+    neither is needed."""
+    for key in sorted(TLS_REQUIRED):
+        for value in ("", None):  # empty or absent
+            env = {k: v for k, v in _example_env().items() if k != key}
+            if value is not None:
+                env[key] = value
+            project = compose_project(tmp_path / f"{key}-{value is None}",
+                                      "".join(f"{k}={v}\n" for k, v in env.items()))
+            proc = compose_config([COMPOSE, COMPOSE_TLS], project=project)
+            assert proc.returncode != 0 and key in proc.stderr, proc.stderr
+            assert compose_config([COMPOSE], project=project).returncode == 0
+            assert compose_config([COMPOSE, COMPOSE_CPU], project=project).returncode == 0
+
+
+def test_compose_plain_proxy_binds_where_the_operator_says(tmp_path: Path) -> None:
+    env = {**_example_env(), "PROXY_BIND": "0.0.0.0", "PROXY_PORT": "8888"}
+    project = compose_project(tmp_path / "p", "".join(f"{k}={v}\n" for k, v in env.items()))
+    plain = json.loads(compose_config([COMPOSE], project=project).stdout)["services"]["proxy"]["ports"]
+    assert [(p["host_ip"], str(p["published"]), p["target"]) for p in plain] == [("0.0.0.0", "8888", 8080)]
+    tls = json.loads(compose_config([COMPOSE, COMPOSE_TLS], project=project).stdout)["services"]["proxy"]["ports"]
+    assert sorted(p["target"] for p in tls) == [80, 443]  # the plain port is replaced, not added to
+    without = {k: v for k, v in _example_env().items() if not k.startswith("PROXY_")}
+    project = compose_project(tmp_path / "default", "".join(f"{k}={v}\n" for k, v in without.items()))
+    plain = json.loads(compose_config([COMPOSE], project=project).stdout)["services"]["proxy"]["ports"]
+    assert [(p["host_ip"], str(p["published"])) for p in plain] == [("127.0.0.1", "8080")]
+
+
+def test_compose_each_service_gets_only_the_secrets_it_uses(tmp_path: Path) -> None:
+    """Every value of .env and botgw.env made distinct, then found in the rendered environments: compose's own
+    values only in the services that use them, botgw.env's only in the botgw services, nothing of Grafana's or
+    HF_TOKEN in botgw's, and BOTGW_IMAGE in no container."""
+    dotenv = {key: f"dotenv-{key.lower()}" for key in _example_env()}
+    dotenv.update({"PROXY_BIND": "127.0.0.1", "PROXY_PORT": "8080", "REDIS_MAXMEMORY": "0", "PROMETHEUS_PORT": "9090",
+                   "GRAFANA_PORT": "3000", "VLLM_GPU_MEMORY_UTILIZATION": "0.9",
+                   "VLLM_EMBED_GPU_MEMORY_UTILIZATION": "0.08", "BOTGW_IMAGE": "botgw:0.1.0"})
+    botgw_env = {key: f"botgwenv-{key.lower()}" for key in _example_env(file=BOTGW_ENV_EXAMPLE)}
+    project = compose_project(tmp_path / "p", "".join(f"{k}={v}\n" for k, v in dotenv.items()),
+                              botgw_env="".join(f"{k}={v}\n" for k, v in botgw_env.items()))
+    expected = {  # .env variable -> the services whose environment holds it
+        "REDIS_PASSWORD": {"redis"} | BOTGW_SERVICES, "QDRANT_API_KEY": {"qdrant"} | BOTGW_SERVICES,
+        "GRAFANA_ADMIN_PASSWORD": {"grafana"}, "GRAFANA_ADMIN_USER": {"grafana"},
+        "HF_TOKEN": {"vllm", "vllm-embed"}, "PUBLIC_HOST": set(), "ACME_EMAIL": set(),
+    }
+    for files, tls in (([COMPOSE], False), ([COMPOSE, COMPOSE_TLS], True), ([COMPOSE, COMPOSE_CPU], False)):
+        proc = compose_config(files, project=project)
+        assert proc.returncode == 0, proc.stderr
+        services = json.loads(proc.stdout)["services"]
+        holders: dict[str, set[str]] = {}
+        for name, service in services.items():
+            assert "env_file" not in service or name in BOTGW_SERVICES
+            for value in (service.get("environment") or {}).values():
+                holders.setdefault(str(value), set()).add(name)
+        for key, where in expected.items():
+            if key in ("PUBLIC_HOST", "ACME_EMAIL") and tls:
+                where = {"proxy"}
+            assert holders.get(dotenv[key], set()) == where, f"{key} reaches {holders.get(dotenv[key])}"
+        for key, value in botgw_env.items():
+            assert holders.get(value) == BOTGW_SERVICES, f"botgw.env's {key} reaches {holders.get(value)}"
+        for name in BOTGW_SERVICES:
+            environment = services[name]["environment"]
+            assert set(environment) - set(botgw_env) <= FROM_COMPOSE_ENV | {"BOTGW_ENGINE__MAX_IN_FLIGHT"}, name
+            assert not {"BOTGW_IMAGE", "HF_TOKEN", "GRAFANA_ADMIN_PASSWORD", "PUBLIC_HOST"} & set(environment)
+
+
+def _commented_variables(file: Path) -> set[str]:
+    defined, commented = set(), False
+    for line in file.read_text().splitlines():
         if not line.strip():
             commented = False
         elif line.lstrip().startswith("#"):
             commented = True
         else:
             name = line.split("=", 1)[0].strip()
-            assert commented, f".env.example: {name} has no comment"
-            defined[name] = line
+            assert commented, f"{file.name}: {name} has no comment"
+            defined.add(name)
+    return defined
+
+
+def _interpolated(*files: Path) -> set[str]:
     used = set()
-    for file in (COMPOSE, COMPOSE_CPU, ROOT / "deploy" / "botgw.yaml"):
+    for file in files:
         text = "\n".join(re.sub(r"(^|\s)#.*$", "", line) for line in file.read_text().splitlines())
         used |= set(re.findall(r"(?<!\$)\$\{(\w+)", text))
-    assert used - set(defined) == set(), "variables the deployment uses but .env.example does not name"
-    assert set(defined) - used == set(), ".env.example names variables nothing uses"
+    return used
+
+
+def test_env_examples_name_every_variable_with_a_comment() -> None:
+    """.env.example: what the compose files interpolate, no more; botgw.env.example: what deploy/botgw.yaml names
+    and the .env values compose does not hand over, plus BOTGW_* settings overrides."""
+    from gateway.config import Settings
+
+    dotenv, botgw_env = _commented_variables(ENV_EXAMPLE), _commented_variables(BOTGW_ENV_EXAMPLE)
+    assert dotenv == _interpolated(COMPOSE, COMPOSE_CPU, COMPOSE_TLS)
+    named = _interpolated(ROOT / "deploy" / "botgw.yaml")
+    overrides = {name for name in botgw_env if name.startswith("BOTGW_")} - named
+    assert botgw_env - overrides == named - FROM_COMPOSE_ENV
+    for name in overrides:  # botgw refuses a BOTGW_ variable that names no setting (and that the file does not name)
+        assert name.removeprefix("BOTGW_").split("__")[0].lower() in Settings.model_fields, name
+    # botgw's prefix only for what compose alone reads (the image); PUBLIC_HOST is the proxy's
+    assert {name for name in dotenv if name.startswith("BOTGW_")} == {"BOTGW_IMAGE"}
+    assert not dotenv & botgw_env
+    assert "BOTGW_HOST" not in CADDY.joinpath("Caddyfile.tls").read_text() + COMPOSE.read_text()
+
+
+def test_botgw_env_is_not_committed() -> None:
+    assert not (ROOT / "botgw.env").exists() or "botgw.env" in (ROOT / ".gitignore").read_text().split()
 
 
 def _secret_values(node: object, path: str = "") -> list[tuple[str, str]]:
@@ -1012,15 +1221,38 @@ def test_k8s_grafana_board_is_the_compose_board(rendered_k8s: dict[str, list[dic
         assert json.loads(config["data"]["botgw.json"]) == json.loads(BOARD.read_text())
 
 
+PLACEHOLDER_HOST = "botgw.example.invalid"
+
+
 def test_k8s_hosts_and_tls_come_from_the_overlays(k8s_tree: Path, rendered_k8s: dict[str, list[dict]]) -> None:
+    """base alone claims no real host on a shared ingress controller (every rule has the placeholder host, which
+    never resolves); every overlay replaces it with its own hosts and TLS."""
     base = [d for d in kustomize(k8s_tree / "base") if d["kind"] == "Ingress"]
     assert len(base) == 2
     for ingress in base:
-        assert "tls" not in ingress["spec"] and all("host" not in r for r in ingress["spec"]["rules"])
+        assert "tls" not in ingress["spec"] and [r.get("host") for r in ingress["spec"]["rules"]] == [PLACEHOLDER_HOST]
     for overlay, docs in rendered_k8s.items():
         for ingress in (d for d in docs if d["kind"] == "Ingress"):
-            hosts = [r["host"] for r in ingress["spec"]["rules"]]
+            hosts = [r.get("host") for r in ingress["spec"]["rules"]]
+            assert all(hosts) and not any(h.endswith(".invalid") for h in hosts), f"{overlay}: {hosts}"
             tls = ingress["spec"]["tls"]
             assert hosts and {h for t in tls for h in t["hosts"]} == set(hosts), overlay
             assert all(t["secretName"] for t in tls)
             assert ingress["metadata"]["annotations"]["cert-manager.io/cluster-issuer"]
+
+
+def test_k8s_page_trusts_only_what_may_reach_it(rendered_k8s: dict[str, list[dict]]) -> None:
+    """The web bot trusts X-Forwarded-For from a pod range (the ingress controller's, docs/kubernetes.md), and the
+    only pods that may connect to the page are the ingress controller's namespace: a wide range trusts no other."""
+    for overlay, docs in rendered_k8s.items():
+        config = next(d for d in docs if d["kind"] == "ConfigMap" and "botgw.yaml" in d.get("data", {}))
+        web = next(b for b in yaml.safe_load(config["data"]["botgw.yaml"])["bots"] if b["platform"] == "web")
+        assert web["trusted_proxies"] and not web.get("trusted_header"), overlay
+        assert all(ipaddress.ip_network(n, strict=False).is_private for n in web["trusted_proxies"])
+        pod_labels = _find(docs, "Deployment", "web")["spec"]["template"]["metadata"]["labels"]
+        sources = [f for policy in docs if policy["kind"] == "NetworkPolicy"
+                   and _selected(policy["spec"]["podSelector"], pod_labels)
+                   for rule in policy["spec"].get("ingress", []) for f in rule.get("from", [{}])]
+        assert sources == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}], \
+            f"{overlay}: {sources}"
+    assert "trusted_proxies" in (ROOT / "docs" / "kubernetes.md").read_text()
