@@ -23,8 +23,8 @@ lint: install
 bench: install
 	.venv/bin/python bench/ingest.py
 
-# What `make run` made: the run folder (Redis's data, the simulator's state, the knowledge store, the page's files,
-# the logs). Not .venv, the engine's venv or the tiny model in ~/.cache/botgw (installed, shared with `make test`),
-# nor test-artifacts (made by `make test`).
+# What `make run` made: the run folder, .run or PLAYGROUND_RUN_DIR as scripts/run_local.sh reads it (Redis's data,
+# the simulator's state, the knowledge store, the page's files, the logs). Not .venv, the engine's venv or the tiny
+# model in ~/.cache/botgw (installed, shared with `make test`), nor test-artifacts (made by `make test`).
 clean: stop
-	rm -rf .run
+	rm -rf -- "$${PLAYGROUND_RUN_DIR:-.run}"

@@ -444,17 +444,31 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
 HUMAN_KF_STATES = (2, 3)  # 微信客服 service_state: the queue for a human, a human agent (wecom-kf.md §6)
 
 
-def _sim_kf_state(http: httpx.Client, simulator: str, open_kfid: str, customer: str) -> int:
-    """The customer's session state as the simulated platform holds it (its control route, not the Kefu API)."""
+def _sim_kf_state(http: httpx.Client, simulator: str, open_kfid: str, customer: str) -> int | None:
+    """The customer's session state as the simulated platform holds it (its control route, not the Kefu API); None
+    when the simulator cannot say (an older one without the route): the command then just waits for an answer."""
     params = {"open_kfid": open_kfid, "external_userid": customer}
-    return int(http.get(f"{simulator}/__sim__/kf/session", params=params).json()["service_state"])
+    answer = http.get(f"{simulator}/__sim__/kf/session", params=params)
+    try:
+        return int(answer.json()["service_state"]) if answer.status_code == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _sim_kf_pulled(http: httpx.Client, simulator: str, msgids: list[str]) -> bool:
-    """Whether botgw has pulled (kf/sync_msg) every one of the customer's messages."""
-    return bool(msgids) and all(
-        http.get(f"{simulator}/__sim__/kf/pulled", params={"msgid": msgid}).json()["pulled"] for msgid in msgids
-    )
+    """Whether botgw has pulled (kf/sync_msg) every one of the customer's messages. Unknown reads as not yet: a
+    simulator reset since (the message is gone from its log) or an older one (no such route) answers 404, and the
+    command then waits out --timeout as it would for an answer."""
+    if not msgids:
+        return False
+    for msgid in msgids:
+        answer = http.get(f"{simulator}/__sim__/kf/pulled", params={"msgid": msgid})
+        try:
+            if answer.status_code != 200 or answer.json().get("pulled") is not True:
+                return False
+        except (ValueError, AttributeError):
+            return False
+    return True
 
 
 def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # type: ignore[no-untyped-def]

@@ -8,10 +8,14 @@
 #                                      in Redis stays valid, as on the real platform)
 #   knowledge/                         the knowledge store (deploy/local.yaml's knowledge.store.path)
 #   web/                               the page's Chainlit files
-#   logs/<time>/, logs/latest          each start's logs; latest links to the newest
+#   logs/<time>[-n]/, logs/latest      each start's logs (the newest LOGS_KEPT); latest links to the newest
+#   <component>.pid                    "PID START BOOT": the process group's leader, its start time (field 22 of
+#                                      /proc/PID/stat) and the boot's id. A file whose pid now names another process
+#                                      (a reboot, a reused pid) is stale: removed, never signalled.
 # Ports: redis 6390, engine 8000, gateway 8080 (admin 8081), simulator 8090, page 8100. PLAYGROUND_RUN_DIR and
 # PLAYGROUND_{REDIS,ENGINE,GATEWAY,ADMIN,SIM,WEB}_PORT move it (tests/test_playground.py does, with a config that
-# names the same ports); BOTGW_CONFIG picks another config.
+# names the same ports); BOTGW_CONFIG picks another config; PLAYGROUND_STOP_WAIT_S and PLAYGROUND_KILL_WAIT_S how long
+# stop waits after TERM (then KILL) and after KILL (then it gives up, exit 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,43 +27,100 @@ GATEWAY_PORT=${PLAYGROUND_GATEWAY_PORT:-8080}
 ADMIN_PORT=${PLAYGROUND_ADMIN_PORT:-8081}
 SIM_PORT=${PLAYGROUND_SIM_PORT:-8090}
 WEB_PORT=${PLAYGROUND_WEB_PORT:-8100}
-STOP_WAIT_S=30
+STOP_WAIT_S=${PLAYGROUND_STOP_WAIT_S:-30}  # after TERM, before KILL
+KILL_WAIT_S=${PLAYGROUND_KILL_WAIT_S:-10}  # after KILL: a group still there is a zombie or stuck in the kernel
+LOGS_KEPT=10
 BOTGW=.venv/bin/botgw
+BOOT_ID=$(cat /proc/sys/kernel/random/boot_id)
 
-alive() {  # pid: whether any process of the group it leads is left (vLLM has children)
+# Which processes are ours. A pid file outlives its processes (a reboot, a crash, a kill -9 of this script), and the
+# pid in it may since name anything, a shell or sshd leading its own group: signalling it on the pid alone would
+# TERM, then KILL, someone else's process group. So a pid file also holds the leader's start time and the boot's id,
+# and a group is ours only when both still match.
+
+proc_stat() {  # pid: "STATE STARTTIME" of the process (fields 3 and 22 of /proc/PID/stat); fails if there is none
+  local stat fields
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }  # after "(comm)", which may hold spaces and parentheses: fields 3 onwards
+  read -ra fields <<<"$stat"
+  [ ${#fields[@]} -ge 20 ] || return 1
+  echo "${fields[0]} ${fields[19]}"
+}
+
+group_alive() {  # pid: whether any process of the group it leads is left (vLLM has children)
   kill -0 -- "-$1" 2>/dev/null
 }
 
+owned() {  # pid start: whether the group that this pid, started at `start` in this boot, leads is still there
+  local now
+  if now=$(proc_stat "$1"); then
+    [ "${now#* }" = "$2" ] || return 1  # the pid was reused: another process, not ours
+    [[ ${now%% *} != [ZX] ]] && return 0  # the leader itself runs (maybe not yet a group leader: just forked)
+  fi
+  # The leader has ended (or is a zombie). Its children may still be there: Linux does not reuse a pid while a
+  # process group of that id has members, so a live group of this id is still ours.
+  group_alive "$1"
+}
+
+read_pid_file() {  # name: sets PID and START from $RUN/name.pid when it is this boot's; fails otherwise
+  local boot=""
+  PID="" START=""
+  [ -f "$RUN/$1.pid" ] || return 1
+  read -r PID START boot <"$RUN/$1.pid" || true
+  [[ $PID =~ ^[1-9][0-9]*$ ]] && [ -n "$START" ] && [ "$boot" = "$BOOT_ID" ]
+}
+
+ours() {  # name: whether its pid file names a live process group of ours (PID and START set when it does)
+  read_pid_file "$1" && owned "$PID" "$START"
+}
+
+write_pid_file() {  # name pid
+  local now
+  now=$(proc_stat "$2") || now="- gone"  # it ended already: the file will read as ended, never as ours
+  echo "$2 ${now#* } $BOOT_ID" >"$RUN/$1.pid"
+}
+
 stop_together() {  # names...: TERM their process groups, wait until all have ended (KILL after STOP_WAIT_S)
-  local name pid names=() pids=()
+  local name names=() pids=() starts=() stuck=()
   for name in "$@"; do
     [ -f "$RUN/$name.pid" ] || continue
-    pid=$(cat "$RUN/$name.pid")
-    if alive "$pid"; then
-      kill -TERM -- "-$pid" 2>/dev/null || true
-      names+=("$name"); pids+=("$pid")
+    if ours "$name"; then
+      kill -TERM -- "-$PID" 2>/dev/null || true
+      names+=("$name"); pids+=("$PID"); starts+=("$START")
     else
+      if [[ $PID =~ ^[1-9][0-9]*$ ]] && kill -0 "$PID" 2>/dev/null; then
+        echo "  $name: $RUN/$name.pid names pid $PID, which is not ours any more (a reboot or a reused pid):" \
+             "not signalled; file removed"
+      fi
       rm -f "$RUN/$name.pid"
     fi
   done
   [ ${#pids[@]} -gt 0 ] || return 0
-  local deadline=$((SECONDS + STOP_WAIT_S)) i left
+  local deadline=$((SECONDS + STOP_WAIT_S)) i left pid
   while :; do
     left=0
-    for pid in "${pids[@]}"; do alive "$pid" && left=1; done
+    for i in "${!pids[@]}"; do owned "${pids[$i]}" "${starts[$i]}" && left=1; done
     [ $left = 1 ] && [ $SECONDS -lt $deadline ] || break
     sleep 0.2
   done
   for i in "${!pids[@]}"; do
     name=${names[$i]}; pid=${pids[$i]}
-    if alive "$pid"; then
+    if owned "$pid" "${starts[$i]}"; then
       echo "  $name still running after ${STOP_WAIT_S} s: killed"
       kill -KILL -- "-$pid" 2>/dev/null || true
-      while alive "$pid"; do sleep 0.1; done
+      deadline=$((SECONDS + KILL_WAIT_S))
+      while owned "$pid" "${starts[$i]}" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+      if owned "$pid" "${starts[$i]}"; then
+        echo "botgw: $name (process group $pid) did not end ${KILL_WAIT_S} s after SIGKILL (a zombie, or stuck in" \
+             "the kernel: see ps -o pid,stat,wchan,cmd -g $pid); $RUN/$name.pid kept" >&2
+        stuck+=("$name")
+        continue
+      fi
     fi
     rm -f "$RUN/$name.pid"
     echo "  $name stopped"
   done
+  [ ${#stuck[@]} -eq 0 ] || exit 1  # what comes after (the simulator, Redis) may still be in use by it
 }
 
 stop_all() {
@@ -75,41 +136,22 @@ case "${1:-start}" in
   stop) stop_all; exit 0 ;;
   status)
     for f in "$RUN"/*.pid; do
-      [ -e "$f" ] && echo "$(basename "$f" .pid): $(alive "$(cat "$f")" && echo up || echo down)"
+      [ -e "$f" ] || continue
+      name=$(basename "$f" .pid)
+      if ours "$name"; then echo "$name: up (pid $PID)"; else echo "$name: down"; fi
     done
     exit 0 ;;
   start) ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
 
-mkdir -p "$RUN/logs"
-RUN_ABS=$(cd "$RUN" && pwd)  # for redis-server, which changes into its dir
-STAMP=$(date +%Y%m%d-%H%M%S)
-LOGS=$RUN/logs/$STAMP
-mkdir -p "$LOGS"
-ln -sfn "$STAMP" "$RUN/logs/latest"
+# The configuration first, as every botgw process checks it at start: a mistake is its one line and exit 2, before
+# anything is made (its output is the effective configuration: not wanted here).
+"$BOTGW" config check --config "$CONFIG" >/dev/null || exit 2
 
-start_bg() {  # name, command...
-  local name=$1; shift
-  if [ -f "$RUN/$name.pid" ] && alive "$(cat "$RUN/$name.pid")"; then
-    echo "  $name already running (pid $(cat "$RUN/$name.pid"))"; return
-  fi
-  setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
-  echo $! >"$RUN/$name.pid"
-  echo "  $name started (pid $!)"
-}
-
-wait_url() {  # url, seconds, name: until the URL answers; a process that exited fails at once
-  local deadline=$((SECONDS + $2))
-  until curl -sf -o /dev/null "$1"; do
-    if ! alive "$(cat "$RUN/$3.pid")"; then echo "botgw: $3 exited; see $LOGS/$3.log" >&2; exit 1; fi
-    if [ $SECONDS -ge $deadline ]; then echo "botgw: $3 did not come up; see $LOGS/$3.log" >&2; exit 1; fi
-    sleep 1
-  done
-}
-
-# The Redis password is the one in the config's redis_url (read by botgw's own loader, which also checks the
-# config before anything starts). It goes into a file only this user can read, never onto a command line.
+# The Redis password is the one in the config's redis_url. It goes into a file only this user can read, never onto a
+# command line. It is written into redis.conf as is, so it is held to characters that need no quoting there (a `"`
+# or `\` breaks redis.conf's parsing, a %0A in the URL would start a directive of its own).
 REDIS_PASSWORD=$(.venv/bin/python -c 'import sys; from urllib.parse import unquote, urlsplit
 from gateway.config import load_settings
 print(unquote(urlsplit(load_settings(sys.argv[1]).redis_url).password or ""))' "$CONFIG")
@@ -117,6 +159,47 @@ if [ -z "$REDIS_PASSWORD" ]; then
   echo "botgw: $CONFIG's redis_url has no password; the playground's Redis needs one (redis://:PASSWORD@127.0.0.1:$REDIS_PORT/0)" >&2
   exit 2
 fi
+if ! [[ $REDIS_PASSWORD =~ ^[A-Za-z0-9._~-]+$ ]]; then
+  echo "botgw: $CONFIG's redis_url password has characters the playground's redis.conf cannot hold; use only letters, digits and . _ ~ - (e.g. openssl rand -hex 24)" >&2
+  exit 2
+fi
+
+mkdir -p "$RUN/logs"
+RUN_ABS=$(cd "$RUN" && pwd)  # for redis-server, which changes into its dir
+STAMP=$(date +%Y%m%d-%H%M%S)
+n=1
+until mkdir "$RUN/logs/$STAMP" 2>/dev/null; do  # two starts in one second: a folder each
+  n=$((n + 1))
+  [ $n -le 100 ] || { echo "botgw: cannot make a log folder in $RUN/logs" >&2; exit 1; }
+  STAMP=$(date +%Y%m%d-%H%M%S)-$n
+done
+LOGS=$RUN/logs/$STAMP
+ln -sfn "$STAMP" "$RUN/logs/latest"
+# The newest LOGS_KEPT starts' logs are kept (names sort as they were made: 20250101-120000 < 20250101-120000-2).
+mapfile -t old_logs < <(find "$RUN/logs" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*' -printf '%f\n' | LC_ALL=C sort)
+if [ ${#old_logs[@]} -gt $LOGS_KEPT ]; then
+  for old in "${old_logs[@]:0:${#old_logs[@]}-LOGS_KEPT}"; do rm -rf -- "${RUN:?}/logs/$old"; done
+fi
+
+start_bg() {  # name, command...
+  local name=$1; shift
+  if ours "$name"; then
+    echo "  $name already running (pid $PID)"; return
+  fi
+  setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
+  write_pid_file "$name" $!
+  echo "  $name started (pid $!)"
+}
+
+wait_url() {  # url, seconds, name: until the URL answers; a process that exited fails at once
+  local deadline=$((SECONDS + $2))
+  until curl -sf -o /dev/null "$1"; do
+    if ! ours "$3"; then echo "botgw: $3 exited; see $LOGS/$3.log" >&2; exit 1; fi
+    if [ $SECONDS -ge $deadline ]; then echo "botgw: $3 did not come up; see $LOGS/$3.log" >&2; exit 1; fi
+    sleep 1
+  done
+}
+
 (
   umask 077
   cat >"$RUN/redis.conf" <<CONF
@@ -134,8 +217,10 @@ CONF
 
 echo "botgw: starting the local stack (logs in $LOGS, also $RUN/logs/latest)"
 start_bg redis redis-server "$RUN_ABS/redis.conf"
+deadline=$((SECONDS + 30))
 until REDISCLI_AUTH=$REDIS_PASSWORD redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
-  alive "$(cat "$RUN/redis.pid")" || { echo "botgw: redis did not start; see $LOGS/redis.log" >&2; exit 1; }
+  ours redis || { echo "botgw: redis did not start; see $LOGS/redis.log" >&2; exit 1; }
+  [ $SECONDS -lt $deadline ] || { echo "botgw: redis did not answer on port $REDIS_PORT within 30 s; see $LOGS/redis.log" >&2; exit 1; }
   sleep 0.2
 done
 start_bg engine "$BOTGW" engine serve --profile auto --port "$ENGINE_PORT" --served-model-name ernie

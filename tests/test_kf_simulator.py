@@ -7,7 +7,12 @@ its /__sim__/kf/ control routes."""
 from __future__ import annotations
 
 import base64
+import errno
+import json
+import os
 import secrets
+import stat
+import subprocess
 import threading
 import time
 import types
@@ -19,18 +24,19 @@ import defusedxml.ElementTree as ET
 import httpx
 import pytest
 import uvicorn
+import yaml
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from bots.base import CallbackRejected
-from bots.simulator import wecom_kf
+from bots.simulator import state_file, wecom_kf
 from bots.simulator.server import create_simulator_app
 from bots.simulator.state_file import StateFileError
 from bots.simulator.wecom_kf import WeComKfCallbackSigner
 from bots.wecom.crypto import WeComCrypto
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import cli
-from tests.procs import free_port
+from tests.procs import BOTGW, ROOT, child_env, free_port
 
 CORP, SECRET = "wwkfcorp", "kf-secret"
 KF_A, KF_B, KF_C = "wkAAAA", "wkBBBB", "wkCCCC"
@@ -612,3 +618,177 @@ def test_without_a_state_file_nothing_is_written(tmp_path: Path, monkeypatch: py
     with TestClient(create_simulator_app([kf_bot()], free_port())) as client:
         Kf(client).customer(user_id())
     assert list(tmp_path.iterdir()) == []
+
+
+def a_saved_state(path: Path) -> dict[str, Any]:
+    """A state file as the simulator writes it, with every kind of thing it keeps (for the tests to spoil)."""
+    user = user_id()
+    with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+        kf = Kf(client)
+        kf.sync(token=kf.customer(user, "你好")["token"], open_kfid=KF_A)
+        kf.customer(user, "照片", msgtype="image")
+        assert kf.send_on_event(kf.event(user, "enter_session")["code"])["errcode"] == 0  # a welcome, delivered
+        kf.control("agent", {"open_kfid": KF_A, "external_userid": user, "servicer_userid": "lisi", "text": "在"})
+        kf.control("refuse", {"open_kfid": KF_B, "external_userid": user})
+        kf.control("servicer", {"servicer_userid": "wangwu", "on_duty": False})
+        kf.customer(user, "hi", open_kfid=KF_B)
+        kf.api("service_state/trans", {"open_kfid": KF_B, "external_userid": user, "service_state": 1})
+        assert kf.send(user, "答复", open_kfid=KF_B)["errcode"] == 0  # refused by the customer: msg_send_fail
+        kf.send(user, "first", open_kfid=KF_C)  # refused (95018), nothing kept
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_every_kind_of_log_item_and_session_comes_back_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "simulator.json"
+    saved = a_saved_state(path)
+    assert {item["msgtype"] for _, item in saved["kf"]["log"]} == {"text", "image", "event"}
+    assert saved["kf"]["delivered"] and saved["kf"]["codes"] and saved["kf"]["refusing"] and saved["kf"]["off_duty"]
+    with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+        kf = Kf(client)
+        everything = kf.client.app.state.kf.snapshot()
+    assert everything == saved["kf"], "a restart changed what the simulator keeps"
+
+
+def spoiled(saved: dict[str, Any], change: str) -> bytes:
+    """The saved state with one thing wrong (each is something the file was once seen or could be made to hold)."""
+    kf = saved["kf"]
+    cursor = next(iter(kf["cursors"]))
+    if change == "cursors-a-list":
+        kf["cursors"] = []  # used to be an AttributeError: the simulator "failed unexpectedly"
+    elif change == "deeply-nested":
+        return b"[" * 100_000 + b"]" * 100_000  # used to be a RecursionError
+    elif change == "deep-inside-an-event":
+        deep = '"x": ' + "[" * 5000 + "]" * 5000 + ', "event_type"'
+        return json.dumps(saved).replace('"event_type"', deep, 1).encode()
+    elif change == "session-state-a-string":
+        kf["sessions"][0][2]["state"] = "1"
+    elif change == "session-unknown-state":
+        kf["sessions"][0][2]["state"] = 7
+    elif change == "log-item-a-number":
+        kf["log"][0][1] = 5
+    elif change == "text-item-without-text":
+        del kf["log"][0][1]["text"]
+    elif change == "cursor-position-a-string":
+        kf["cursors"][cursor][1] = "SECRETVALUE"
+    elif change == "code-of-unknown-kind":
+        next(iter(kf["codes"].values()))["kind"] = "gift"
+    elif change == "extra-key":
+        kf["delivered"][0]["colour"] = "SECRETVALUE"
+    elif change == "missing-key":
+        del kf["used_msgids"]
+    elif change == "format-2":
+        saved["format"] = 2
+    elif change == "a-list":
+        return b"[]"
+    elif change == "not-utf-8":
+        return b'{"format": 1, "kf": "\xff\xfe"}'
+    elif change == "cut-short":
+        return json.dumps(saved).encode()[:-40]
+    return json.dumps(saved).encode()
+
+
+SPOILED = {
+    "cursors-a-list": "kf.cursors: Input should be an object",
+    "deeply-nested": "the file: Invalid JSON: recursion limit exceeded",
+    "deep-inside-an-event": "the file: Invalid JSON: recursion limit exceeded",
+    "session-state-a-string": "kf.sessions[0][2].state: Input should be 0, 1, 2, 3 or 4",
+    "session-unknown-state": "kf.sessions[0][2].state: Input should be 0, 1, 2, 3 or 4",
+    "log-item-a-number": "kf.log[0][1]: Input should be an object",
+    "text-item-without-text": "kf.log[0][1]: Value error, a text item carries no body",
+    "cursor-position-a-string": "kf.cursors[…][1]: Input should be a valid integer",
+    "code-of-unknown-kind": "kf.codes[…].kind: Input should be 'welcome' or 'msg'",
+    "extra-key": "kf.delivered[0][…]: Extra inputs are not permitted",
+    "missing-key": "kf.used_msgids: Field required",
+    "format-2": "format: Input should be 1",
+    "a-list": "the file: Input should be an object",
+    "not-utf-8": "the file: Invalid JSON",
+    "cut-short": "the file: Invalid JSON: EOF while parsing",
+}
+
+
+@pytest.mark.parametrize("change", list(SPOILED))
+def test_a_state_file_of_the_wrong_shape_is_refused_with_one_line(tmp_path: Path, change: str) -> None:
+    path = tmp_path / "simulator.json"
+    saved = a_saved_state(path)
+    cursors = list(saved["kf"]["cursors"])
+    bad = spoiled(saved, change)
+    path.write_bytes(bad)
+    with pytest.raises(StateFileError) as refused:
+        create_simulator_app([kf_bot()], free_port(), path)
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(f"the simulator state {path} is unreadable ({SPOILED[change]}")
+    assert said.endswith("); remove it to start the simulated platforms empty (`make clean` removes the whole "
+                         "playground)")
+    assert "SECRETVALUE" not in said and not any(cursor in said for cursor in cursors), "a value of the file shown"
+    assert path.read_bytes() == bad, "left as it was for a look"
+
+
+def kf_config(folder: Path) -> Path:
+    bot = kf_bot()
+    config = {"bots": [{"id": bot.id, "platform": "wecom-kf", "corp_id": CORP, "secret": SECRET, "token": "kfclitoken",
+                        "encoding_aes_key": bot.encoding_aes_key.get_secret_value(), "open_kfids": [KF_A, KF_B, KF_C],
+                        "accounts": {KF_C: {}}}]}  # fmt: skip
+    path = folder / "botgw.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("content", [b'{"format": 1, "kf": {"cursors": []}}', b"[" * 100_000])
+def test_botgw_sim_serve_with_a_bad_state_file_exits_2_with_one_line(tmp_path: Path, content: bytes) -> None:
+    state = tmp_path / "simulator.json"
+    state.write_bytes(content)
+    argv = [*BOTGW, "sim", "serve", "--config", str(kf_config(tmp_path)), "--port", str(free_port())]
+    done = subprocess.run([*argv, "--state", str(state)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"botgw sim serve: the simulator state {state} is unreadable (")
+
+
+def test_the_state_file_is_this_user_s_only_and_rewritten_only_when_the_state_changed(tmp_path: Path) -> None:
+    path, user = tmp_path / "simulator.json", user_id()
+    old_umask = os.umask(0o022)
+    try:
+        with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+            kf = Kf(client)
+            kf.customer(user)
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, "it holds the Tokens and codes handed out"
+            written = path.stat().st_ino
+            assert kf.api("account/list", {})["errcode"] == 0 and kf.state(user)["errcode"] == 0  # reads only
+            assert path.stat().st_ino == written, "rewritten though nothing it keeps changed"
+            kf.trans(user, 1)
+            assert path.stat().st_ino != written
+    finally:
+        os.umask(old_umask)
+
+
+def test_a_failed_write_leaves_no_temporary_file_and_fails_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, user = tmp_path / "simulator.json", user_id()
+    with TestClient(create_simulator_app([kf_bot()], free_port(), path)) as client:
+        kf = Kf(client)
+        kf.customer(user, "第一条")
+        before = path.read_bytes()
+
+        def full_disk(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(state_file.os, "fsync", full_disk)
+        answer = client.post("/__sim__/kf/customer", json={"open_kfid": KF_A, "external_userid": user, "text": "x"})
+        assert answer.status_code == 503 and answer.json()["errcode"] == -1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["simulator.json"], "a temporary file was left"
+        assert path.read_bytes() == before, "the file still holds the last state written"
+        assert f"cannot write the simulator state {path}: No space left on device" in caplog.text
+        monkeypatch.undo()
+
+        kf.customer(user, "第三条")  # writes again, with everything since
+        path.unlink()
+        path.mkdir()  # a rename over a directory fails: the temporary file was made and must go
+        answer = client.post(f"/cgi-bin/kf/service_state/trans?access_token={kf.access_token}",
+                             json={"open_kfid": KF_A, "external_userid": user, "service_state": 1})  # fmt: skip
+        assert answer.status_code == 503
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["simulator.json"], "a temporary file was left"
+        path.rmdir()
+    saved = json.loads(path.read_text(encoding="utf-8"))  # written on the way out
+    assert [item["text"]["content"] for _, item in saved["kf"]["log"]] == ["第一条", "x", "第三条"]

@@ -1,6 +1,7 @@
 """`botgw sim <platform> --bot ID` with a bot that is missing or of another platform: one line naming the bots of
 that platform, exit 2, nothing posted anywhere and no traceback (it used to be an AttributeError from the wrong
-signer). Run as real processes against a listener that records every request."""
+signer). Run as real processes against a listener that records every request. And what `sim wecom-kf` reads from
+the simulator while it waits: an answer it cannot use (a reset or older simulator's 404) is "not yet", never a crash."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import pytest
 
 from tests.conftest import random_aes_key, stack_config
@@ -76,3 +78,26 @@ def test_a_bot_of_another_platform_is_one_line_and_exit_2_before_anything_is_pos
     assert done.stderr.strip().splitlines() == [f"botgw sim {platform}: bot {bot!r} {said}"]
     assert done.stdout == ""
     assert _Recorder.seen == [], "something was posted before the bot was checked"
+
+
+def test_a_simulator_that_cannot_say_reads_as_not_yet_never_as_a_crash() -> None:
+    """`sim wecom-kf` asks the simulator whether botgw pulled the customer's message and what the session's state is.
+    A simulator reset since (the message gone from its log) or an older one (no such route) answers 404 with another
+    body: that used to be a KeyError (exit 1); it is "not yet" / "unknown", and the command waits out --timeout."""
+    from gateway.cli import _sim_kf_pulled, _sim_kf_state
+
+    answers = {
+        "/__sim__/kf/pulled": [httpx.Response(404, json={"error": "no log item 'm1'"}),
+                               httpx.Response(404, json={"detail": "Not Found"}), httpx.Response(404, text="gone"),
+                               httpx.Response(200, json={"pulled": True})],
+        "/__sim__/kf/session": [httpx.Response(404, json={"detail": "Not Found"}), httpx.Response(502, text="<html>"),
+                                httpx.Response(200, json={"service_state": 3})],
+    }  # fmt: skip
+
+    def simulator(request: httpx.Request) -> httpx.Response:
+        return answers[request.url.path].pop(0)
+
+    with httpx.Client(transport=httpx.MockTransport(simulator)) as http:
+        assert [_sim_kf_pulled(http, "http://sim", ["m1"]) for _ in range(4)] == [False, False, False, True]
+        assert _sim_kf_pulled(http, "http://sim", []) is False
+        assert [_sim_kf_state(http, "http://sim", "wk1", "c1") for _ in range(3)] == [None, None, 3]

@@ -1,6 +1,6 @@
 """The page is botgw's (bots/web/page.py, bots/web/serve.py): its name, a sign-in form that asks for a user name
 (用户名 in Chinese), a Readme with the real chat commands and no links to Chainlit's community, nothing written into
-the cwd; and a password hash that cannot be checked (.env.example's placeholder) refused at start with one line
+the cwd; and a password hash that cannot be checked (botgw.env.example's placeholder) refused at start with one line
 that names the key and says how to make one, never the hash."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ COMMUNITY = re.compile(r"discord|chainlit\.io|github\.com/chainlit|chainlit-clou
 
 
 def placeholder_hash() -> str:
-    """The value .env.example ships for WEB_USER_PASSWORD_HASH (read from it: the test follows the file)."""
-    line = next(line for line in (ROOT / ".env.example").read_text().splitlines()
+    """The value botgw.env.example ships for WEB_USER_PASSWORD_HASH (read from it: the test follows the file)."""
+    line = next(line for line in (ROOT / "botgw.env.example").read_text().splitlines()
                 if line.startswith("WEB_USER_PASSWORD_HASH="))
     return line.split("=", 1)[1].strip("'\"")
 
@@ -67,7 +67,7 @@ def test_the_placeholder_is_refused_by_the_configuration(tmp_path: Path) -> None
 
 
 def test_the_placeholder_from_the_environment_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As deploy/botgw.yaml takes it: `password_hash: ${WEB_USER_PASSWORD_HASH}` with .env.example's value."""
+    """As deploy/botgw.yaml takes it: `password_hash: ${WEB_USER_PASSWORD_HASH}` with botgw.env.example's value."""
     monkeypatch.setenv("WEB_USER_PASSWORD_HASH", placeholder_hash())
     path = tmp_path / "botgw.yaml"
     path.write_text(web_config(tmp_path / "x.yaml", "x").read_text().replace(
@@ -219,6 +219,8 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
         folder.mkdir()
     (app_root / "chainlit.md").write_text("# Welcome to Chainlit! 🚀🤖\nHi there, Developer! 👋")
     (cwd / ".env").write_text("LITERAL_API_KEY=from-the-cwd\n")  # Chainlit would read it from the cwd
+    # Chainlit does read the app root's (CHAINLIT_ENV_FILE), at its import: after botgw had dropped the variable.
+    (app_root / ".env").write_text("LITERAL_API_KEY=from-the-app-root\nDATABASE_URL=postgresql://u:pw@db/x\n")
     path = web_config(base / "botgw.yaml", hash_password(PASSWORD), title=TITLE)
     port = free_port()
     log = base / "web.log"
@@ -243,7 +245,11 @@ def test_the_page_writes_nothing_into_its_cwd(page: Page) -> None:
     assert sorted(path.name for path in page.cwd.iterdir()) == [".env"], "Chainlit made files in the cwd"
     assert not any(page.home.iterdir()), "the page wrote into HOME rather than its --app-root"
     assert (page.app_root / ".chainlit/config.toml").is_file() and (page.app_root / ".files").is_dir()
-    assert "LITERAL_API_KEY" not in page.log.read_text() and "Loaded .env" not in page.log.read_text()
+    said = page.log.read_text()
+    assert "from-the-cwd" not in said and "Loaded .env" not in said, "Chainlit read the cwd's .env"
+    assert "from-the-app-root" not in said and "u:pw" not in said, "a value of the app root's .env in the log"
+    ignored = [line for line in said.splitlines() if "the page ignores" in line]
+    assert len(ignored) == 2 and all(name in said for name in ("LITERAL_API_KEY", "DATABASE_URL")), said
 
 
 def test_the_sign_in_form_asks_for_a_user_name(page: Page) -> None:
@@ -270,7 +276,7 @@ def test_the_page_is_named_after_the_bot_with_botgw_s_readme(page: Page) -> None
             body = settings.json()
             assert body["ui"]["name"] == TITLE and body["ui"]["github"] is None and not body["ui"]["header_links"]
             assert body["markdown"] == README, "not botgw's Readme (Chainlit's stock one was in the app root)"
-            assert body["dataPersistence"] is False, "Chainlit got a data layer (LITERAL_API_KEY from the cwd?)"
+            assert body["dataPersistence"] is False, "Chainlit got a data layer (from the cwd's or app root's .env?)"
             assert not COMMUNITY.search(settings.text), COMMUNITY.search(settings.text)
         logo = client.get("/logo", params={"theme": "light"})
         assert logo.status_code == 200 and ">botgw</text>" in logo.text

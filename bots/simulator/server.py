@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
-from bots.simulator.state_file import StateFile, changes_kf_state
+from bots.simulator.state_file import StateFile, StateFileError, changes_kf_state
 from bots.simulator.web_login import LoginState, web_login_router
 from bots.simulator.wecom_api import WeComApiState, wecom_api_router
 from bots.simulator.wecom_kf import KfState, kf_router
 from bots.simulator.wecom_robots import RobotState, robots_router
 from bots.wecom.config import WeComAppConfig
 from bots.wecom_kf.config import WeComKfConfig
+
+log = logging.getLogger(__name__)
 
 
 def create_simulator_app(bots: Sequence[object], port: int, state_path: Path | None = None) -> FastAPI:
@@ -50,7 +54,10 @@ def create_simulator_app(bots: Sequence[object], port: int, state_path: Path | N
         delivery.cancel()
         await relay.stop()
         if state_file is not None:
-            state_file.save()
+            try:
+                await state_file.save()
+            except StateFileError as exc:
+                log.error("%s; what changed since the last write is lost", exc)
 
     app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.wecom = wecom
@@ -65,10 +72,17 @@ def create_simulator_app(bots: Sequence[object], port: int, state_path: Path | N
 
         @app.middleware("http")
         async def keep_state(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-            """Written before the answer leaves: what a caller was told (a cursor) survives a kill."""
+            """Written before the answer leaves: what a caller was told (a cursor) survives a kill. A state that
+            cannot be written is a failed call (-1, as the platform's own system errors), never a silent success
+            whose cursor a restart would then refuse."""
             response = await call_next(request)
             if changes_kf_state(request.method, request.url.path):
-                state_file.save()
+                try:
+                    await state_file.save()
+                except StateFileError as exc:
+                    log.error("%s", exc)
+                    return JSONResponse({"errcode": -1, "errmsg": "system error (simulator: state not saved)"},
+                                        status_code=503)
             return response
 
     @app.get("/__sim__/healthz")

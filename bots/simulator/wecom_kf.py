@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bots.simulator.wecom_api import WeComApiState, next_fault
 from bots.simulator.wecom_callback import EnvelopeSigner, SignedCallback, _cdata
@@ -178,6 +178,119 @@ class KfCode:
     used: bool = False
 
 
+class _Saved(BaseModel):
+    """A part of a saved state: exactly the keys and JSON types `KfState.snapshot()` writes, nothing coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SavedAccount(_Saved):
+    open_kfid: str
+    corp_id: str
+    name: str
+    avatar: str
+
+
+class SavedText(_Saved):
+    content: str
+
+
+class SavedMedia(_Saved):
+    media_id: str
+
+
+class SavedEvent(_Saved):
+    """An event's payload: the three keys every event has, then whatever the control route was given."""
+
+    model_config = ConfigDict(extra="allow")
+    event_type: str
+    open_kfid: str
+    external_userid: str
+
+
+class SavedLogItem(_Saved):
+    """A sync_msg item as `_text_item` / `_event_item` make it (a photo is a text item with `image` for `text`)."""
+
+    msgid: str
+    open_kfid: str = ""
+    external_userid: str = ""
+    send_time: int
+    origin: Literal[3, 4, 5]
+    servicer_userid: str = ""
+    msgtype: Literal["text", "image", "event"]
+    text: SavedText | None = None
+    image: SavedMedia | None = None
+    event: SavedEvent | None = None
+
+    @model_validator(mode="after")
+    def _one_body(self) -> SavedLogItem:
+        bodies = {name for name in ("text", "image", "event") if getattr(self, name) is not None}
+        if bodies != {self.msgtype}:
+            raise ValueError(f"a {self.msgtype} item carries {', '.join(sorted(bodies)) or 'no body'}")
+        if self.msgtype == "event" and (self.open_kfid or self.external_userid or self.servicer_userid):
+            raise ValueError("an event item carries open_kfid and external_userid inside its event only")
+        if self.msgtype != "event" and not (self.open_kfid and self.external_userid):
+            raise ValueError(f"a {self.msgtype} item without open_kfid or external_userid")
+        return self
+
+    def account(self) -> str:
+        return self.event.open_kfid if self.event is not None else self.open_kfid
+
+
+class SavedSession(_Saved):
+    state: Literal[0, 1, 2, 3, 4]
+    servicer_userid: str
+    started_at: float
+    last_customer_at: float
+    sent_since_customer: int = Field(ge=0)
+    lapsed: bool
+    first_queue_code_given: bool
+    last_welcome_at: float
+    last_api_send_at: float
+
+
+class SavedCode(_Saved):
+    kind: Literal["welcome", "msg"]
+    open_kfid: str
+    external_userid: str
+    expires_at: float
+    used: bool
+
+
+class SavedDelivered(_Saved):
+    msgid: str
+    open_kfid: str
+    touser: str
+    content: str
+    via: Literal["send_msg", "send_msg_on_event"]
+    code: str
+    at: float
+
+
+class KfSnapshot(_Saved):
+    """What `KfState.snapshot()` writes, checked whole before `restore()` takes any of it: a file that was edited,
+    cut short or written by something else is refused at start rather than breaking a later request."""
+
+    accounts: list[SavedAccount]
+    log: list[tuple[str, SavedLogItem]]
+    cursors: dict[str, tuple[str, int]]
+    sync_tokens: dict[str, tuple[str, float]]
+    sessions: list[tuple[str, str, SavedSession]]
+    codes: dict[str, SavedCode]
+    used_msgids: list[tuple[str, str]]
+    delivered: list[SavedDelivered]
+    refusing: list[tuple[str, str]]
+    off_duty: list[str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KfSnapshot:
+        if any(position < 0 for _, position in self.cursors.values()):
+            raise ValueError("a cursor with a negative position")
+        if any(item.account() != kfid for kfid, item in self.log):
+            raise ValueError("a log item filed under another account than its own")
+        return self
+
+
 @dataclass
 class KfState:
     """Everything the simulated Kefu remembers: accounts, logs, sessions, codes, deliveries, faults."""
@@ -247,24 +360,24 @@ class KfState:
             "off_duty": sorted(self.off_duty),
         }
 
-    def restore(self, saved: dict[str, Any]) -> None:
-        """Take back a `snapshot()`. The configured accounts keep their configured names; accounts added through
-        the control routes come back too."""
+    def restore(self, saved: KfSnapshot) -> None:
+        """Take back a `snapshot()` (checked as a KfSnapshot). The configured accounts keep their configured names;
+        accounts added through the control routes come back too."""
         self.reset()
-        for account in saved["accounts"]:
-            self.accounts.setdefault(account["open_kfid"], KfAccount(**account))
+        for account in saved.accounts:
+            self.accounts.setdefault(account.open_kfid, KfAccount(**account.model_dump()))
         for kfid in self.accounts:
             self.by_account.setdefault(kfid, [])
-        for kfid, item in saved["log"]:
-            self.append(kfid, item)
-        self.cursors.update({cursor: (scope, int(position)) for cursor, (scope, position) in saved["cursors"].items()})
-        self.sync_tokens.update({token: (kfid, float(at)) for token, (kfid, at) in saved["sync_tokens"].items()})
-        self.sessions.update({(kfid, user): KfSession(**fields) for kfid, user, fields in saved["sessions"]})
-        self.codes.update({code: KfCode(**fields) for code, fields in saved["codes"].items()})
-        self.used_msgids.update((kfid, msgid) for kfid, msgid in saved["used_msgids"])
-        self.delivered.extend(KfDelivered(**item) for item in saved["delivered"])
-        self.refusing.update((kfid, user) for kfid, user in saved["refusing"])
-        self.off_duty.update(saved["off_duty"])
+        for kfid, item in saved.log:
+            self.append(kfid, item.model_dump(exclude_unset=True))
+        self.cursors.update(saved.cursors)
+        self.sync_tokens.update(saved.sync_tokens)
+        self.sessions.update({(kfid, user): KfSession(**sess.model_dump()) for kfid, user, sess in saved.sessions})
+        self.codes.update({code: KfCode(**issued.model_dump()) for code, issued in saved.codes.items()})
+        self.used_msgids.update(saved.used_msgids)
+        self.delivered.extend(KfDelivered(**item.model_dump()) for item in saved.delivered)
+        self.refusing.update(saved.refusing)
+        self.off_duty.update(saved.off_duty)
 
     def next_fault(self, endpoint: str) -> KfFault | None:
         return next_fault(self.faults, endpoint)

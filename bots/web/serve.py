@@ -5,7 +5,8 @@ differences.
   logo are written into the app root at every start (uploads off, no HTML in messages, no CORS for other origins,
   the page named after the bot's `title`, a sign-in form that asks for a user name). The app root is
   CHAINLIT_APP_ROOT (`botgw web --app-root`), else ~/.cache/botgw/web: never the cwd, where Chainlit would
-  otherwise create its stock files; Chainlit's `.env` is looked for there too, not in the cwd.
+  otherwise create its stock files; Chainlit's `.env` is looked for there too, not in the cwd (and what would give
+  Chainlit a data layer of its own, LITERAL_API_KEY or DATABASE_URL, is dropped from it too).
 - `bots/web/guard.py` stands in front of the app (it also refuses the chat socket to other origins, which
   Chainlit's socket.io server does not check, and bodies over 1 MB), and uvicorn's own proxy-header handling is
   off: uvicorn would otherwise rewrite the client address from `X-Forwarded-For` for any peer in
@@ -40,6 +41,7 @@ APP = Path(__file__).resolve().parent / "app.py"
 DEFAULT_APP_ROOT = "~/.cache/botgw/web"  # as `botgw web --app-root`
 # Give Chainlit a data layer of its own (Literal AI's cloud, or a database), which would keep the chats elsewhere.
 DATA_LAYER_VARIABLES = ("LITERAL_API_KEY", "DATABASE_URL")
+_said: set[str] = set()  # the data-layer variables already warned about
 
 REMOTE_LINK = re.compile(r"""<link\b[^>]*\bhref=["']?(?:https?:)?//[^>]*>\s*""", re.IGNORECASE)
 INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
@@ -74,10 +76,15 @@ def app_root() -> Path:
 
 
 def without_data_layer() -> None:
-    """The chats go to the gateway only: a variable that would give Chainlit a data layer is dropped, said once."""
+    """The chats go to the gateway only: a variable that would give Chainlit a data layer is dropped, said once.
+    Called before Chainlit is imported and once more after: `import chainlit` runs load_dotenv(CHAINLIT_ENV_FILE),
+    which would put back what the first call dropped (or bring it from the app root's .env); Chainlit reads the
+    variables only later, when it first asks for its data layer."""
     for name in DATA_LAYER_VARIABLES:
-        if os.environ.pop(name, None) is not None:
+        if os.environ.pop(name, None) is not None and name not in _said:
+            _said.add(name)
             log.warning("the page ignores %s: it keeps no chats of its own (they are the gateway's)", name)
+
 
 
 def load_bot() -> WebBotConfig:
@@ -109,6 +116,8 @@ def main() -> None:
                    os.environ.get("CHAINLIT_ROOT_PATH", ""), os.environ.get("CHAINLIT_URL", ""))
 
     import chainlit.cli  # noqa: F401  (what `chainlit run` sets up on import: nest_asyncio, logging)
+
+    without_data_layer()  # again: importing chainlit loaded CHAINLIT_ENV_FILE (the app root's .env) into the env
     import uvicorn
     from chainlit.config import DEFAULT_ROOT_PATH, config, load_module
 
