@@ -243,7 +243,8 @@ def test_signed_in_through_wecom_the_page_has_the_members_wecom_memory(logins: L
 def test_passwords_still_sign_in_beside_the_company_logins(logins: LoginStack, browser: object) -> None:
     page = browser.new_context().new_page()  # type: ignore[attr-defined]
     page.goto(logins.page_url, wait_until="networkidle")
-    assert page.query_selector("button:has-text('Wecom')") and page.query_selector("button:has-text('Dingtalk')")
+    page.wait_for_selector("button:has-text('Wecom')", timeout=30000)  # the form renders after the settings load
+    assert page.query_selector("button:has-text('Dingtalk')")
     page.fill("input:not([type=password])", "alice")
     page.fill("input[type=password]", PASSWORD)
     page.click("button:has-text('Sign In')")
