@@ -70,6 +70,7 @@ async def kb_add(knowledge: Knowledge, args: argparse.Namespace) -> int:
         return 2
 
     shown = AddProgress(collect(args.paths), sys.stderr, terminal=sys.stderr.isatty())
+    knowledge.ingestor.release_while_embedding = True  # workers answer from the store while files are embedded
     outcomes = await knowledge.add(
         args.kb, args.paths, shown.file_done, shown.embedding, skip_unsupported=args.skip_unsupported
     )

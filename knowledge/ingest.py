@@ -95,11 +95,17 @@ def collect(paths: Iterable[str | Path]) -> list[Found]:
     return found
 
 
+REACQUIRE_WAIT_S = 120.0  # a worker holds the embedded store for store.idle_release_s after its last question
+
+
 class Ingestor:
     def __init__(self, store: KnowledgeStore, embedder: Embedder, settings: KnowledgeSettings) -> None:
         self._store = store
         self._embedder = embedder
         self._settings = settings
+        # A command (`botgw kb add`) is the store's only user in its process, so it may let go of an embedded
+        # folder while it embeds and a worker answer from it meanwhile; a gateway's shared store may not.
+        self.release_while_embedding = False
 
     def fingerprint(self, data: bytes) -> str:
         """The content and how it is cut: changing the chunking re-adds a file that did not change."""
@@ -205,7 +211,14 @@ class Ingestor:
     async def _write(self, kb: str, cut: _Cut, source: str, embedding: Embedding | None = None) -> int:
         """Embed a cut file and publish it (new version, flip, old one out); the number of chunks."""
         assert cut.chunks is not None
-        points = await self._points(kb, cut.doc, cut.title, cut.chunks, embedding)
+        if self.release_while_embedding and self._store.embedded:
+            await asyncio.to_thread(self._store.release)
+            try:
+                points = await self._points(kb, cut.doc, cut.title, cut.chunks, embedding)
+            finally:
+                await asyncio.to_thread(self._store.reacquire, REACQUIRE_WAIT_S)
+        else:
+            points = await self._points(kb, cut.doc, cut.title, cut.chunks, embedding)
         record = DocRecord(
             kb=kb,
             doc=cut.doc,

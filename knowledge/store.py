@@ -130,20 +130,26 @@ class KnowledgeStore:
             return cls(client, settings, redact_url(settings.qdrant_url))  # `where` is shown in messages
         folder = settings.folder()
         folder.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                return cls(QdrantClient(path=str(folder)), settings, str(folder))
-            except RuntimeError as exc:
-                if "already accessed" not in str(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise StoreLocked(_locked_message(str(folder))) from None
-                time.sleep(0.2)
+        return cls(_local_client(str(folder), wait_s), settings, str(folder))
 
     def close(self) -> None:
         with self._lock:
             self._client.close()
+
+    def release(self) -> None:
+        """Embedded: let go of the folder for a while, so that a worker can answer from it meanwhile (`botgw kb
+        add` does while it embeds, which takes minutes on a CPU); `reacquire` takes it back."""
+        if self.embedded:
+            self.close()
+
+    def reacquire(self, wait_s: float) -> None:
+        """Embedded: open the folder again (waiting up to `wait_s` for whoever took it) and forget what was read
+        of it: another process may have written meanwhile."""
+        if not self.embedded:
+            return
+        with self._lock:
+            self._client = _local_client(self.where, wait_s)
+            self._index, self._records, self._meta = None, None, None
 
     @contextmanager
     def _call(self) -> Iterator[Any]:
@@ -529,6 +535,22 @@ class KnowledgeStore:
                             break
             self._index = index
         return self._index
+
+
+def _local_client(folder: str, wait_s: float) -> Any:
+    """Qdrant's local mode on `folder`, which one process at a time may hold: wait up to `wait_s` for it."""
+    from qdrant_client import QdrantClient
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return QdrantClient(path=folder)
+        except RuntimeError as exc:
+            if "already accessed" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreLocked(_locked_message(folder)) from None
+            time.sleep(0.2)
 
 
 def _row(point: ChunkPoint) -> Row:

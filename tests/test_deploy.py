@@ -430,7 +430,8 @@ def test_caddy_sends_the_client_address_and_drops_a_forged_one(tmp_path: Path) -
     (tmp_path / "routes.caddy").write_text(
         routes.replace("reverse_proxy web:8100", f"reverse_proxy 127.0.0.1:{upstream.server_address[1]}"))
     port = _free_port()
-    (tmp_path / "Caddyfile").write_text(f"{{\n\tadmin off\n}}\n\nhttp://127.0.0.1:{port} {{\n\timport routes.caddy\n}}\n")
+    site = f"http://127.0.0.1:{port} {{\n\timport routes.caddy\n}}\n"
+    (tmp_path / "Caddyfile").write_text(f"{{\n\tadmin off\n}}\n\n{site}")
     env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
     proc = subprocess.Popen([caddy(), "run", "--config", str(tmp_path / "Caddyfile"), "--adapter", "caddyfile"],
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

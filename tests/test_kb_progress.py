@@ -83,3 +83,47 @@ def test_kb_add_refuses_a_named_file_it_cannot_read_unless_told_to_skip(tmp_path
     twice = kb_add(str(folder / "退货.md"), str(other / "退货.md"))
     assert twice.returncode == 1 and "has the same document name" in twice.stderr, twice.stderr
     assert "1 unchanged" in twice.stdout and "1 failed" in twice.stdout, "the second must not replace the first"
+
+
+def test_kb_add_lets_go_of_the_embedded_store_while_it_embeds(tmp_path: Path) -> None:
+    """A worker answers from the embedded store while `kb add` embeds (minutes for a long file on a CPU): the
+    command holds the folder only to read and to write, so a question meanwhile waits seconds, not the whole
+    add (issue 21: 78 s). Tried from inside the embedding: another holder can open the folder there, and the
+    command takes it back to write."""
+    import asyncio
+
+    from knowledge.config import KnowledgeSettings
+    from knowledge.errors import StoreLocked
+    from knowledge.service import Knowledge
+    from knowledge.store import KnowledgeStore
+
+    settings = KnowledgeSettings(store={"path": str(tmp_path / "store")})
+    manual = tmp_path / "手册.md"
+    manual.write_text("".join(f"## 第{n}节\n\n" + "本节说明设备的安装、保养与退换货规则。" * 20 + "\n\n"
+                              for n in range(40)), encoding="utf-8")  # fmt: skip
+    seen: list[str] = []
+
+    def embedding(doc: str, done: int, total: int) -> None:
+        if 0 < done < total:
+            try:
+                KnowledgeStore.open(settings.store).close()  # as a worker's question would
+                seen.append("opened")
+            except StoreLocked:
+                seen.append("locked")
+
+    async def add(release: bool) -> list[str]:
+        knowledge = await Knowledge.open(settings)
+        try:
+            knowledge.ingestor.release_while_embedding = release
+            seen.clear()
+            outcomes = await knowledge.add("manual", [manual], embedding=embedding)
+            assert outcomes[0].status in ("added", "replaced"), outcomes
+            assert await knowledge.documents("manual"), "written after taking the store back"
+            return list(seen)
+        finally:
+            await knowledge.aclose()
+
+    assert set(asyncio.run(add(release=False))) == {"locked"}, "the check itself: held through the add"
+    manual.write_text(manual.read_text(encoding="utf-8") + "\n## 附录\n\n新增一节。\n", encoding="utf-8")
+    released = asyncio.run(add(release=True))
+    assert released and set(released) == {"opened"}, released
