@@ -345,7 +345,7 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"bot ids must be unique: {', '.join(twice)} more than once")
     mistyped = _mistyped_environment(set(_ENV_REF.findall(file.read_text(encoding="utf-8"))) if path else set())
     if mistyped:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(mistyped))
+        raise ConfigError(_problems(mistyped))
     try:
         settings = Settings(**data)
     except ValidationError as exc:
@@ -386,7 +386,14 @@ def describe_errors(exc: ValidationError, bot_ids: Sequence[Any] = ()) -> str:
             text = _unknown_key(loc)
         where = _key_path(loc, bot_ids)
         lines.append(f"{where}: {text}" if where else text)  # a whole-settings check names its key itself
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+    return _problems(lines)
+
+
+def _problems(lines: list[str]) -> str:
+    """One problem on one line; several, a line each under a count."""
+    if len(lines) == 1:
+        return f"invalid configuration: {lines[0]}"
+    return f"invalid configuration ({len(lines)} problems):\n  " + "\n  ".join(lines)
 
 
 def _key_path(loc: tuple[Any, ...], bot_ids: Sequence[Any]) -> str:

@@ -201,7 +201,9 @@ def test_a_bad_config_is_one_line_and_exit_2_before_anything_is_made(tmp_path: P
     run = tmp_path / "run"
     done = script("start", child_env({"PLAYGROUND_RUN_DIR": str(run), "BOTGW_CONFIG": str(config)}))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.splitlines()[-1].strip() == "engine.max_token: unknown key; did you mean max_tokens?"
+    assert done.stderr.splitlines() == [
+        "botgw: configuration error: invalid configuration: engine.max_token: unknown key; did you mean max_tokens?"
+    ]
     assert done.stdout == "" and not run.exists(), "no run folder, no log folder"
 
 
