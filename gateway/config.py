@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator, Sequence
 from difflib import get_close_matches
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args
+from typing import Annotated, Any, TypeVar, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -26,6 +26,7 @@ from gateway.limits import LimitSettings
 from gateway.memory import GroupMemory
 from knowledge.config import KnowledgeSettings, KnowledgeUse
 
+T = TypeVar("T")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ENV_PREFIX = "BOTGW_"
 # BOTGW_* variables that are not settings: botgw's own commands, install scripts and tests read them.
@@ -266,35 +267,32 @@ class Settings(BaseSettings):
         return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
 
 
-def _secrets(model: BaseModel, where: str = "") -> Iterator[tuple[str, SecretStr]]:
-    """Every secret in the settings with its dotted key (a bot by its id, a list item by its index)."""
+def _found_in(model: BaseModel, kind: type[T], where: str = "") -> Iterator[tuple[str, T]]:
+    """Every value of `kind` the settings hold, with its dotted key: through nested models, lists (an item by
+    its id or name, else its index) and dicts (an item by its key)."""
     for name in type(model).model_fields:
         value = getattr(model, name)
         key = f"{where}{name}"
-        if isinstance(value, SecretStr):
+        if isinstance(value, kind):
             yield key, value
-        elif isinstance(value, BaseModel):
-            yield from _secrets(value, f"{key}.")
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    label = getattr(item, "id", None) or getattr(item, "name", None) or index
-                    yield from _secrets(item, f"{key}.{label}.")
+            continue
+        if isinstance(value, BaseModel):
+            yield from _found_in(value, kind, f"{key}.")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for index, item in items:
+            if isinstance(item, BaseModel):
+                label = getattr(item, "id", None) or getattr(item, "name", None) or index
+                yield from _found_in(item, kind, f"{key}.{label}.")
+
+
+def _secrets(model: BaseModel) -> Iterator[tuple[str, SecretStr]]:
+    """Every secret in the settings with its dotted key (a bot by its id, a list item by its index)."""
+    return _found_in(model, SecretStr)
 
 
 def _knowledge_uses(model: BaseModel, where: str) -> Iterator[tuple[str, KnowledgeUse]]:
     """Every `knowledge:` a bot's settings hold (its own, and per account where a platform has them)."""
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        key = f"{where}{name}"
-        if isinstance(value, KnowledgeUse):
-            yield key, value
-        elif isinstance(value, BaseModel):
-            yield from _knowledge_uses(value, f"{key}.")
-        elif isinstance(value, dict):
-            for item_key, item in value.items():
-                if isinstance(item, BaseModel):
-                    yield from _knowledge_uses(item, f"{key}.{item_key}.")
+    return _found_in(model, KnowledgeUse, where)
 
 
 def _plain(value: Any) -> Any:

@@ -72,7 +72,7 @@ async def kb_add(knowledge: Knowledge, args: argparse.Namespace) -> int:
     shown = AddProgress(collect(args.paths), sys.stderr, terminal=sys.stderr.isatty())
     knowledge.ingestor.release_while_embedding = True  # workers answer from the store while files are embedded
     outcomes = await knowledge.add(
-        args.kb, args.paths, shown.file_done, shown.embedding, skip_unsupported=args.skip_unsupported
+        args.kb, args.paths, shown.file_done, embedding=shown.embedding, skip_unsupported=args.skip_unsupported
     )
     counts = {status: sum(o.status == status for o in outcomes) for status in ("added", "replaced", "unchanged")}
     failed = [o for o in outcomes if o.status == "failed"]

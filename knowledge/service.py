@@ -7,12 +7,13 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from knowledge.config import KnowledgeSettings
 from knowledge.embed import Embedder, make_embedder
-from knowledge.ingest import Embedding, Ingestor, Outcome, Progress, Upload
+from knowledge.ingest import Ingestor, Outcome, Progress, Upload
 from knowledge.rerank import Reranker
 from knowledge.search import Hit, Mode, Searcher, per_document, stored_chunk_lexical
 from knowledge.store import DocRecord, KnowledgeStore
@@ -51,15 +52,10 @@ class Knowledge:
         reranker = Reranker(settings.rerank, http) if settings.rerank.base_url else None
         return cls(settings, store, embedder, reranker)
 
-    async def add(
-        self,
-        kb: str,
-        paths: Iterable[str | Path],
-        progress: Progress | None = None,
-        embedding: Embedding | None = None,
-        skip_unsupported: bool = False,
-    ) -> list[Outcome]:
-        return await self.ingestor.add(kb, paths, progress, embedding, skip_unsupported)
+    async def add(self, kb: str, paths: Iterable[str | Path], progress: Progress | None = None, **options: Any
+                  ) -> list[Outcome]:
+        """Ingestor.add: files and folders into `kb` (its options: `embedding`, `skip_unsupported`)."""
+        return await self.ingestor.add(kb, paths, progress, **options)
 
     async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
         """Add files sent over HTTP (held in memory, never written to disk): all are read and cut first, and if

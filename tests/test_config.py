@@ -20,6 +20,14 @@ bots:
     token: tok
     encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
 """
+KEFU = """
+  - id: kefu
+    platform: wecom-kf
+    corp_id: ww1
+    secret: kefu-secret-value
+    token: kftok
+    encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
+"""
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -288,15 +296,7 @@ def test_cross_references_are_checked_at_start(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("TEST_WECOM_SECRET", "x")
     with pytest.raises(ConfigError, match=r"alert_bot must name a 'wecom-webhook' group robot \(found a 'wecom' bot"):
         load_settings(write(tmp_path, "alert_bot: app\n" + BOT))
-    kefu = """
-  - id: kefu
-    platform: wecom-kf
-    corp_id: ww1
-    secret: kefu-secret-value
-    token: kftok
-    encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
-    open_kfids: [wk1]
-"""
+    kefu = KEFU + "    open_kfids: [wk1]\n"
     with pytest.raises(ConfigError, match=r"bots\.kefu\.handoff\.servicer"):
         load_settings(write(tmp_path, BOT + kefu + "    handoff: {servicer: 张三 the agent}\n"))
     with pytest.raises(ConfigError, match="accounts names wk2, which open_kfids does not serve"):
@@ -321,14 +321,7 @@ bots:
   - id: robot
     platform: wecom-webhook
     key: robot-key-value
-  - id: kefu
-    platform: wecom-kf
-    corp_id: ww1
-    secret: kefu-secret-value
-    token: kftok
-    encoding_aes_key: kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR
-    knowledge: {{bases: [xinghee]}}
-"""
+""" + KEFU + "    knowledge: {bases: [xinghee]}\n"
     path = write(tmp_path, text)
     assert main(["worker", "--config", str(path)]) == 2, "a worker must not start answering 没有找到 to everyone"
     err = capsys.readouterr().err
