@@ -236,7 +236,10 @@ def test_a_burst_of_wrong_passwords_does_not_freeze_the_page(pages: Pages) -> No
     worst = max(during)
     print(f"\n/health during {2 * BURST} wrong sign-ins: worst {worst * 1000:.0f} ms, median "
           f"{statistics.median(during) * 1000:.1f} ms ({len(during)} requests); before: {baseline * 1000:.1f} ms")
-    assert worst < 0.15, f"the page stalled {worst * 1000:.0f} ms for everyone during the burst"
+    # On the loop, each scrypt held every client up for about 400 ms (16 of them: seconds). Off it, the two
+    # hashing threads still take both cores of a 2-core CI machine: up to 164 ms was seen there, so the bound
+    # is 250 ms, which the on-loop regression exceeds at its first hash.
+    assert worst < 0.25, f"the page stalled {worst * 1000:.0f} ms for everyone during the burst"
 
 
 def health_latencies_for(page: str, seconds: float) -> list[float]:
