@@ -1008,6 +1008,10 @@ def _outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseExce
         return int(args.run(args) or 0), "", None
     except KeyboardInterrupt:
         return 130, "", None
+    except BrokenPipeError:  # the reader went away (`| head`): nothing to say, as for any Unix tool
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141, "", None
     except Exception as exc:  # one line each, below; the traceback only with --debug
         if isinstance(exc, (ConfigError, RedisConfigError)):
             return 2, f"botgw: configuration error: {exc}", exc

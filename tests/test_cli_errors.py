@@ -228,3 +228,14 @@ def test_a_second_gateway_on_the_same_admin_port_is_told_about_admin_port(
         _clean(text)
     finally:
         busy.close()
+
+
+def test_a_reader_that_goes_away_is_no_error(capfd: pytest.CaptureFixture[str]) -> None:
+    """`botgw sim … | head -c 100`: the pipe closes before the command has written all; Unix tools end quietly."""
+    from gateway.cli import _outcome
+
+    def run(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    code, line, error = _outcome(argparse.Namespace(run=run), "sim wecom")  # fd 1 is capfd's, restored after
+    assert (code, line, error) == (141, "", None)
