@@ -56,9 +56,9 @@ from bench.common import (
     wecom_app,
     write_config,
 )
-from bots.simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 
 BOT_ID = "app"
 NAMESPACE = "fairness"

@@ -114,8 +114,8 @@ class CallbackFactory:
     """Builds complete HTTP/1.1 requests (head + body), each a distinct message, so none is a dedup hit."""
 
     def __init__(self, bot_config: dict[str, Any], users: int) -> None:
-        from bots.simulator.wecom_callback import WeComCallbackSigner
         from bots.wecom.config import WeComAppConfig
+        from simulator.wecom_callback import WeComCallbackSigner
 
         self._signer = WeComCallbackSigner(WeComAppConfig(**bot_config))
         self._users = users
@@ -155,7 +155,7 @@ class DingTalkCallbackFactory:
 
     def build(self, count: int) -> list[bytes]:
         from bots.dingtalk.crypto import sign
-        from bots.simulator.dingtalk_user import robot_payload
+        from simulator.dingtalk_user import robot_payload
 
         # One (timestamp, sign) pair per message: botgw binds a pair to the first msgId it came with and refuses it
         # with any other (403), as a replayed signature. Milliseconds counted back from now stay in the 1 h window.
@@ -413,7 +413,7 @@ def gateway_outcomes(admin_url: str) -> dict[str, dict[str, float]]:
 
 def stats_key() -> str:
     """The scheduler's counters (`enqueued`, `handled`); imported here, not at module level (the bare server)."""
-    from gateway.keys import Keys
+    from gateway.state.keys import Keys
 
     return Keys(NAMESPACE).scheduler_stats
 

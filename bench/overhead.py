@@ -74,10 +74,10 @@ from bench.common import (
     write_config,
 )
 from bots.base import InboundMessage
-from bots.simulator.wecom_callback import WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
 from engine.client import sse_lines
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.wecom_callback import WeComCallbackSigner
 
 try:
     import psutil

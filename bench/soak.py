@@ -95,14 +95,14 @@ from bench.common import (
 from bots.base import InboundMessage
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
-from bots.simulator.dingtalk_user import robot_payload
-from bots.simulator.wecom_ai import WeComAIBotUser
-from bots.simulator.wecom_callback import WeComCallbackSigner
 from bots.text import utf8_len
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
-from gateway import commands
-from gateway.keys import Keys
-from gateway.memory import Scope
+from gateway import texts
+from gateway.state.keys import Keys
+from gateway.state.memory import Scope
+from simulator.dingtalk_user import robot_payload
+from simulator.wecom_ai import WeComAIBotUser
+from simulator.wecom_callback import WeComCallbackSigner
 
 NAMESPACE = "soak"
 MODEL = "ernie-tiny"
@@ -153,7 +153,7 @@ POLL_S = 0.25
 MAX_TOKENS_CAP = 64  # answers stay one piece on every platform (see `collect`)
 # WeCom pieces may end in invisible marks that make a repeated text unique for WeCom's duplicate check.
 INVISIBLE_MARKS = "\u200b\u200c\u2060\u200d"
-NOTICES = {commands.ENGINE_STARTING_TEXT: "engine starting"}
+NOTICES = {texts.ENGINE_STARTING_TEXT: "engine starting"}
 
 # Faults: how many of each a profile runs. Platform faults are consumed by the next sends, whoever's.
 PLATFORM_FAULTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -479,7 +479,7 @@ class Traffic:
         def on_ok(response: httpx.Response) -> None:
             reply = self.ai.open_reply(response, nonce=params["nonce"])
             stream = reply.get("stream") or {}
-            if stream.get("finish") and stream.get("content") == commands.TOO_MANY_STREAMS_TEXT:
+            if stream.get("finish") and stream.get("content") == texts.TOO_MANY_STREAMS_TEXT:
                 message.busy = True  # refused (not queued): the user has three unfinished answers, botgw says
                 return
             message.stream_ids.add(str(stream.get("id", "")))
@@ -793,7 +793,7 @@ class Faults:
 
 # --------------------------------------------------------------------------- the run
 
-LEASES_KEY = Keys(NAMESPACE).scheduler_leases  # the scheduler's set of held leases (gateway/scheduler.py)
+LEASES_KEY = Keys(NAMESPACE).scheduler_leases  # the scheduler's set of held leases (gateway/queue/scheduler.py)
 
 
 @dataclass
@@ -1290,7 +1290,7 @@ def report(args: argparse.Namespace, results: Results) -> bool:
         users = sorted({m.user for m in busy})
         print(
             f"of the lost, {len(busy)} WeCom AI-bot question(s) of {', '.join(users)} were answered at once with "
-            f"{commands.TOO_MANY_STREAMS_TEXT!r} and never queued, although each soak user asks only after its "
+            f"{texts.TOO_MANY_STREAMS_TEXT!r} and never queued, although each soak user asks only after its "
             "previous answer finished"
         )
     twice, lost = total.outcomes["twice"], total.outcomes["lost"]

@@ -63,8 +63,8 @@ from bench.common import (
     write_config,
 )
 from bots.dingtalk.config import DingTalkBotConfig
-from bots.simulator.dingtalk_user import robot_payload
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.dingtalk_user import robot_payload
 
 NAMESPACE = "streambench"
 BOT_ID = "ding-stream"

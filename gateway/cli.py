@@ -43,10 +43,10 @@ class UsageError(Exception):
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.base_check import check_bases
-    from gateway.http_bounds import BoundedHttpToolsProtocol
-    from gateway.redis_client import STARTUP_WAIT_S, connected
+    from gateway.edge.app import create_app
+    from gateway.edge.http_bounds import BoundedHttpToolsProtocol
+    from gateway.state.redis_client import STARTUP_WAIT_S, connected
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
@@ -68,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(settings, admin_port=admin_port or None)
     # On SIGTERM uvicorn stops accepting, lets in-flight callbacks finish (their acks are milliseconds), then
     # the lifespan flushes the batcher: nothing acknowledged is left unqueued.
-    # httptools with a 64 KiB bound on request heads (431), on both listeners: see gateway.http_bounds.
+    # httptools with a 64 KiB bound on request heads (431), on both listeners: see gateway.edge.http_bounds.
     config = uvicorn.Config(
         app,
         http=BoundedHttpToolsProtocol,
@@ -113,7 +113,7 @@ def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from gateway.base_check import check_bases
     from gateway.runtime import open_runtime
-    from gateway.worker import Worker
+    from gateway.worker.loop import Worker
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
@@ -132,7 +132,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _dingtalk_stream(args: argparse.Namespace) -> int:
-    from gateway.stream_mode import run_stream_mode
+    from gateway.edge.stream_mode import run_stream_mode
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
@@ -166,8 +166,8 @@ def _web(args: argparse.Namespace) -> int:
             filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])
         ),
     }
-    # Chainlit's app behind botgw's guard, with Chainlit's settings botgw's (bots/web/serve.py), not `chainlit run`
-    argv = [sys.executable, "-m", "bots.web.serve", "--host", args.host, "--port", str(args.port)]
+    # Chainlit's app behind botgw's guard, with Chainlit's settings botgw's (webchat/serve.py), not `chainlit run`
+    argv = [sys.executable, "-m", "webchat.serve", "--host", args.host, "--port", str(args.port)]
     os.execve(argv[0], argv, env)
     return 0
 
@@ -247,8 +247,8 @@ def _sim_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from bots.simulator.server import create_simulator_app
-    from bots.simulator.state_file import StateFileError
+    from simulator.server import create_simulator_app
+    from simulator.state_file import StateFileError
 
     settings = load_settings(args.config)
     setup_logging(settings.log_level)
@@ -273,9 +273,9 @@ def _sim_serve(args: argparse.Namespace) -> int:
 
 
 def _sim_wecom(args: argparse.Namespace) -> int:
-    from bots.simulator.bot_choice import choose_bot
-    from bots.simulator.wecom_callback import WeComCallbackSigner
     from bots.wecom.config import WeComAppConfig
+    from simulator.bot_choice import choose_bot
+    from simulator.wecom_callback import WeComCallbackSigner
 
     settings = load_settings(args.config)
     bot, problem = choose_bot(settings.bots, args.bot, "wecom")  # before anything is posted
@@ -299,9 +299,9 @@ def _sim_wecom(args: argparse.Namespace) -> int:
 
 
 def _sim_wecom_ai(args: argparse.Namespace) -> int:
-    from bots.simulator.bot_choice import choose_bot
-    from bots.simulator.wecom_ai import WeComAIBotUser
     from bots.wecom.config import WeComAIBotConfig
+    from simulator.bot_choice import choose_bot
+    from simulator.wecom_ai import WeComAIBotUser
 
     settings = load_settings(args.config)
     bot, problem = choose_bot(settings.bots, args.bot, "wecom-ai")  # before anything is posted
@@ -328,8 +328,8 @@ def _sim_wecom_ai(args: argparse.Namespace) -> int:
 
 def _sim_dingtalk(args: argparse.Namespace) -> int:
     from bots.dingtalk.config import DingTalkBotConfig
-    from bots.simulator.bot_choice import choose_bot
-    from bots.simulator.dingtalk_user import DingTalkUser
+    from simulator.bot_choice import choose_bot
+    from simulator.dingtalk_user import DingTalkUser
 
     settings = load_settings(args.config)
     bot, problem = choose_bot(settings.bots, args.bot, "dingtalk")  # before anything is posted
@@ -372,9 +372,9 @@ def _sim_wecom_kf(args: argparse.Namespace) -> int:
     reported as such, exit 0. When the session was already theirs before the customer wrote, the bot cannot answer
     (send_msg is refused in 2 and 3, and the customer's message does not move the session), so the command stops
     once botgw has pulled the message instead of waiting out --timeout."""
-    from bots.simulator.bot_choice import choose_bot
-    from bots.simulator.wecom_kf import WeComKfCallbackSigner
     from bots.wecom_kf.config import WeComKfConfig
+    from simulator.bot_choice import choose_bot
+    from simulator.wecom_kf import WeComKfCallbackSigner
 
     settings = load_settings(args.config)
     bot, problem = choose_bot(settings.bots, args.bot, "wecom-kf")  # before anything is posted
@@ -502,10 +502,10 @@ def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, 
 
 
 def _push(args: argparse.Namespace) -> int:
-    from gateway.keys import Keys
-    from gateway.push import enqueue_push
-    from gateway.redis_client import connected
-    from gateway.scheduler import Scheduler
+    from gateway.queue.push import enqueue_push
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+    from gateway.state.redis_client import connected
 
     settings = load_settings(args.config)
     if settings.bot(args.bot).platform != "wecom-webhook":
@@ -527,10 +527,10 @@ def _limits(args: argparse.Namespace) -> int:
     """`botgw limits show|reset ID`: a user's or group's usage against its limits, or a fresh start."""
     import json
 
-    from gateway.identities import IdentityError, qualify, tenants_by_family
-    from gateway.keys import Keys
-    from gateway.limits import Budgets
-    from gateway.redis_client import connected
+    from gateway.state.identities import IdentityError, qualify, tenants_by_family
+    from gateway.state.keys import Keys
+    from gateway.state.limits import Budgets
+    from gateway.state.redis_client import connected
 
     settings = load_settings(args.config)
     try:
@@ -560,11 +560,11 @@ def _kf_handoff(args: argparse.Namespace) -> int:
     from bots.base import SendError
     from bots.wecom_kf.client import KfApiClient
     from bots.wecom_kf.models import handoff_for
-    from gateway.keys import Keys
-    from gateway.push import enqueue_handoff
-    from gateway.redis_client import connected
-    from gateway.scheduler import Scheduler
-    from gateway.tokens import RedisTokenStore
+    from gateway.queue.push import enqueue_handoff
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+    from gateway.state.redis_client import connected
+    from gateway.state.tokens import RedisTokenStore
 
     settings = load_settings(args.config)
     try:
@@ -620,13 +620,13 @@ def _web_password(args: argparse.Namespace) -> int:
 
 def _migrate_keys(args: argparse.Namespace) -> int:
     """`botgw migrate-keys`: move a namespace's keys to the hash-tagged names, and limit counters of bare ids to
-    qualified identities (gateway/key_migration.py)."""
+    qualified identities (gateway/state/key_migration.py)."""
     import json
 
-    from gateway.identities import tenants_by_family
-    from gateway.key_migration import migrate_keys, qualify_counters
-    from gateway.keys import Keys
-    from gateway.redis_client import connected, is_cluster_url
+    from gateway.state.identities import tenants_by_family
+    from gateway.state.key_migration import migrate_keys, qualify_counters
+    from gateway.state.keys import Keys
+    from gateway.state.redis_client import connected, is_cluster_url
 
     settings = load_settings(args.config)
     cluster = is_cluster_url(settings.redis_url)
@@ -651,10 +651,10 @@ def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
 
-    from gateway.dead_letters import DeadLetters, NoSuchDeadLetter
-    from gateway.keys import Keys
-    from gateway.redis_client import connected
-    from gateway.scheduler import Scheduler
+    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+    from gateway.state.redis_client import connected
 
     settings = load_settings(args.config)
 
@@ -1001,7 +1001,7 @@ def _outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseExce
     from redis.exceptions import RedisError
 
     from engine.launcher import EngineUnavailable
-    from gateway.redis_client import RedisConfigError, RedisUnavailable
+    from gateway.state.redis_client import RedisConfigError, RedisUnavailable
     from knowledge.errors import KnowledgeError
 
     try:

@@ -20,10 +20,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from bots.registry import PLATFORMS
 from engine.settings import EngineSettings
-from gateway import redis_client
-from gateway.identities import IdentityError, qualify, tenants_by_family
-from gateway.limits import LimitSettings
-from gateway.memory import GroupMemory
+from gateway.state import redis_client
+from gateway.state.identities import IdentityError, qualify, tenants_by_family
+from gateway.state.limits import LimitSettings
+from gateway.state.memory import GroupMemory
 from knowledge.config import KnowledgeSettings, KnowledgeUse
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ class WorkerSettings(BaseModel):
 BotConfig = Annotated[Union[tuple(p.config for p in PLATFORMS.values())], Field(discriminator="platform")]  # noqa: UP007
 
 
-# What gateway/redis_client.py opens: one server, a Redis Cluster, a Sentinel-watched primary.
+# What gateway/state/redis_client.py opens: one server, a Redis Cluster, a Sentinel-watched primary.
 REDIS_SCHEMES = redis_client.SCHEMES
 
 

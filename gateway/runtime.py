@@ -18,11 +18,11 @@ from bots.registry import build_adapters
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
 from gateway.config import Settings
-from gateway.key_migration import old_keys_present
-from gateway.keys import Keys
-from gateway.redis_client import RedisConfigError, check_redis, is_cluster_url, open_redis
-from gateway.scheduler import Scheduler
-from gateway.tokens import RedisTokenStore
+from gateway.queue.scheduler import Scheduler
+from gateway.state.key_migration import old_keys_present
+from gateway.state.keys import Keys
+from gateway.state.redis_client import RedisConfigError, check_redis, is_cluster_url, open_redis
+from gateway.state.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 Adapter = Any  # an adapter from bots/ (see bots.base.ReplyChannel and bots.registry)

@@ -28,9 +28,9 @@ import httpx
 import pytest
 import redis
 
-from bots.simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 from bots.wecom.config import WeComAppConfig
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 from tests.procs import (
     BOTGW,
     ROOT,
@@ -297,9 +297,9 @@ def start_robot_burst(stack: Stack) -> None:
     """Queue ROBOT_BURST pushes for the stack's group robot, alternately markdown and text."""
     from redis.asyncio import Redis
 
-    from gateway.keys import Keys
-    from gateway.push import enqueue_push
-    from gateway.scheduler import Scheduler
+    from gateway.queue.push import enqueue_push
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
 
     async def burst() -> None:
         client = Redis.from_url(stack.config["redis_url"])
@@ -321,9 +321,9 @@ def start_member_burst(stack: Stack) -> None:
     from redis.asyncio import Redis
 
     from bots.base import InboundMessage, ReplyTarget
-    from gateway.keys import Keys
-    from gateway.push import enqueue_notice
-    from gateway.scheduler import Scheduler
+    from gateway.queue.push import enqueue_notice
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
 
     user = "burst" + secrets.token_hex(4)
 

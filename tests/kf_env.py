@@ -17,12 +17,12 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from bots.base import InboundMessage
-from bots.simulator.wecom_kf import WeComKfCallbackSigner
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.models import conversation_of, target_of
-from gateway.keys import Keys
-from gateway.push import enqueue_notice
-from gateway.scheduler import Scheduler
+from gateway.queue.push import enqueue_notice
+from gateway.queue.scheduler import Scheduler
+from gateway.state.keys import Keys
+from simulator.wecom_kf import WeComKfCallbackSigner
 from tests.conftest import Stack, random_aes_key, stack_config
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
 

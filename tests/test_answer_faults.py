@@ -19,18 +19,18 @@ from redis.exceptions import RedisError
 
 from bots.base import EventEffect, InboundMessage, ReplyQuota, ReplyTarget, RetryableSendError
 from engine.client import Completion, EngineError
-from gateway import commands
+from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
-from gateway.conversations import Conversations
-from gateway.keys import Keys
-from gateway.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
-from gateway.memory import Scope, Turn
-from gateway.presenters import Delivery, PiecesPresenter, StreamPresenter
-from gateway.pulled import PulledWork
-from gateway.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
-from gateway.scheduler import Scheduler, new_entry
-from gateway.streams import StreamStore
-from gateway.worker import Job, PromptPlan, Worker
+from gateway.delivery.presenters import Delivery, PiecesPresenter, StreamPresenter
+from gateway.queue.scheduler import Scheduler, new_entry
+from gateway.state.conversations import Conversations
+from gateway.state.keys import Keys
+from gateway.state.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
+from gateway.state.memory import Scope, Turn
+from gateway.state.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
+from gateway.state.streams import StreamStore
+from gateway.worker.loop import Job, PromptPlan, Worker
+from gateway.worker.pulled import PulledWork
 
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 
@@ -128,11 +128,11 @@ async def test_the_engine_starting_notice_takes_a_quota_slot_so_the_handoff_slot
     message, fence, record = await kf_turn(world)
     adapter = KfStandIn()
     presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
-    assert await presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice")
-    assert not await presenter.notice(commands.ENGINE_STARTING_TEXT, once="wait_notice"), "sent twice"
+    assert await presenter.notice(texts.ENGINE_STARTING_TEXT, once="wait_notice")
+    assert not await presenter.notice(texts.ENGINE_STARTING_TEXT, once="wait_notice"), "sent twice"
     await presenter.finish("很长的回答。" * 1400, await record.load())  # 5 pieces' worth
     assert len(adapter.sent) == 4, f"notice + {len(adapter.sent) - 1} pieces: the handoff's slot is gone"
-    assert adapter.sent[-1].endswith(commands.ANSWER_CUT_TEXT)
+    assert adapter.sent[-1].endswith(texts.ANSWER_CUT_TEXT)
     assert await world.conversations.take_slot(message, QUOTA, record, {}, for_handoff=True)
 
 
@@ -159,7 +159,7 @@ async def test_an_answer_over_the_stream_cap_ends_with_the_cut_note_when_respons
     final = await world.delivery.streams.get(stream_id)
     assert final is not None and final.finished
     assert len(final.content.encode()) <= 20480
-    assert final.content.endswith(commands.ANSWER_CUT_TEXT), "the answer was cut without a word"
+    assert final.content.endswith(texts.ANSWER_CUT_TEXT), "the answer was cut without a word"
 
 
 # -- defect 8: message windows are counted once per message, and a refusal spends no window -----------------------
@@ -189,7 +189,7 @@ async def test_a_stale_reset_wipes_nothing_its_successor_wrote(world: World) -> 
     await successor.commit("答", "1", memory_key, (Turn("user", "问", 1), Turn("assistant", "答", 1)), 3600, 0)
     stale = world.records.open(message.dedup_key, Fence(fence.lease_key, str(int(fence.epoch) - 1)))
     with pytest.raises(LeaseLost):
-        await stale.commit(commands.RESET_TEXT, "2", memory_key, None, 3600, 0, clear_memory=True)
+        await stale.commit(texts.RESET_TEXT, "2", memory_key, None, 3600, 0, clear_memory=True)
     assert await world.redis.llen(memory_key) == 2, "a stale worker's /reset wiped the successor's memory"
 
 

@@ -26,11 +26,11 @@ from wechatpy.crypto.cryptography import WeChatCipher
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign as ding_sign
-from bots.simulator.wecom_callback import SignedCallback, WeComCallbackSigner, event_xml, text_message_xml
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
 from bots.wecom.crypto import WeComCrypto, decode_aes_key
 from bots.wecom.crypto import sign as wecom_sign
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.wecom_callback import SignedCallback, WeComCallbackSigner, event_xml, text_message_xml
 from tests.conftest import Stack
 from tests.procs import free_port, start_gateway, write_config
 

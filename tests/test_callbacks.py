@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from bots.simulator.wecom_callback import SignedCallback, text_message_xml
 from bots.wecom.crypto import WeComCrypto
+from simulator.wecom_callback import SignedCallback, text_message_xml
 from tests.conftest import Stack
 
 BILLION_LAUGHS = b"""<?xml version="1.0"?>
@@ -44,7 +44,7 @@ def test_valid_callback_acked_with_empty_body(stack: Stack, user: str) -> None:
 
 
 def test_event_acked_and_ignored(stack: Stack, user: str) -> None:
-    from bots.simulator.wecom_callback import event_xml
+    from simulator.wecom_callback import event_xml
 
     before = stack.entries_added()
     callback = stack.signer().sign_plaintext(event_xml(stack.bot, user, "enter_agent", int(time.time())))

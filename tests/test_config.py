@@ -154,7 +154,7 @@ def test_the_redis_url_forms_open_the_right_client() -> None:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-    from gateway.redis_client import limits_storage, open_redis
+    from gateway.state.redis_client import limits_storage, open_redis
 
     assert isinstance(open_redis("redis+cluster://a:7000,b:7001"), RedisCluster)
     sentinel = open_redis("redis+sentinel://:pw@a:26379,b:26379/primary/2")
@@ -170,7 +170,7 @@ def test_the_redis_url_forms_open_the_right_client() -> None:
 def test_a_redis_that_never_answers_at_start_is_one_clear_line_with_its_address_without_the_password() -> None:
     import asyncio
 
-    from gateway.redis_client import RedisUnavailable, check_redis, open_redis
+    from gateway.state.redis_client import RedisUnavailable, check_redis, open_redis
     from tests.procs import free_port
 
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
@@ -351,7 +351,7 @@ bots:
 )
 def test_a_url_shown_in_a_message_carries_no_credentials(url: str, shown: str) -> None:
     from bots.urls import redact_url
-    from gateway.redis_client import redis_address
+    from gateway.state.redis_client import redis_address
 
     assert redact_url(url) == shown
     address = redis_address(url)

@@ -15,8 +15,8 @@ import pytest
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
-from bots.simulator.dingtalk_user import DingTalkUser, robot_payload
-from gateway import commands
+from gateway import texts
+from simulator.dingtalk_user import DingTalkUser, robot_payload
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
 from tests.procs import (
@@ -273,7 +273,7 @@ def test_two_stream_processes_share_the_messages_and_answer_a_message_both_get_o
             wait_replies(stack, f"cid-single-{person}", 1, settle=0)
         time.sleep(2.0)  # room for a second answer to show
         for person in [*users, *twice]:
-            assert [r["content"] for r in replies(stack, f"cid-single-{person}")] == [commands.HELP_TEXT], person
+            assert [r["content"] for r in replies(stack, f"cid-single-{person}")] == [texts.HELP_TEXT], person
         outcomes = stream_outcomes(stream_process)[first_before:] + stream_outcomes(second)
         assert len(outcomes) == len(users) + 2 * len(twice), "both processes got each copy"
         assert outcomes.count("duplicate") == len(twice) and outcomes.count("accepted") == len(users) + len(twice)
@@ -324,7 +324,7 @@ def test_expired_session_webhook_answer_goes_through_openapi(stack: Stack, user:
     payload = send(stack, "ding-http", user, "/help", webhook_ttl_s=1)
     assert len(replies_to(stack, user, 1)) == 1
     (reply,) = replies_to(stack, user, 1)
-    assert (reply["via"], reply["user"], reply["content"]) == ("openapi", user, commands.HELP_TEXT)
+    assert (reply["via"], reply["user"], reply["content"]) == ("openapi", user, texts.HELP_TEXT)
     assert session_posts(stack, payload) == {"posts": 0, "refused": 0}, "an expired webhook was posted to"
 
     other = "e" + secrets.token_hex(4)
@@ -336,7 +336,7 @@ def test_expired_session_webhook_answer_goes_through_openapi(stack: Stack, user:
                           webhook=webhook)
     assert signed_post(stack, early, int(time.time() * 1000)).status_code == 200
     (reply,) = replies_to(stack, other, 1)
-    assert (reply["via"], reply["content"]) == ("openapi", commands.HELP_TEXT)
+    assert (reply["via"], reply["content"]) == ("openapi", texts.HELP_TEXT)
     assert session_posts(stack, early) == {"posts": 1, "refused": 1}
 
 
@@ -364,7 +364,7 @@ def test_a_throttled_conversation_is_answered_once_the_throttle_ends(stack: Stac
         took = time.monotonic() - started
         time.sleep(1.0)
         answers = [r["content"] for r in replies(stack, conversation)][20:]
-        assert answers == [commands.HELP_TEXT]
+        assert answers == [texts.HELP_TEXT]
         assert took >= 7.0, f"answered after {took:.1f} s: during the throttle"
     finally:
         httpx.post(f"{stack.sim_url}/__sim__/dingtalk/throttle", json={"throttle_s": 600}, timeout=5)

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from bots.dingtalk.adapter import SESSION_TRIES
-from bots.simulator.dingtalk_user import robot_payload
-from gateway import commands
+from gateway import texts
+from simulator.dingtalk_user import robot_payload
 from tests.conftest import Cluster, Stack
 from tests.procs import wait_for
 from tests.stub_engine import answer_for
@@ -37,7 +37,7 @@ def test_a_revoked_token_refused_with_400_is_fetched_again(stack: Stack, user: s
     dead_before = stack.dead_letters()
     send(stack, "ding-http", user, "/help", webhook_ttl_s=1)
     mine = replies_to(stack, user, 2)
-    assert [(m["via"], m["content"]) for m in mine] == [("openapi", commands.HELP_TEXT)] * 2
+    assert [(m["via"], m["content"]) for m in mine] == [("openapi", texts.HELP_TEXT)] * 2
     assert stack.dead_letters() == dead_before
 
 
@@ -57,7 +57,7 @@ def test_a_flow_controlled_recipient_is_answered_once_the_platform_accepts(stack
         send(stack, "ding-http", user, "/help", webhook_ttl_s=1)  # answered through the OpenAPI
         mine = replies_to(stack, user, 21)
         took = time.monotonic() - started
-        assert [(m["via"], m["content"]) for m in mine[20:]] == [("openapi", commands.HELP_TEXT)]
+        assert [(m["via"], m["content"]) for m in mine[20:]] == [("openapi", texts.HELP_TEXT)]
         assert sim(stack, "throttle", {"throttle_s": 8})["not_delivered"] > refused_before, "never flow-controlled"
         assert 7.0 <= took < 60.0, f"answered after {took:.1f} s"
         assert stack.dead_letters() == dead_before
@@ -98,7 +98,7 @@ def test_an_ended_session_webhook_answering_5xx_falls_back_to_the_openapi(stack:
     dead_before = stack.dead_letters()
     assert signed_post(stack, payload, int(time.time() * 1000)).status_code == 200
     (reply,) = replies_to(stack, other, 1)
-    assert (reply["via"], reply["content"]) == ("openapi", commands.HELP_TEXT)
+    assert (reply["via"], reply["content"]) == ("openapi", texts.HELP_TEXT)
     assert session_posts(stack, payload) == {"posts": SESSION_TRIES, "refused": SESSION_TRIES}
     assert stack.dead_letters() == dead_before
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.presenters import UNIQUE_MARKS
+from gateway.delivery.presenters import UNIQUE_MARKS
 from tests.conftest import Stack
 
 

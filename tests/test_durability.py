@@ -23,7 +23,6 @@ import redis
 from bots.base import InboundMessage, ReplyTarget
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.text import utf8_len
-from gateway import commands
 from tests.conftest import Cluster, Stack
 from tests.procs import Proc, free_port, wait_for
 from tests.stub_engine import answer_for
@@ -33,9 +32,9 @@ def enqueue_notice(stack: Stack, user: str, text: str) -> None:
     """Queue an answer that needs no engine (as an over-limit notice is), to exercise delivery alone."""
     from redis.asyncio import Redis
 
-    from gateway.keys import Keys
-    from gateway.push import enqueue_notice as enqueue
-    from gateway.scheduler import Scheduler
+    from gateway.queue.push import enqueue_notice as enqueue
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
 
     message = InboundMessage(
         platform="wecom", bot_id="app", msg_id=f"n-{user}-{time.time()}", conversation_id=user,
@@ -135,7 +134,7 @@ def test_one_conversation_is_answered_in_order(cluster: Callable[..., Cluster]) 
         assert stack.post_callback(signer.text(other, text)).status_code == 200
     stack.wait_delivered(user, len(texts), timeout=30, settle=1.0)
     got = stack.texts(user)
-    assert got == [answer_for(texts[0]), answer_for(texts[1]), commands.HELP_TEXT, answer_for(texts[3])]
+    assert got == [answer_for(texts[0]), answer_for(texts[1]), texts.HELP_TEXT, answer_for(texts[3])]
     arrived = {}
     for other in others:
         (item,) = stack.wait_delivered(other, 1, timeout=30, settle=0)
@@ -185,7 +184,7 @@ def test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer(
             webhook = (await http.post(f"{stack.sim_url}/__sim__/dingtalk/session", json={
                 "conversation": f"cid-{user}", "user": user, "group": False, "ttl_s": 3600})).json()
         from bots.dingtalk.crypto import sign
-        from bots.simulator.dingtalk_user import robot_payload
+        from simulator.dingtalk_user import robot_payload
 
         payload = robot_payload(robot, user, "asked twice at once", conversation=f"cid-{user}", group=False,
                                 webhook=webhook)

@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from gateway.keys import Keys
+from gateway.state.keys import Keys
 from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.stub_engine import answer_for
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bots.simulator.wecom_ai import WeComAIBotUser
 from bots.wecom.config import WeComAIBotConfig
-from gateway import commands
+from gateway import texts
+from simulator.wecom_ai import WeComAIBotUser
 from tests.conftest import Cluster, Stack
 from tests.holding_proxy import HoldingProxy
 from tests.procs import Proc, free_port, metric, start_gateway, start_worker, wait_for, wait_http, write_config
@@ -87,7 +87,7 @@ def test_engine_down_at_start_message_waits_notice_once_then_answer(
     iso.start_worker()
     assert iso.stack.post_callback(iso.stack.signer().text(user, "Are you there?")).status_code == 200
     notice = iso.stack.wait_delivered(user, 1, timeout=30, settle=3.0)
-    assert [item["content"] for item in notice] == [commands.ENGINE_STARTING_TEXT]
+    assert [item["content"] for item in notice] == [texts.ENGINE_STARTING_TEXT]
     engine = Proc(
         [sys.executable, "-m", "tests.stub_engine", "--port", str(port), "--delay", "0.2"],
         stack.log_dir / f"stub-late-{iso.namespace}.log",
@@ -95,7 +95,7 @@ def test_engine_down_at_start_message_waits_notice_once_then_answer(
     iso.stack.procs["engine-late"] = engine
     wait_http(f"http://127.0.0.1:{port}/health", 30, engine)
     iso.stack.wait_delivered(user, 2, timeout=60, settle=2.0)
-    assert iso.stack.texts(user) == [commands.ENGINE_STARTING_TEXT, answer_for("Are you there?")], "notified once"
+    assert iso.stack.texts(user) == [texts.ENGINE_STARTING_TEXT, answer_for("Are you there?")], "notified once"
 
 
 def send_all(c: Cluster, texts: dict[str, str]) -> None:

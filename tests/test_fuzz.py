@@ -45,8 +45,8 @@ from bots.wecom.crypto import WeComCrypto, decode_aes_key
 from bots.wecom.crypto import sign as wecom_sign
 from bots.wecom.models import parse_app_message
 from bots.xml import parse_flat_xml
-from gateway.app import create_app
 from gateway.config import Settings
+from gateway.edge.app import create_app
 from tests.conftest import Stack, random_aes_key
 from tests.procs import free_port, start_gateway, write_config
 

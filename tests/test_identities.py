@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from bots.simulator.wecom_callback import SignedCallback
-from gateway.keys import Keys
+from gateway.state.keys import Keys
+from simulator.wecom_callback import SignedCallback
 from tests.conftest import Cluster, stack_config
 from tests.procs import BOTGW, write_config
 
@@ -224,7 +224,7 @@ def test_a_page_users_memory_is_never_adopted_by_a_member_of_the_same_name_nor_b
 
 
 def test_qualify_takes_ids_that_hold_colons_with_their_tenant_and_refuses_a_mistyped_tenant() -> None:
-    from gateway.identities import IdentityError, qualify
+    from gateway.state.identities import IdentityError, qualify
 
     tenants = {"wecom": ["ww1"], "dingtalk": ["c1", "c2"]}
     assert qualify("wecom:zs", tenants) == "wecom:ww1:zs"
@@ -239,7 +239,7 @@ def test_a_reset_clears_the_one_identity_named_not_another_that_starts_with_it(s
 
     from redis.asyncio import Redis
 
-    from gateway.limits import Budgets, LimitSettings
+    from gateway.state.limits import Budgets, LimitSettings
 
     keys = Keys("r" + secrets.token_hex(4))
     url = stack.config["redis_url"]  # type: ignore[attr-defined]

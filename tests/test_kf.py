@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from bots.wecom_kf.config import WeComKfConfig
-from gateway import commands
-from gateway.keys import Keys
+from gateway import texts
+from gateway.state.keys import Keys
 from tests.conftest import Stack, random_aes_key, stack_config
 from tests.kf_env import HANDOFF_NOTICE, KFID, Kf, customer
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
@@ -28,7 +28,7 @@ def test_the_same_callback_three_times_is_one_pull_and_one_answer(kf: Kf) -> Non
     for _ in range(2):  # WeCom's retries of the unacknowledged callback
         assert kf.callback(token).status_code == 200
     delivered = kf.wait_sent(person, 1, settle=2.0)
-    assert [item["content"] for item in delivered] == [commands.HELP_TEXT]
+    assert [item["content"] for item in delivered] == [texts.HELP_TEXT]
     assert kf.calls("sync_msg") - pulls_before == 1
     assert kf.session(person)["service_state"] == 1, "the bot took the session (0 → 1) before answering"
 
@@ -68,7 +68,7 @@ def test_handoff_by_keyword_then_the_bot_is_quiet_until_the_session_ends(kf: Kf)
     wait_for(lambda: kf.session(person)["service_state"] == 4, 10, "the session to end")
     kf.write(person, "/help")  # a new session starts at 0, and the bot answers again
     again = kf.wait_sent(person, 3)
-    assert again[2]["content"] == commands.HELP_TEXT and kf.session(person)["service_state"] == 1
+    assert again[2]["content"] == texts.HELP_TEXT and kf.session(person)["service_state"] == 1
 
 
 def test_five_messages_in_48_hours_one_kept_for_the_handoff_and_renewed_when_the_customer_writes(kf: Kf) -> None:
@@ -79,7 +79,7 @@ def test_five_messages_in_48_hours_one_kept_for_the_handoff_and_renewed_when_the
     kf.wait_sent(person, 1)
     kf.enqueue_notice(person, "很长的回答。" * 1200)  # 21,600 bytes: 11 pieces, 3 slots left for answers
     long = kf.wait_sent(person, 4, settle=2.0)
-    assert len(long) == 4 and long[3]["content"].endswith(commands.ANSWER_CUT_TEXT), "cut visibly at the quota"
+    assert len(long) == 4 and long[3]["content"].endswith(texts.ANSWER_CUT_TEXT), "cut visibly at the quota"
     refused_before = kf.stats()["refusals"].get("95001", 0)
     kf.enqueue_notice(person, "one message too many")
     time.sleep(3.0)
@@ -87,7 +87,7 @@ def test_five_messages_in_48_hours_one_kept_for_the_handoff_and_renewed_when_the
 
     kf.write(person, "/help")  # the customer writes again: the allowance starts over
     renewed = kf.wait_sent(person, 5)
-    assert renewed[4]["content"] == commands.HELP_TEXT and kf.session(person)["sent_since_customer"] == 1
+    assert renewed[4]["content"] == texts.HELP_TEXT and kf.session(person)["sent_since_customer"] == 1
     kf.enqueue_notice(person, "又一个很长的回答。" * 1000)
     assert len(kf.wait_sent(person, 8, settle=2.0)) == 8, "3 more answer messages, the 5th slot kept"
 
@@ -133,7 +133,7 @@ def test_a_first_start_skips_history_but_never_the_message_that_called_back(kf: 
     kf.write(earlier, "/help", callback=False, send_time=time.time() - 600)
     token = kf.write(caller, "/help", callback=False, send_time=time.time() - 300)  # its callback came late
     assert kf.callback(token).status_code == 200
-    assert [item["content"] for item in kf.wait_sent(caller, 1, settle=2.0)] == [commands.HELP_TEXT]
+    assert [item["content"] for item in kf.wait_sent(caller, 1, settle=2.0)] == [texts.HELP_TEXT]
     assert kf.sent(earlier) == [], "history was answered on a first start"
 
 

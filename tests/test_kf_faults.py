@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway import commands
+from gateway import texts
 from tests.kf_env import HANDOFF_NOTICE, KFID, Kf, customer
 from tests.procs import wait_for
 
@@ -21,7 +21,7 @@ def test_a_photo_then_a_question_within_the_merge_window_gets_the_question_answe
     kf.write(person, "", msgtype="image")
     kf.write(person, "这是什么问题？")
     answers = kf.wait_sent(person, 1, timeout=90, settle=4.0)
-    assert len(answers) == 1 and answers[0]["content"] != commands.TEXT_ONLY_TEXT, "the question was lost"
+    assert len(answers) == 1 and answers[0]["content"] != texts.TEXT_ONLY_TEXT, "the question was lost"
     users = [turn["content"] for turn in kf.memory(person) if turn["role"] == "user"]
     assert users == ["这是什么问题？"]
 
@@ -31,7 +31,7 @@ def test_a_handoff_keyword_right_behind_a_question_is_a_handoff_not_part_of_it(k
     kf.write(person, "/help")
     kf.write(person, "转人工")
     sent = kf.wait_sent(person, 2, timeout=30, settle=3.0)
-    assert [item["content"] for item in sent] == [commands.HELP_TEXT, HANDOFF_NOTICE]
+    assert [item["content"] for item in sent] == [texts.HELP_TEXT, HANDOFF_NOTICE]
     assert kf.session(person)["service_state"] == 2
 
 
@@ -57,7 +57,7 @@ def test_a_welcome_whose_send_fails_once_is_sent_on_the_retry(kf: Kf) -> None:
 
 
 def test_a_cursor_the_platform_refuses_is_dropped_and_the_pull_starts_again(kf: Kf) -> None:
-    from gateway.keys import Keys
+    from gateway.state.keys import Keys
 
     cursor_key = Keys(kf.namespace).pull_cursor("kefu", "wk-test-support")
     first = customer()
@@ -68,7 +68,7 @@ def test_a_cursor_the_platform_refuses_is_dropped_and_the_pull_starts_again(kf: 
     person = customer()
     kf.write(person, "/help")
     answers = kf.wait_sent(person, 1, timeout=30)
-    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the account went silent"
+    assert [item["content"] for item in answers] == [texts.HELP_TEXT], "the account went silent"
     wait_for(lambda: kf.redis.get(cursor_key) not in (None, b"a-cursor-this-simulator-never-issued"), 10, "a cursor")
     time.sleep(1.0)
     assert kf.redis.xlen(Keys(kf.namespace).dead_letters) == dead_before, "the refused pull became a dead letter"
@@ -76,7 +76,7 @@ def test_a_cursor_the_platform_refuses_is_dropped_and_the_pull_starts_again(kf: 
 
 
 def test_a_message_the_platform_reports_undelivered_is_recorded_against_its_reply_and_dead_lettered(kf: Kf) -> None:
-    from gateway.keys import Keys
+    from gateway.state.keys import Keys
 
     keys = Keys(kf.namespace)
     person = customer()
@@ -110,7 +110,7 @@ def test_a_handoff_to_a_servicer_not_on_duty_goes_to_the_queue_and_the_customer_
 
 
 def test_a_piece_whose_answer_was_lost_is_resent_refused_and_the_rest_of_the_answer_still_goes(kf: Kf) -> None:
-    from gateway.keys import Keys
+    from gateway.state.keys import Keys
 
     person = customer()
     kf.write(person, "/help")
@@ -132,11 +132,11 @@ def test_a_kefu_callback_at_the_shared_apps_url_is_pulled_and_answered(kf: Kf) -
     token = kf.write(person, "/help", callback=False)
     assert kf.callback(token, to="staff").status_code == 200  # the app's one callback URL (`app: staff`)
     answers = kf.wait_sent(person, 1, timeout=30)
-    assert [item["content"] for item in answers] == [commands.HELP_TEXT], "the Kefu callback was dropped"
+    assert [item["content"] for item in answers] == [texts.HELP_TEXT], "the Kefu callback was dropped"
 
 
 def test_a_kefu_callback_for_an_account_not_served_is_acknowledged_at_the_apps_url_not_refused(kf: Kf) -> None:
-    from bots.simulator.wecom_kf import WeComKfCallbackSigner
+    from simulator.wecom_kf import WeComKfCallbackSigner
 
     signed = WeComKfCallbackSigner(kf.bot).kf_msg_or_event("some-token", "wk-another-account")
     answer = httpx.post(f"{kf.gateway_url}/callback/staff", params=signed.params, content=signed.body, timeout=10)

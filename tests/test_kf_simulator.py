@@ -29,13 +29,13 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from bots.base import CallbackRejected
-from bots.simulator import state_file, wecom_kf
-from bots.simulator.server import create_simulator_app
-from bots.simulator.state_file import StateFileError
-from bots.simulator.wecom_kf import WeComKfCallbackSigner
 from bots.wecom.crypto import WeComCrypto
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import cli
+from simulator import state_file, wecom_kf
+from simulator.server import create_simulator_app
+from simulator.state_file import StateFileError
+from simulator.wecom_kf import WeComKfCallbackSigner
 from tests.procs import BOTGW, ROOT, child_env, free_port
 
 CORP, SECRET = "wwkfcorp", "kf-secret"

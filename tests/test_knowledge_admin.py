@@ -1,4 +1,4 @@
-"""The knowledge bases over the admin API (gateway/kb_routes.py), against a real gateway process with the real
+"""The knowledge bases over the admin API (gateway/edge/kb_routes.py), against a real gateway process with the real
 embedded store and the real offline embedder: the token, add → list → search → remove, hostile names, bad
 uploads that change nothing, a store held by another process (503 with Retry-After, never a 500), and a second
 upload while one is added (429; that test holds the first inside a stub of the served embedder, not by timing)."""

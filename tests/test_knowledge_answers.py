@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.keys import Keys
+from gateway.state.keys import Keys
 from knowledge.config import DEFAULT_NO_ANSWER
 from tests import test_web
 from tests.conftest import ARTIFACTS, ENGINE_MODEL, Cluster, Stack, stack_config, start_stub_engine, stub_requests

@@ -16,11 +16,11 @@ import redis.asyncio as aioredis
 from bots.base import InboundMessage, ReplyTarget, RetryableSendError, SendError
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED
 from gateway.config import WorkerSettings
-from gateway.keys import Keys
-from gateway.limits import MovingWindowLimiter
-from gateway.presenters import CardPresenter, Delivery, PagePresenter
-from gateway.reply_record import ReplyRecords
-from gateway.streams import StreamStore
+from gateway.delivery.presenters import CardPresenter, Delivery, PagePresenter
+from gateway.state.keys import Keys
+from gateway.state.limits import MovingWindowLimiter
+from gateway.state.reply_record import ReplyRecords
+from gateway.state.streams import StreamStore
 
 
 class CardApi:
@@ -162,7 +162,7 @@ async def test_a_page_answer_that_failed_after_a_partial_answer_is_finished_not_
 
 def test_max_tokens_is_lowered_to_what_the_platform_can_show() -> None:
     from bots.wecom.aibot import WeComAIBotAdapter
-    from gateway.worker import MAX_BYTES_PER_TOKEN, answer_token_cap
+    from gateway.worker.loop import MAX_BYTES_PER_TOKEN, answer_token_cap
 
     cap = WeComAIBotAdapter.max_answer_bytes
     assert cap == 20480 + 20480

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from redis.cluster import key_slot
 
-from gateway.keys import Keys
+from gateway.state.keys import Keys
 from tests.conftest import Cluster, Stack, stub_requests
 from tests.procs import BOTGW, write_config
 from tests.redis_cluster import SentinelSetup

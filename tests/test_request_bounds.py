@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from bots.simulator.wecom_callback import SignedCallback
+from simulator.wecom_callback import SignedCallback
 from tests.conftest import Stack, stack_config
 from tests.procs import free_port, start_gateway, write_config
 
@@ -384,7 +384,7 @@ def test_d_no_schema_or_docs_route(gw: Stack) -> None:
 def test_e_a_head_dripped_byte_by_byte_is_cut_off_408(gw: Stack) -> None:
     """A client that sends its head slowly holds a connection and its buffer for ever on plain uvicorn (it times
     out idle connections, not a head under way): HEAD_TIMEOUT_S after the head's first byte it is answered 408."""
-    from gateway.http_bounds import HEAD_TIMEOUT_S
+    from gateway.edge.http_bounds import HEAD_TIMEOUT_S
 
     port = port_of(gw.gateway_url)
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -428,8 +428,8 @@ def _answer_within(sock: socket.socket, seconds: float, drip: bytes = b"") -> tu
 def test_e_a_silent_connection_a_blank_line_drip_and_a_dripped_body_are_cut_off(gw: Stack) -> None:
     """A connection that sends nothing, or only blank lines (no request ever begins), is answered 408 within
     HEAD_TIMEOUT_S; a body dripped under its Content-Length is answered 408 at the body's deadline."""
-    from gateway.http_bounds import HEAD_TIMEOUT_S
-    from gateway.routes import BODY_DEADLINE_S, BODY_MIN_BYTES_PER_S
+    from gateway.edge.http_bounds import HEAD_TIMEOUT_S
+    from gateway.edge.routes import BODY_DEADLINE_S, BODY_MIN_BYTES_PER_S
 
     port = port_of(gw.gateway_url)
     results: dict[str, tuple[bytes, float]] = {}

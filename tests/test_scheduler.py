@@ -10,10 +10,10 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from gateway.keys import Keys
-from gateway.reply_record import Fence, LeaseLost, ReplyRecords
-from gateway.scheduler import Lease, Scheduler, new_entry
-from gateway.streams import StreamStore
+from gateway.queue.scheduler import Lease, Scheduler, new_entry
+from gateway.state.keys import Keys
+from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.state.streams import StreamStore
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ def enqueue_notice(stack: Stack, user: str, text: str) -> None:
 
     from redis.asyncio import Redis
 
-    from gateway.keys import Keys
-    from gateway.push import enqueue_notice
-    from gateway.scheduler import Scheduler
+    from gateway.queue.push import enqueue_notice
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
 
     message = InboundMessage(
         platform="wecom", bot_id="app", msg_id=f"n-{user}-{time.time()}", conversation_id=user,

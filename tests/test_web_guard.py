@@ -149,7 +149,7 @@ def test_the_guard_with_either_config() -> None:
     `allow_unlisted`, a chain of proxies, and the headers Chainlit's app is left with."""
     from starlette.datastructures import Headers
 
-    from bots.web.guard import FACTS, PageGuard, header_user
+    from webchat.guard import FACTS, PageGuard, header_user
 
     seen: list[dict] = []
 
@@ -190,7 +190,7 @@ def test_the_guard_with_either_config() -> None:
 
 
 def test_a_header_without_trusted_proxies_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
-    from bots.web.serve import warn_about
+    from webchat.serve import warn_about
 
     bot = web_bot("w", "http://gw", [], trusted_header_secret=PROXY_SECRET)
     warn_about(WebBotConfig.model_validate(bot))
@@ -380,7 +380,7 @@ def test_an_answer_with_a_remote_image_fetches_nothing(pages: Pages, chromium: o
 
 def test_images_from_elsewhere_become_links() -> None:
     """The rewrite the answers and the sources box go through, including answers streamed in pieces."""
-    from bots.web.markdown import ImageLinks, images_as_links
+    from webchat.markdown import ImageLinks, images_as_links
 
     assert images_as_links("a ![x](https://evil/p.png?q=1) b") == "a [x](https://evil/p.png?q=1) b"
     assert images_as_links("![x](/public/logo.png) ![d](data:image/png;base64,AA)") == (
@@ -413,7 +413,7 @@ def test_the_page_refuses_an_oversized_request_head_unread(pages: Pages) -> None
 
 
 def test_a_userid_with_a_trailing_newline_is_refused() -> None:
-    from bots.web.sso import LoginRefused, checked_userid
+    from webchat.sso import LoginRefused, checked_userid
 
     assert checked_userid("wecom", "zhang.san") == "zhang.san"
     with pytest.raises(LoginRefused):
@@ -504,7 +504,7 @@ def test_the_socket_is_refused_to_other_origins(pages: Pages) -> None:
 
 
 def test_the_page_s_own_origins() -> None:
-    from bots.web.guard import own_origins
+    from webchat.guard import own_origins
 
     assert own_origins("http", "chat.example.com", None) == {("http", "chat.example.com", 80),
                                                              ("https", "chat.example.com", 443)}

@@ -1,5 +1,5 @@
-"""Sign-in on the web page through WeCom and DingTalk (bots/web/oauth.py), in Chromium, through the simulator's
-login pages (bots/simulator/web_login.py): each platform signs a member in; a forged state, a wrong code, a code
+"""Sign-in on the web page through WeCom and DingTalk (webchat/oauth.py), in Chromium, through the simulator's
+login pages (simulator/web_login.py): each platform signs a member in; a forged state, a wrong code, a code
 used before, a declined sign-in and someone outside the organisation are refused with a page that says why; and a
 person signed in through WeCom is that WeCom member, with the memory the WeCom app keeps for them.
 
@@ -258,9 +258,9 @@ def test_web_login_names_a_bot_of_the_right_kind() -> None:
     no secret), DingTalk sign-in needs the bot's corp_id; every problem is named, none of the secrets."""
     from bots.dingtalk.config import DingTalkBotConfig
     from bots.web.config import WebBotConfig
-    from bots.web.sso import web_login_problems
     from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
     from tests.conftest import random_aes_key
+    from webchat.sso import web_login_problems
 
     secret = secrets.token_urlsafe(24)
     app = WeComAppConfig(id="app", corp_id="wwcorp", agent_id=1000002, secret=secret, token="t0ken-x",

@@ -1,4 +1,4 @@
-"""The page is botgw's (bots/web/page.py, bots/web/serve.py): its name, a sign-in form that asks for a user name
+"""The page is botgw's (webchat/page.py, webchat/serve.py): its name, a sign-in form that asks for a user name
 (用户名 in Chinese), a Readme with the real chat commands and no links to Chainlit's community, nothing written into
 the cwd; and a password hash that cannot be checked (botgw.env.example's placeholder) refused at start with one line
 that names the key and says how to make one, never the hash."""
@@ -25,12 +25,13 @@ import pytest
 import yaml
 
 from bots.web.config import WebBotConfig, hash_password, hash_problem
-from bots.web.page import README, toml_string, write_app_root
-from bots.web.passwords import PasswordSignIn
-from gateway.commands import HELP_TEXT, parse_command
 from gateway.config import ConfigError, load_settings
+from gateway.pipeline.commands import parse_command
+from gateway.texts import HELP_TEXT
 from tests.browser import CHROMIUM, chromium_browser
 from tests.procs import BOTGW, ROOT, child_env, free_port, wait_http
+from webchat.page import README, toml_string, write_app_root
+from webchat.passwords import PasswordSignIn
 
 PASSWORD = "page-test-" + secrets.token_hex(8)
 TITLE = "团队助手 Team"
@@ -118,7 +119,7 @@ def test_botgw_web_refuses_the_placeholder_with_one_line(tmp_path: Path) -> None
     assert "REPLACE" not in stderr
     assert not (tmp_path / "root").exists(), "the page got as far as its files"
 
-    serve = subprocess.run([sys.executable, "-m", "bots.web.serve"], capture_output=True, text=True, timeout=60,
+    serve = subprocess.run([sys.executable, "-m", "webchat.serve"], capture_output=True, text=True, timeout=60,
                            cwd=tmp_path, env=child_env({"BOTGW_CONFIG": str(path)}))
     assert "users.0.password_hash" in one_line_error(serve) and "REPLACE" not in serve.stderr
 

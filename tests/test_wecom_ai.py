@@ -12,11 +12,11 @@ import time
 import httpx
 
 from bots.base import InboundMessage, ReplyTarget
-from bots.simulator.wecom_ai import StreamView, WeComAIBotUser
 from bots.text import utf8_len, utf8_prefix
 from bots.wecom.aibot import RESPONSE_URL_MARGIN_S, RESPONSE_URL_TTL_S, stream_id_for
 from bots.wecom.config import WeComAIBotConfig
-from gateway import commands
+from gateway import texts
+from simulator.wecom_ai import StreamView, WeComAIBotUser
 from tests.conftest import ENGINE_MODEL, ROBOT_BURST, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
 from tests.procs import Listener, Proc, free_port, metric, start_gateway, start_worker, wait_for, write_config
@@ -128,10 +128,10 @@ async def enqueue_ai_answer(
     """Queue a finished answer for an AI-bot message (as a command's answer is), to test delivery alone."""
     from redis.asyncio import Redis
 
-    from gateway.keys import Keys
-    from gateway.push import enqueue_notice
-    from gateway.scheduler import Scheduler
-    from gateway.streams import StreamStore
+    from gateway.queue.push import enqueue_notice
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+    from gateway.state.streams import StreamStore
 
     message = InboundMessage(
         platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(8), conversation_id=user, sender_id=user,
@@ -187,8 +187,8 @@ def test_answer_over_the_stream_limit_rest_through_response_url_once(stack: Stac
     # The stream shows the answer's first 20,480 bytes; the one post carries what follows, up to where its own
     # 20,480 bytes end with the note saying the answer was cut: joined, nothing skipped, nothing repeated.
     assert shown == utf8_prefix(answer, 20480)
-    room = 20480 - utf8_len(commands.ANSWER_CUT_TEXT)
-    assert posted == utf8_prefix(answer[len(shown) :], room) + commands.ANSWER_CUT_TEXT
+    room = 20480 - utf8_len(texts.ANSWER_CUT_TEXT)
+    assert posted == utf8_prefix(answer[len(shown) :], room) + texts.ANSWER_CUT_TEXT
     assert utf8_len(posted) <= 20480 and 20480 - utf8_len(posted) < 4, "the post is as full as it can be"
 
 
@@ -207,7 +207,7 @@ def test_more_than_three_unfinished_messages_get_a_busy_notice(stack: Stack) -> 
 
         replies = run(scenario())
         assert [r["stream"]["finish"] for r in replies] == [False, False, False, True]
-        assert replies[3]["stream"]["content"] == commands.TOO_MANY_STREAMS_TEXT
+        assert replies[3]["stream"]["content"] == texts.TOO_MANY_STREAMS_TEXT
     finally:
         gateway.stop()
 
@@ -290,8 +290,8 @@ def test_a_response_url_off_wecom_is_never_posted_to_and_the_cut_is_visible(stac
     try:
         view = run(scenario())
         assert view.finished and utf8_len(view.text) <= 20480
-        assert view.text.endswith(commands.ANSWER_CUT_TEXT), "the cut is said, not silent"
-        assert answer.startswith(view.text[: -len(commands.ANSWER_CUT_TEXT)])
+        assert view.text.endswith(texts.ANSWER_CUT_TEXT), "the cut is said, not silent"
+        assert answer.startswith(view.text[: -len(texts.ANSWER_CUT_TEXT)])
         time.sleep(0.5)
         assert listener.hits == []
     finally:
@@ -317,4 +317,4 @@ def test_an_expired_response_url_is_not_posted_to_and_the_cut_is_visible(stack: 
     assert view.finished and utf8_len(view.text) <= 20480
     time.sleep(1.0)
     assert token not in httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
-    assert view.text.endswith(commands.ANSWER_CUT_TEXT), "the answer ended silently at the stream's limit"
+    assert view.text.endswith(texts.ANSWER_CUT_TEXT), "the answer ended silently at the stream's limit"

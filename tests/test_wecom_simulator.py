@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
-from bots.simulator.wecom_api import WeComApiState, wecom_api_router
+from simulator.wecom_api import WeComApiState, wecom_api_router
 
 APP_A, APP_B = ("wwcorp", "secret-a"), ("wwcorp", "secret-b")
 

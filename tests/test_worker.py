@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from bots.dingtalk.config import DingTalkBotConfig
-from bots.simulator.dingtalk_user import DingTalkUser
-from bots.simulator.wecom_ai import WeComAIBotUser
 from bots.wecom.config import WeComAIBotConfig
+from simulator.dingtalk_user import DingTalkUser
+from simulator.wecom_ai import WeComAIBotUser
 from tests.conftest import Cluster, Stack
 from tests.procs import wait_for
 

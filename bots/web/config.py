@@ -228,7 +228,7 @@ class WebBotConfig(BaseModel):
 
     def user(self, name: str, password: str) -> WebUser | None:
         """The user, if the password is theirs. Slow (one scrypt, about 50 ms of CPU) and as slow for a name
-        that is not listed: run it off the event loop (bots/web/passwords.py)."""
+        that is not listed: run it off the event loop (webchat/passwords.py)."""
         hashes = [user.password_hash for user in self.users if user.password_hash and user.password is None]
         dummy = _dummy_hash(*_params(hashes[0])) if hashes else _dummy_hash()
         user = next((user for user in self.users if user.name == name), None)

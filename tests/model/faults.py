@@ -22,7 +22,8 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import conversations, limits, reply_record, scheduler, streams
+from gateway.queue import scheduler
+from gateway.state import conversations, limits, reply_record, streams
 
 Fault = Literal["before", "after", "kill", "midstream"]
 # Redis commands that are not side effects worth a fault of their own (connection set-up, script loading).

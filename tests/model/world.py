@@ -20,20 +20,20 @@ from redis.asyncio import Redis
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.registry import build_adapters
-from bots.simulator.dingtalk_user import DingTalkUser
-from bots.simulator.wecom_callback import WeComCallbackSigner
-from bots.simulator.wecom_kf import WeComKfCallbackSigner
 from bots.wecom.config import WeComAppConfig
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.models import handoff_for
 from engine.pool import EnginePool
 from gateway.config import Settings, load_settings
-from gateway.keys import Keys
-from gateway.push import enqueue_handoff
+from gateway.queue.push import enqueue_handoff
+from gateway.queue.scheduler import Scheduler
 from gateway.runtime import HTTP_TIMEOUT, Runtime
-from gateway.scheduler import Scheduler
-from gateway.tokens import RedisTokenStore
-from gateway.worker import Worker
+from gateway.state.keys import Keys
+from gateway.state.tokens import RedisTokenStore
+from gateway.worker.loop import Worker
+from simulator.dingtalk_user import DingTalkUser
+from simulator.wecom_callback import WeComCallbackSigner
+from simulator.wecom_kf import WeComKfCallbackSigner
 from tests.conftest import dingtalk_bot, random_aes_key, stack_config
 from tests.model.faults import (
     EngineTransport,

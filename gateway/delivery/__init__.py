@@ -1,0 +1,1 @@
+"""Delivery: how an answer reaches the user, one module per reply style."""

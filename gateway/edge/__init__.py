@@ -1,0 +1,1 @@
+"""The HTTP edge (the gateway process): platform callbacks in, verified, deduplicated and queued in milliseconds."""

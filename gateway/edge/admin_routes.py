@@ -1,0 +1,109 @@
+"""The operators' HTTP API: the same operations as the `botgw limits` commands, behind a bearer token (the
+knowledge bases' are in gateway/edge/kb_routes.py).
+
+Off (404) unless `admin.token` is configured; a wrong or missing token gets 401 and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from bots.base import CallbackRejected, SendError
+from bots.safe_json import parse_json_object
+from bots.wecom_kf.models import handoff_for
+from gateway.edge.routes import BodyTooLarge, read_body
+from gateway.queue.push import enqueue_handoff
+from gateway.state.identities import IdentityError, qualify, tenants_by_family
+from gateway.state.limits import Budgets
+
+router = APIRouter(prefix="/admin")
+
+
+def refused(request: Request) -> JSONResponse | None:
+    """None when the request carries the admin token; otherwise the answer (404 with no token configured, 401)."""
+    token = request.app.state.runtime.settings.admin.token
+    if token is None:
+        return JSONResponse({"error": "admin API disabled: set admin.token"}, status_code=404)
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+        return JSONResponse({"error": "missing or wrong admin token"}, status_code=401)
+    return None
+
+
+def _not_an_id(who: str) -> JSONResponse | None:
+    """An id is taken literally, and the reset SCANs with it: `*`, `?` or `[` would clear other users' budgets."""
+    if any(char in who for char in "*?[]\\"):
+        return JSONResponse({"error": "an id has no *, ?, [, ] or \\"}, status_code=400)
+    return None
+
+
+def _budgets(request: Request) -> Budgets:
+    runtime = request.app.state.runtime
+    return Budgets(runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits)
+
+
+def _identity(who: str, request: Request) -> str | JSONResponse:
+    """The qualified identity an operator named (`wecom:zhangsan` → `wecom:<corp>:zhangsan`), or a 400 with the
+    forms a bare id could mean."""
+    try:
+        return qualify(who, tenants_by_family(request.app.state.runtime.settings.bots))
+    except IdentityError as exc:
+        return JSONResponse({"error": "unqualified_identity", "message": str(exc)}, status_code=400)
+
+
+@router.get("/limits/{who}")
+async def show_limits(who: str, request: Request) -> JSONResponse:
+    """A user's or group's usage against its limits (as `botgw limits show`)."""
+    refusal = refused(request)
+    if refusal:
+        return refusal
+    identity = _identity(who, request)
+    return identity if isinstance(identity, JSONResponse) else JSONResponse(await _budgets(request).show(identity))
+
+
+@router.delete("/limits/{who}")
+async def reset_limits(who: str, request: Request) -> JSONResponse:
+    """Clear a user's or group's windows and budgets (as `botgw limits reset`)."""
+    refusal = refused(request) or _not_an_id(who)
+    if refusal:
+        return refusal
+    identity = _identity(who, request)
+    if isinstance(identity, JSONResponse):
+        return identity
+    return JSONResponse({"reset": identity, "cleared": await _budgets(request).reset(identity)})
+
+
+@router.post("/kf/{bot_id}/handoff")
+async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
+    """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}."""
+    refusal = refused(request)
+    if refusal:
+        return refusal
+    runtime = request.app.state.runtime
+    try:
+        body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")
+        bot = next((b for b in runtime.settings.bots if b.id == bot_id), None)
+        if bot is None:
+            return JSONResponse({"error": f"no bot {bot_id!r}"}, status_code=404)
+        message = handoff_for(bot, body.get("open_kfid"), body.get("customer") or "", body.get("servicer"))
+    except BodyTooLarge:
+        return JSONResponse({"error": "request body too large"}, status_code=413)
+    except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)
+        return JSONResponse({"error": exc.detail}, status_code=exc.status)
+    except ValueError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+    servicer = str(body.get("servicer") or "")
+    # Asked first, as `botgw kf handoff` does: a customer without a session cannot be handed to anyone, and
+    # queueing the move anyway only had the worker dead-letter it (95013) after this said "queued".
+    open_kfid, customer = message.reply_to.chat_id, message.sender_id
+    try:
+        if not await runtime.adapters[bot_id].api.has_session(open_kfid, customer):
+            return JSONResponse({"error": f"{customer} has no open session with {open_kfid} (ended, or never "
+                                          "started): nothing to hand off until they write again"}, status_code=409)
+    except SendError as exc:  # the platform refused or did not answer: its words (no token, no secret in them)
+        return JSONResponse({"error": f"cannot ask WeCom for the customer's session: {exc}"}, status_code=502)
+    place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
+    return JSONResponse({"queued": True, "place": place}, status_code=202)

@@ -1,0 +1,68 @@
+"""The fast path after an adapter accepted a callback: dedup and enqueue, in one Redis script.
+
+The engine is never called here, and neither is anything that could wait: the platform
+gets its acknowledgement in milliseconds. Dedup and enqueue are one atomic script, so a
+delivery is either queued and remembered, or neither; calls from concurrent callbacks
+share Redis round trips through the batcher. Limits are applied by the worker, before it
+calls the engine, which keeps this path to a single round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+from bots.base import InboundMessage
+from gateway import metrics
+from gateway.config import Settings
+from gateway.edge.batching import RedisBatcher
+from gateway.logs import request_id
+from gateway.queue.scheduler import Binding, Scheduler, new_entry
+from gateway.state.keys import Keys
+from gateway.state.memory import Scope
+
+Outcome = Literal["accepted", "duplicate", "replayed"]
+
+
+class Ingest:
+    """Admits a parsed message into its conversation's lane exactly once."""
+
+    def __init__(self, batcher: RedisBatcher, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:
+        self._batcher = batcher
+        self._keys = keys
+        self._scheduler = scheduler
+        self._settings = settings
+        self._dedup_ttl_s = settings.effective_dedup_ttl_s()
+
+    async def accept(self, message: InboundMessage, signature: str = "", kind: str = "chat") -> Outcome:
+        """Queue the message unless this delivery was seen before (a platform retry). `kind` says what the
+        worker does with it: answer it ("chat"), or pull a channel's log ("pull", the message names it).
+
+        `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
+        it is bound to the first message it came with, and a reuse with another message is "replayed".
+        """
+        scope = Scope.of(message, self._settings.memory.group)
+        entry = new_entry(scope.owner, kind, message.model_dump_json(), rid=request_id.get())
+        dedup_key = self._keys.dedup(message.dedup_key)
+        weight = self._settings.worker.weight(message.bot_id)
+        binding = None
+        if signature:
+            key = self._keys.signature_binding(message.bot_id, signature)
+            binding = Binding(key, message.msg_id, self._dedup_ttl_s)
+
+        def enqueue(pipe: Pipeline) -> None:
+            self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup_key, self._dedup_ttl_s, weight, binding)
+
+        try:
+            queued = await self._batcher.submit(enqueue)
+        except NoScriptError:  # Redis restarted and lost its scripts
+            await self._scheduler.load_scripts()
+            queued = await self._batcher.submit(enqueue)
+        if queued == -1:
+            return "replayed"
+        if not queued:
+            metrics.DEDUP_HITS.labels(message.platform).inc()
+            return "duplicate"
+        return "accepted"

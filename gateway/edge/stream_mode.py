@@ -1,0 +1,50 @@
+"""`botgw dingtalk-stream`: hold the Stream connection of every stream-mode DingTalk bot.
+
+Messages go into the same ingest path as HTTP callbacks (dedup by msgId, then the queue),
+so several replicas of this process may run at once: DingTalk pushes each robot message
+once, to one of them (a repeated EVENT push would still be recognised as a duplicate).
+A frame is acknowledged only after its message is queued; on SIGTERM the connection stops
+reading and the frames in hand are queued and acknowledged (up to 5 s) before it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bots.base import InboundMessage
+from bots.dingtalk.config import DingTalkBotConfig
+from bots.dingtalk.stream import DingTalkStreamConnection
+from gateway import metrics
+from gateway.config import ConfigError, Settings
+from gateway.edge.batching import RedisBatcher
+from gateway.edge.ingest import Ingest
+from gateway.runtime import open_runtime
+
+log = logging.getLogger(__name__)
+
+
+async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
+    bots = [bot for bot in settings.bots if isinstance(bot, DingTalkBotConfig) and bot.mode == "stream"]
+    if not bots:
+        raise ConfigError("no DingTalk bot with mode: stream in the configuration")
+    async with open_runtime(settings) as runtime:
+        await runtime.scheduler.load_scripts()
+        batcher = RedisBatcher(runtime.redis)
+        batcher.start()
+        ingest = Ingest(batcher, runtime.keys, runtime.scheduler, settings)
+
+        async def sink(message: InboundMessage) -> None:
+            outcome = await ingest.accept(message)
+            metrics.CALLBACKS.labels(message.platform, outcome).inc()
+            log.info("dingtalk stream message", extra={"outcome": outcome, "bot_id": message.bot_id})
+
+        connections = [DingTalkStreamConnection(bot, runtime.http, sink) for bot in bots]
+        for connection in connections:  # read at every scrape: an alert can tell a lost link from a dead process
+            metrics.STREAM_CONNECTED.labels(connection.config.id).set_function(
+                lambda connection=connection: 1.0 if connection.connected else 0.0
+            )
+        try:
+            await asyncio.gather(*(connection.run(stop) for connection in connections))
+        finally:
+            await batcher.aclose()

@@ -1,0 +1,1 @@
+"""The durable work queue in Redis: entries, lanes, leases, dead letters."""

@@ -1,0 +1,98 @@
+"""Dead letters: messages that could not be answered, kept with why, for an operator to look at and replay.
+
+A replay puts the message back into its conversation's lane with its original dedup key, so
+its reply record decides what happens: an answer that was delivered after all is not sent
+again; a failed one is composed afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from bots.base import InboundMessage
+from gateway.config import Settings
+from gateway.queue.scheduler import Scheduler, new_entry
+from gateway.state.keys import Keys
+from gateway.state.memory import Scope
+from gateway.state.redis_text import as_text
+from gateway.state.reply_record import ReplyState
+
+PREVIEW_CHARS = 40
+
+
+class NoSuchDeadLetter(LookupError):
+    """The id names no dead letter (replayed or purged already, or mistyped)."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    letter_id: str
+    reason: str
+    entry: dict
+
+    @property
+    def message(self) -> InboundMessage:
+        return InboundMessage.model_validate(self.entry["msg"])
+
+    def summary(self) -> dict:
+        message = self.message
+        text = message.text if len(message.text) <= PREVIEW_CHARS else message.text[:PREVIEW_CHARS] + "…"
+        return {
+            "id": self.letter_id,
+            "at": int(self.letter_id.split("-")[0]) / 1000,
+            "bot": message.bot_id,
+            "user": message.sender_id,
+            "person": message.person,  # qualified, as `botgw limits show` takes it
+            "text": text,
+            "reason": self.reason,
+        }
+
+
+class DeadLetters:
+    def __init__(self, redis: Redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._scheduler = scheduler
+        self._settings = settings
+
+    @staticmethod
+    def _letter(letter_id: bytes | str, fields: dict) -> DeadLetter:
+        body = json.loads(as_text(fields[b"entry"]))
+        return DeadLetter(as_text(letter_id), str(body.get("reason", "")), body["entry"])
+
+    async def list(self, count: int = 100) -> list[DeadLetter]:
+        """The newest first."""
+        items = await self._redis.xrevrange(self._keys.dead_letters, count=count)
+        return [self._letter(letter_id, fields) for letter_id, fields in items]
+
+    async def get(self, letter_id: str) -> DeadLetter:
+        items = await self._redis.xrange(self._keys.dead_letters, min=letter_id, max=letter_id)
+        if not items:
+            raise NoSuchDeadLetter(letter_id)
+        return self._letter(*items[0])
+
+    async def replay(self, letter_id: str) -> str:
+        """Queue the message again (same dedup key), drop the dead letter; what the reply record says it needs."""
+        letter = await self.get(letter_id)
+        message = letter.message
+        record_key = self._keys.reply(message.dedup_key)
+        state = ReplyState.from_hash(await self._redis.hgetall(record_key))
+        if state.state == "failed":
+            await self._redis.delete(record_key)  # composed afresh; a delivered answer ("done") is kept
+        scope = Scope.of(message, self._settings.memory.group)
+        extra = {key: str(letter.entry[key]) for key in ("notice", "rid") if key in letter.entry}
+        entry = new_entry(scope.owner, str(letter.entry.get("kind", "chat")), json.dumps(letter.entry["msg"]), **extra)
+        await self._scheduler.enqueue(scope.lane, entry, self._settings.worker.weight(message.bot_id))
+        await self._redis.xdel(self._keys.dead_letters, letter_id)
+        return "already delivered: will not be sent again" if state.state == "done" else "queued"
+
+    async def purge(self, letter_ids: list[str]) -> int:
+        """Drop these dead letters (all of them when the list is empty)."""
+        if letter_ids:
+            return int(await self._redis.xdel(self._keys.dead_letters, *letter_ids))
+        count = int(await self._redis.xlen(self._keys.dead_letters))
+        await self._redis.delete(self._keys.dead_letters)
+        return count

@@ -1,0 +1,417 @@
+"""The durable work queue: per-conversation lanes, a fair ready set, and leases.
+
+Every message is appended to its lane (a Redis list, one per unit of memory: a user's
+session, or a whole group with `memory.group: shared`). A lane that holds work is in
+exactly one place at a time, and every move between them is one Lua script:
+
+    ready (a sorted set by virtual time) → leased (owner + epoch) → ready again / idle
+                                         ↘ deferred (its user is at max_concurrent_per_user)
+                                         ↘ delayed (paced, or backing off after a failure)
+
+So a worker only ever takes work that can run now: one conversation's messages are
+answered in order because only the lane's head can be leased, never because a worker
+waits for a turn. A lane that has been served goes to the back of the round (its next
+score is the virtual clock plus 1/weight), so a user with 30 queued messages gets one
+turn per round while others get theirs.
+
+Leases: a taken lane carries (owner, epoch); every side effect of the worker checks the
+epoch inside Redis, so a worker that stalled past `claim_idle_ms` and lost its lease can
+do nothing more. Expired leases are swept by any live worker and the lane is handed on,
+with a new epoch. Workers block on a wake-up list instead of polling.
+
+Epochs come from one namespace-wide counter and are never reused, so the fences may compare for
+equality and no lane needs a key of its own once it is idle: a lane that holds no work leaves no
+key behind, however many conversations the namespace has seen.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from gateway.state.keys import Keys
+from gateway.state.redis_text import as_text
+
+# Shared Lua: the current time in ms (Redis's clock, the same for every worker), and
+# putting a lane back into the ready set with a wake-up for one blocked worker.
+_COMMON = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function make_ready(ns, lane, bump)
+  -- Equal turns are served first come, first served: a small arrival tie-break is added. The clock is
+  -- reset whenever the ready set runs empty, so scores stay small and the tie-break stays exact.
+  local v = tonumber(redis.call('GET', ns .. ':sched:vclock') or '0')
+  local arrival = redis.call('INCR', ns .. ':sched:arrivals') % 1000000
+  redis.call('ZADD', ns .. ':sched:ready', v + bump + arrival * 1e-9, lane)
+  redis.call('LPUSH', ns .. ':sched:wake', '1')
+  redis.call('LTRIM', ns .. ':sched:wake', 0, 63)
+end
+local function next_epoch(ns, lane)
+  -- Above the last epoch handed out and at least the time in ms: never reused, even if the counter is lost, and
+  -- above the per-lane counters (from 1) of earlier releases, whose keys then expire instead of staying for ever.
+  local counter = ns .. ':sched:epoch'
+  local epoch = string.format('%d', math.max(tonumber(redis.call('GET', counter) or '0') + 1, now_ms()))
+  redis.call('SET', counter, epoch)
+  redis.call('EXPIRE', counter .. ':' .. lane, 86400)
+  return epoch
+end
+local function head_time(lane_key)
+  local head = redis.call('LINDEX', lane_key, 0)
+  if not head then return nil end
+  return cjson.decode(head)['t']
+end
+local function resume_deferred(ns, user)
+  local waiting = redis.call('LPOP', ns .. ':sched:deferred:' .. user)
+  if waiting then make_ready(ns, waiting, 0) end
+end
+local function end_lease(ns, lane)
+  local user = redis.call('HGET', ns .. ':sched:lease:' .. lane, 'u')
+  redis.call('DEL', ns .. ':sched:lease:' .. lane)
+  redis.call('ZREM', ns .. ':sched:leases', lane)
+  if user then
+    redis.call('SREM', ns .. ':sched:active:' .. user, lane)
+    resume_deferred(ns, user)
+  end
+end
+"""
+
+# KEYS: dedup key (or any key of the slot when ARGV[2] == '0'), then the signature binding key if there is one.
+# ARGV: core prefix, dedup ttl, lane, entry json, weight, message id, binding ttl.
+# Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
+# 0 for a duplicate delivery, else the lane's length after the append.
+_ENQUEUE = (
+    _COMMON
+    + """
+local ns, lane = ARGV[1], ARGV[3]
+if KEYS[2] then
+  local bound = redis.call('GET', KEYS[2])
+  if bound and bound ~= ARGV[6] then return -1 end
+  if not bound then redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7]) end
+end
+if ARGV[2] ~= '0' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
+local lane_key = ns .. ':sched:lane:' .. lane
+local n = redis.call('RPUSH', lane_key, ARGV[4])
+redis.call('HINCRBY', ns .. ':sched:stats', 'enqueued', 1)
+if n == 1 then
+  redis.call('ZADD', ns .. ':sched:lanes', cjson.decode(ARGV[4])['t'], lane)
+  make_ready(ns, lane, 1 / tonumber(ARGV[5]))
+end
+return n
+"""
+)
+
+# KEYS: the ready set (so that a cluster routes the script to the queue's slot).
+# ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
+# Returns {lane, epoch, head entry} or false when nothing can run now.
+_TAKE = (
+    _COMMON
+    + """
+local ns, owner, lease_ms, cap = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+for _ = 1, 16 do
+  local popped = redis.call('ZPOPMIN', ns .. ':sched:ready')
+  if #popped == 0 then
+    redis.call('DEL', ns .. ':sched:wake', ns .. ':sched:vclock', ns .. ':sched:arrivals')
+    return false
+  end
+  local lane = popped[1]
+  redis.call('SET', ns .. ':sched:vclock', popped[2])
+  local head = redis.call('LINDEX', ns .. ':sched:lane:' .. lane, 0)
+  if head then
+    local user = cjson.decode(head)['u']
+    local active = ns .. ':sched:active:' .. user
+    if cap > 0 and redis.call('SCARD', active) >= cap then
+      redis.call('RPUSH', ns .. ':sched:deferred:' .. user, lane)
+    else
+      local epoch = next_epoch(ns, lane)
+      redis.call('HSET', ns .. ':sched:lease:' .. lane, 'owner', owner, 'epoch', epoch, 'u', user)
+      redis.call('ZADD', ns .. ':sched:leases', now_ms() + lease_ms, lane)
+      redis.call('SADD', active, lane)
+      return {lane, epoch, head}
+    end
+  end
+end
+return false
+"""
+)
+
+# KEYS: the ready set.
+# ARGV: core prefix, lane, epoch, entry id, outcome ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
+# Returns 1, or 0 when the lease is no longer held at this epoch (nothing is changed then).
+_RELEASE = (
+    _COMMON
+    + """
+local ns, lane = ARGV[1], ARGV[2]
+local lease_key = ns .. ':sched:lease:' .. lane
+if redis.call('HGET', lease_key, 'epoch') ~= ARGV[3] then return 0 end
+local lane_key = ns .. ':sched:lane:' .. lane
+if ARGV[5] == 'done' then
+  local head = redis.call('LINDEX', lane_key, 0)
+  if head and cjson.decode(head)['id'] == ARGV[4] then
+    redis.call('LPOP', lane_key)
+    redis.call('HINCRBY', ns .. ':sched:stats', 'handled', 1)
+  end
+  if ARGV[8] ~= '' then
+    redis.call('XADD', ns .. ':dead', 'MAXLEN', '~', '10000', '*', 'entry', ARGV[8])
+  end
+end
+end_lease(ns, lane)
+local t = head_time(lane_key)
+if t then
+  redis.call('ZADD', ns .. ':sched:lanes', t, lane)
+  local delay = tonumber(ARGV[6])
+  if delay > 0 then
+    redis.call('ZADD', ns .. ':sched:delayed', now_ms() + delay, lane)
+  else
+    make_ready(ns, lane, 1 / tonumber(ARGV[7]))
+  end
+else
+  redis.call('ZREM', ns .. ':sched:lanes', lane)
+end
+return 1
+"""
+)
+
+# KEYS: the ready set. ARGV: core prefix, lease ms, then lane, epoch pairs.
+# Returns the lanes whose lease is no longer held.
+_RENEW = (
+    _COMMON
+    + """
+local ns, lease_ms = ARGV[1], tonumber(ARGV[2])
+local lost = {}
+local deadline = now_ms() + lease_ms
+for i = 3, #ARGV, 2 do
+  local lane = ARGV[i]
+  if redis.call('HGET', ns .. ':sched:lease:' .. lane, 'epoch') == ARGV[i + 1] then
+    redis.call('ZADD', ns .. ':sched:leases', 'XX', deadline, lane)
+  else
+    lost[#lost + 1] = lane
+  end
+end
+return lost
+"""
+)
+
+# KEYS: the ready set. ARGV: core prefix.
+# Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
+# owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
+# Returns {expired lanes..., '|', ms until the next lease or delay falls due (-1 = none)}.
+_SWEEP = (
+    _COMMON
+    + """
+local ns = ARGV[1]
+local now = now_ms()
+local expired = redis.call('ZRANGEBYSCORE', ns .. ':sched:leases', '-inf', now, 'LIMIT', 0, 64)
+for _, lane in ipairs(expired) do
+  end_lease(ns, lane)
+  redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
+  if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
+end
+local due = redis.call('ZRANGEBYSCORE', ns .. ':sched:delayed', '-inf', now, 'LIMIT', 0, 256)
+for _, lane in ipairs(due) do
+  redis.call('ZREM', ns .. ':sched:delayed', lane)
+  make_ready(ns, lane, 0)
+end
+local next_due = -1
+for _, key in ipairs({ns .. ':sched:leases', ns .. ':sched:delayed'}) do
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    local wait = math.max(0, tonumber(first[2]) - now)
+    if next_due < 0 or wait < next_due then next_due = wait end
+  end
+end
+expired[#expired + 1] = '|'
+expired[#expired + 1] = tostring(next_due)
+return expired
+"""
+)
+
+
+# KEYS: the ready set.
+# ARGV: core prefix, lane, epoch, merged head entry json, then the ids of the head and of the entries after it
+# that it absorbs, in lane order. Returns 1, or 0 when the lease is not held at this epoch or the lane
+# no longer starts with those entries (nothing is changed then).
+_ABSORB = """
+local ns, lane = ARGV[1], ARGV[2]
+if redis.call('HGET', ns .. ':sched:lease:' .. lane, 'epoch') ~= ARGV[3] then return 0 end
+local lane_key = ns .. ':sched:lane:' .. lane
+local count = #ARGV - 4
+local present = redis.call('LRANGE', lane_key, 0, count - 1)
+if #present ~= count then return 0 end
+for i = 1, count do
+  if cjson.decode(present[i])['id'] ~= ARGV[4 + i] then return 0 end
+end
+redis.call('LTRIM', lane_key, count, -1)
+redis.call('LPUSH', lane_key, ARGV[4])
+redis.call('HINCRBY', ns .. ':sched:stats', 'handled', count - 1)
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A signature that may carry only one message: the first message id seen with it, kept `ttl_s`."""
+
+    key: str
+    message_id: str
+    ttl_s: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lane held by this worker: its head entry may be worked on while `epoch` is current."""
+
+    lane: str
+    epoch: str
+    entry: dict
+
+    @property
+    def entry_id(self) -> str:
+        return str(self.entry["id"])
+
+
+Outcome = Literal["done", "retry"]
+
+
+def new_entry(owner: str, kind: str, message_json: str, **extra: str) -> str:
+    """One queue entry as JSON: id, enqueue time, the fairness owner, kind, and the message itself."""
+    head = {"id": f"{time.time_ns():x}-{secrets.token_hex(4)}", "t": int(time.time() * 1000), "u": owner}
+    head.update(kind=kind, **extra)
+    return json.dumps(head, ensure_ascii=False)[:-1] + ',"msg":' + message_json + "}"
+
+
+class Scheduler:
+    """Enqueue on the gateway side; take, renew, release and sweep on the worker side."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ns = keys.core  # the scripts build every name from the hash-tagged prefix (one cluster slot)
+        self._routing = [keys.scheduler_ready]
+        self._scripts = {
+            name: redis.register_script(source)
+            for name, source in {
+                "enqueue": _ENQUEUE,
+                "take": _TAKE,
+                "release": _RELEASE,
+                "renew": _RENEW,
+                "sweep": _SWEEP,
+                "absorb": _ABSORB,
+            }.items()
+        }
+
+    async def load_scripts(self) -> None:
+        """Load the enqueue script, so that pipelines can call it by its SHA (evalsha does not load)."""
+        await self._redis.script_load(_ENQUEUE)
+
+    # -- gateway side ------------------------------------------------------------------------
+
+    def _enqueue_args(
+        self, lane: str, entry: str, dedup_key: str, dedup_ttl_s: int, weight: float, binding: Binding | None = None
+    ) -> list:
+        keys = [dedup_key or self._keys.scheduler_stats, *([binding.key] if binding else [])]
+        argv = [self._ns, dedup_ttl_s if dedup_key else 0, lane, entry, weight]
+        argv += [binding.message_id, binding.ttl_s] if binding else ["", 0]
+        return [len(keys), *keys, *argv]
+
+    def queue_enqueue(
+        self,
+        pipe: Pipeline,
+        lane: str,
+        entry: str,
+        dedup_key: str = "",
+        dedup_ttl_s: int = 0,
+        weight: float = 1.0,
+        binding: Binding | None = None,
+    ) -> None:
+        """Add the enqueue script to `pipe`: signature binding, dedup (SET NX) and append to the lane, atomically.
+
+        The pipeline's result is -1 for a replayed signature, 0 for a duplicate delivery, else the lane's length.
+        """
+        args = self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight, binding)
+        pipe.execute_command("EVALSHA", self._scripts["enqueue"].sha, *args)  # a cluster pipeline blocks .evalsha()
+
+    async def enqueue(self, lane: str, entry: str, weight: float = 1.0) -> int:
+        """Append an entry to its lane (no dedup); returns the lane's length."""
+        args = self._enqueue_args(lane, entry, "", 0, weight)
+        return int(await self._scripts["enqueue"](keys=args[1 : 1 + args[0]], args=args[1 + args[0] :]))
+
+    # -- worker side -------------------------------------------------------------------------
+
+    async def take(self, owner: str, lease_ms: int, max_per_user: int) -> Lease | None:
+        """Lease the next ready lane's head (fair across users), or None when nothing can run now."""
+        result = await self._scripts["take"](keys=self._routing, args=[self._ns, owner, lease_ms, max_per_user])
+        if not result:
+            return None
+        lane, epoch, head = (as_text(item) for item in result)
+        return Lease(lane, epoch, json.loads(head))
+
+    async def wait_for_work(self, timeout_s: float) -> None:
+        """Block until a lane becomes ready somewhere (or the timeout passes): no polling."""
+        await self._redis.blpop([self._keys.scheduler_wake], timeout=max(0.01, timeout_s))
+
+    async def release(
+        self,
+        lease: Lease,
+        outcome: Outcome,
+        *,
+        delay_s: float = 0.0,
+        weight: float = 1.0,
+        dead_letter: dict | None = None,
+    ) -> bool:
+        """End the lease: 'done' drops the entry (optionally into the dead letters), 'retry' keeps it at the
+        head, to run again after `delay_s`. False when the lease was lost meanwhile (nothing changed)."""
+        dead = json.dumps({**dead_letter, "entry": lease.entry}, ensure_ascii=False) if dead_letter else ""
+        args = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome, int(delay_s * 1000), weight, dead]
+        return bool(await self._scripts["release"](keys=self._routing, args=args))
+
+    async def following(self, lease: Lease, count: int) -> list[dict]:
+        """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge)."""
+        raw = await self._redis.lrange(self._keys.lane(lease.lane), 1, count)
+        return [json.loads(item) for item in raw]
+
+    async def absorb(self, lease: Lease, merged: dict, absorbed: list[dict]) -> bool:
+        """Replace the head and the `absorbed` entries behind it by one `merged` entry (the head's id), in one
+        script, so that a worker dying after it leaves the merged message queued, not the parts lost."""
+        ids = [lease.entry_id, *(str(entry["id"]) for entry in absorbed)]
+        args = [self._ns, lease.lane, lease.epoch, json.dumps(merged, ensure_ascii=False), *ids]
+        return bool(await self._scripts["absorb"](keys=self._routing, args=args))
+
+    async def renew(self, leases: list[Lease], lease_ms: int) -> set[str]:
+        """Extend every lease still held; returns the lanes whose lease was lost."""
+        if not leases:
+            return set()
+        args: list[str | int] = [self._ns, lease_ms]
+        for lease in leases:
+            args += [lease.lane, lease.epoch]
+        return {as_text(lane) for lane in await self._scripts["renew"](keys=self._routing, args=args)}
+
+    async def sweep(self) -> tuple[list[str], float]:
+        """Hand on expired leases and wake delayed lanes that are due; (expired lanes, seconds to next due)."""
+        result = [as_text(item) for item in await self._scripts["sweep"](keys=self._routing, args=[self._ns])]
+        next_ms = int(result[-1])
+        return result[:-2], (next_ms / 1000 if next_ms >= 0 else -1.0)
+
+    # -- operators ---------------------------------------------------------------------------
+
+    async def stats(self) -> tuple[int, float]:
+        """(entries waiting or in progress, age in seconds of the oldest one)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hmget(self._keys.scheduler_stats, "enqueued", "handled")
+        pipe.zrange(self._keys.scheduler_lanes, 0, 0, withscores=True)
+        (enqueued, handled), oldest = await pipe.execute()
+        depth = int(enqueued or 0) - int(handled or 0)
+        age = max(0.0, time.time() - oldest[0][1] / 1000) if oldest else 0.0
+        return max(0, depth), age
+
+    async def counters(self) -> dict[str, int]:
+        """enqueued, handled and takeovers since the namespace was created."""
+        raw = await self._redis.hgetall(self._keys.scheduler_stats)
+        return {as_text(k): int(v) for k, v in raw.items()}

@@ -1,0 +1,1 @@
+"""What botgw keeps in Redis besides the queue: keys, reply records, memory, limits, conversations, tokens."""

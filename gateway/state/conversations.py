@@ -1,0 +1,191 @@
+"""Conversations on platforms with human agents (微信客服): who holds one, the reply quota, handoff.
+
+The holder is cached in Redis per conversation (every worker sees one answer) and refreshed from the
+platform when the cache is empty; events and our own moves update it. The quota counts messages sent
+since the person last wrote; it is renewed when the pull finds a new message of theirs, and one slot is
+always left for the handoff notice.
+
+Every write here is fenced by the writing worker's lease (a stale worker changes nothing), and each
+once-only step of a handoff is marked in the reply record after it happened: a retry after a failure
+repeats only what did not happen yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from redis.asyncio import Redis
+
+from bots.base import InboundMessage, Owner, ReplyQuota
+from gateway import metrics
+from gateway.state.keys import Keys
+from gateway.state.memory import GroupMemory, Scope
+from gateway.state.redis_text import as_text
+from gateway.state.reply_record import FENCE_LUA, Fence, FencedValues, LeaseLost, ReplyRecord, fence_args
+
+log = logging.getLogger(__name__)
+OWNER_CACHE_S = 600  # a holder learnt from the platform is asked again after this; events update it sooner
+
+_FENCED = FENCE_LUA + "\nif fenced() then return -1 end\n"
+
+# KEYS: lease (the record when unfenced), quota hash {used, since}, reply record. ARGV: epoch ('' = unfenced),
+# limit, slots kept back, record ttl, no window is fine ('1': a welcome before the person wrote), then
+# field/value pairs to mark in the record with the slot. Returns 1 when a slot was taken (and the marks written,
+# in the same step: a crash can neither send without a slot counted nor count a slot for a send that is not
+# recorded as begun), 2 when there is no window and that is fine (marks written), 0 when none is left (or the
+# window since the person last wrote has passed: the hash is gone), -1 when the lease is lost.
+_TAKE_SLOT = (
+    _FENCED
+    + """
+local function mark()
+  if #ARGV > 5 then
+    for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
+  end
+end
+local used = redis.call('HGET', KEYS[2], 'used')
+if not used then
+  if ARGV[5] == '1' then mark() return 2 end
+  return 0
+end
+if tonumber(used) + 1 > tonumber(ARGV[2]) - tonumber(ARGV[3]) then return 0 end
+redis.call('HINCRBY', KEYS[2], 'used', 1)
+mark()
+return 1
+"""
+)
+
+# KEYS: lease (the quota hash when unfenced), quota hash. ARGV: epoch, when the person wrote, the window (s),
+# now. A message newer than the last one that renewed the allowance starts it again; handling the same message
+# twice (a takeover) does not.
+_RENEW = (
+    _FENCED
+    + """
+local since = tonumber(redis.call('HGET', KEYS[2], 'since') or '-1')
+if tonumber(ARGV[2]) <= since then return 0 end
+local left = math.floor(tonumber(ARGV[2]) + tonumber(ARGV[3]) - tonumber(ARGV[4]))
+if left <= 0 then return 0 end
+redis.call('HSET', KEYS[2], 'used', 0, 'since', ARGV[2])
+redis.call('EXPIRE', KEYS[2], left)
+return 1
+"""
+)
+
+# KEYS: quota hash. ARGV: slots to give back (negative: take), the limit. Bounded to [0, limit]; 0 if the hash
+# is gone (the window passed).
+_ADJUST = """
+local used = redis.call('HGET', KEYS[1], 'used')
+if not used then return 0 end
+local now = math.max(0, math.min(tonumber(ARGV[2]), tonumber(used) - tonumber(ARGV[1])))
+redis.call('HSET', KEYS[1], 'used', now)
+return 1
+"""
+
+
+class Conversations:
+    """The holder cache, the reply quota and the handoff, for adapters that have `sessions`."""
+
+    def __init__(self, redis: Redis, keys: Keys, group: GroupMemory) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._group = group
+        self._values = FencedValues(redis)
+        self._take_slot = redis.register_script(_TAKE_SLOT)
+        self._renew = redis.register_script(_RENEW)
+        self._adjust = redis.register_script(_ADJUST)
+
+    def _lane(self, message: InboundMessage) -> str:
+        return Scope.of(message, self._group).lane
+
+    async def owner(self, adapter, message: InboundMessage, fence: Fence | None = None) -> Owner:  # type: ignore[no-untyped-def]
+        """Who holds the conversation: the cache, else the platform (then cached)."""
+        key = self._keys.conversation_owner(self._lane(message))
+        cached = await self._redis.get(key)
+        if cached is not None:
+            return as_text(cached)  # type: ignore[return-value]
+        owner = await adapter.sessions.owner(message.reply_to)
+        await self.set_owner(message, owner, fence)
+        return owner
+
+    async def set_owner(self, message: InboundMessage, owner: Owner, fence: Fence | None = None) -> None:
+        await self._values.set(fence, self._keys.conversation_owner(self._lane(message)), owner, OWNER_CACHE_S)
+
+    async def take(self, adapter, message: InboundMessage, fence: Fence | None = None) -> None:  # type: ignore[no-untyped-def]
+        """The bot takes a conversation nobody holds, before answering it."""
+        await adapter.sessions.take(message.reply_to)
+        await self.set_owner(message, "bot", fence)
+
+    async def renew_quota(self, message: InboundMessage, quota: ReplyQuota, fence: Fence | None = None) -> None:
+        """The person wrote (at `message.received_at`): their allowance starts again, for the platform's window."""
+        key = self._keys.reply_quota(self._lane(message))
+        lease_key, epoch = fence_args(fence, key)
+        args = [epoch, f"{message.received_at:.3f}", quota.window_s, f"{time.time():.3f}"]
+        if int(await self._renew(keys=[lease_key, key], args=args)) < 0:
+            raise LeaseLost(key)
+
+    async def quota_left(self, message: InboundMessage, quota: ReplyQuota) -> int:
+        """Answer messages that may still be sent (the handoff's slot not counted)."""
+        used = await self._redis.hget(self._keys.reply_quota(self._lane(message)), "used")
+        return 0 if used is None else max(0, quota.limit - quota.reserve - int(used))
+
+    async def take_slot(
+        self,
+        message: InboundMessage,
+        quota: ReplyQuota,
+        record: ReplyRecord,
+        marks: dict[str, str | int],
+        *,
+        for_handoff: bool = False,
+        outside_window_ok: bool = False,
+    ) -> bool:
+        """Count one message against the quota and mark `marks` in the reply record, together and under the
+        record's lease; False when it may not be sent. `outside_window_ok`: a message bound to an event code
+        (a welcome) may go when the person has not written yet; it is counted when they have."""
+        keep = 0 if for_handoff else quota.reserve
+        key = self._keys.reply_quota(self._lane(message))
+        lease_key, epoch = fence_args(record.fence, record.key)
+        argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else ""]
+        for name, value in marks.items():
+            argv += [name, value]
+        taken = int(await self._take_slot(keys=[lease_key, key, record.key], args=argv))
+        if taken < 0:
+            raise LeaseLost(record.key)
+        return bool(taken)
+
+    async def give_back(self, message: InboundMessage, quota: ReplyQuota, slots: int) -> None:
+        """The platform says messages we counted did not count (or counted more: `slots` < 0)."""
+        await self._adjust(keys=[self._keys.reply_quota(self._lane(message))], args=[slots, quota.limit])
+
+    async def hand_off(self, adapter, message: InboundMessage, record: ReplyRecord, servicer: str | None = None) -> str:  # type: ignore[no-untyped-def]
+        """Give the conversation to a human, then send the notice with the code the move returned (in the slot
+        kept for it). Returns the code ('' when the platform gave none: no notice can be sent then).
+
+        Resumable: the move is marked (with its code) after it happened, the notice after it was sent, so a
+        retry after a failure anywhere repeats only the step that did not happen."""
+        sessions = adapter.sessions
+        state = await record.load()
+        if state.handoff_code:
+            code = "" if state.handoff_code == "-" else state.handoff_code
+        else:
+            code = await sessions.hand_off(message.reply_to, servicer)
+            await record.mark(handoff_code=code or "-")
+            metrics.HANDOFFS.labels(message.platform, "agent" if servicer else "pool").inc()
+            log.info("conversation handed to a human", extra={"bot_id": message.bot_id, "to": servicer or "pool"})
+        await self.set_owner(message, "human", record.fence)
+        if not code or state.handoff_notice_sent:
+            return code
+        resend = bool(state.handoff_notice_started)
+        if not resend:
+            quota = adapter.reply_quota
+            marks: dict[str, str | int] = {"handoff_notice_started": "1"}
+            if quota is None:
+                await record.mark(**marks)
+            elif not await self.take_slot(message, quota, record, marks, for_handoff=True):
+                log.warning("no message left in the customer's allowance for the handoff notice")
+                return code
+        await sessions.send_notice(
+            message.reply_to, code, sessions.handoff_text(), f"handoff:{message.dedup_key}", resend=resend
+        )
+        await record.mark(handoff_notice_sent="1")
+        return code

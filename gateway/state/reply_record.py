@@ -1,0 +1,265 @@
+"""The reply record: one message's answer and how far its delivery got, in one Redis hash.
+
+It is what makes delivery exactly-once out of at-least-once pieces: the answer and the
+conversation memory are committed together before anything is sent, so a worker that
+takes over resends the same answer instead of asking the engine again, and the pieces
+sent are counted, so a takeover resumes instead of repeating.
+
+Every write is fenced by the writer's lease (scheduler): a worker that lost its lane
+cannot change the record, and `LeaseLost` tells it to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.state.keys import Keys
+from gateway.state.memory import Turn
+from gateway.state.redis_text import as_text
+
+State = Literal["new", "committed", "done", "failed"]
+MARK_RETRY_S = 10.0
+
+_FENCE = """
+local function fenced()
+  return ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1]
+end
+"""
+
+# KEYS: lease (the record itself when unfenced), record.
+# ARGV: epoch ('' = unfenced), ttl, mode ('set' | 'setnx'), field, value, ...
+# Returns -1 if fenced, else the number of fields written.
+_WRITE = (
+    _FENCE
+    + """
+if fenced() then return -1 end
+local written = 0
+for i = 4, #ARGV, 2 do
+  if ARGV[3] == 'set' then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    written = written + 1
+  else
+    written = written + redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return written
+"""
+)
+
+# KEYS: lease (the record when unfenced), record, then memory if the exchange is kept.
+# ARGV: epoch ('' = unfenced), ttl, text, created, state, memory ttl,
+# max memory items (0 = unbounded), clear memory first ('1' | ''), then memory items.
+# Returns {status, text}: status -1 fenced, 0 another worker committed first (its text is returned), 1 committed.
+_COMMIT = (
+    _FENCE
+    + """
+if fenced() then return {-1, ''} end
+local existing = redis.call('HGET', KEYS[2], 'text')
+if existing then return {0, existing} end
+redis.call('HSET', KEYS[2], 'text', ARGV[3], 'created', ARGV[4], 'state', ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+if KEYS[3] and ARGV[8] == '1' then redis.call('DEL', KEYS[3]) end
+if KEYS[3] and #ARGV > 8 then
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  if tonumber(ARGV[7]) > 0 then redis.call('LTRIM', KEYS[3], -tonumber(ARGV[7]), -1) end
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
+end
+return {1, ARGV[3]}
+"""
+)
+
+
+# KEYS: lease (the value's own key when unfenced), the key. ARGV: epoch ('' = unfenced), ttl (0 = none), value
+# ('' deletes). Returns -1 if fenced, else 1.
+_SET_VALUE = (
+    _FENCE
+    + """
+if fenced() then return -1 end
+if ARGV[3] == '' then redis.call('DEL', KEYS[2])
+elseif tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[2])
+else redis.call('SET', KEYS[2], ARGV[3]) end
+return 1
+"""
+)
+
+
+class LeaseLost(Exception):
+    """This worker's lease on the message ended (it stalled, another worker took over): stop, change nothing."""
+
+
+@dataclass
+class ReplyState:
+    """The record's fields, typed. Empty strings and zeros mean "not yet"."""
+
+    text: str | None = None
+    state: State = "new"
+    created: str = ""
+    started: int = 0  # pieces whose send began (a piece in started but not in sent has an unknown outcome)
+    sent: int = 0  # pieces known delivered
+    wait_notice: str = ""  # the "engine is starting" notice was sent
+    card_track: str = ""  # the DingTalk card of this answer
+    card_created: str = ""
+    card_deliver_started: str = ""  # the card's delivery into the conversation began
+    card_sent: str = ""  # the created card was delivered into the conversation
+    card_delivered: str = ""
+    overflow_started: str = ""  # the one response_url post began
+    overflow_sent: str = ""
+    experts: str = ""
+    reason: str = ""  # why the answer failed, when state is failed
+    no_answer: str = ""  # the knowledge bases had nothing above the threshold (微信客服 hands over)
+    knowledge: str = ""  # which chunks the answer used (JSON), for an operator asking why it said that
+    quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have
+    handoff_code: str = ""  # the conversation was moved to a human: the code that move returned ('-': none)
+    handoff_notice_started: str = ""  # the handoff notice took its slot and its send began
+    handoff_notice_sent: str = ""
+    welcome_started: str = ""  # the welcome's send began (a retry resends it, with the same msgid)
+    welcome_sent: str = ""
+    send_failed: str = ""  # the platform reported after accepting a piece that it was not delivered (why)
+    variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
+
+    @classmethod
+    def from_hash(cls, raw: dict) -> ReplyState:
+        names = {f.name: f.type for f in fields(cls)}
+        values: dict = {}
+        for key, value in raw.items():
+            name = as_text(key)
+            if name.startswith("v") and name[1:].isdigit():
+                values.setdefault("variants", {})[int(name[1:])] = int(as_text(value))
+                continue
+            if name not in names:
+                continue
+            text = as_text(value)
+            values[name] = int(text) if name in ("started", "sent") else text
+        return cls(**values)
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lease a writer must still hold: its Redis key and epoch."""
+
+    lease_key: str
+    epoch: str
+
+
+FENCE_LUA = _FENCE  # for other modules' fenced scripts: defines fenced() over KEYS[1] (lease) and ARGV[1] (epoch)
+
+
+def fence_args(fence: Fence | None, own_key: str) -> tuple[str, str]:
+    """(lease key, epoch) for a fenced script; unfenced, the written key itself stands in (every key given to a
+    script must be of its one cluster slot) and the empty epoch says there is no lease to check."""
+    return (fence.lease_key, fence.epoch) if fence else (own_key, "")
+
+
+class FencedValues:
+    """Plain values (a cursor, a cached holder) written only while the writer still holds its lease, so that a
+    worker that stalled and lost its message cannot overwrite what its successor wrote."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._script = redis.register_script(_SET_VALUE)
+
+    async def set(self, fence: Fence | None, key: str, value: str, ttl_s: int = 0) -> None:
+        """Set (or, with value '', delete) `key`; LeaseLost when the fence no longer holds."""
+        lease_key, epoch = fence_args(fence, key)
+        if int(await self._script(keys=[lease_key, key], args=[epoch, ttl_s, value])) < 0:
+            raise LeaseLost(key)
+
+
+class ReplyRecords:
+    """Opens reply records; the scripts are registered once per process, not per message."""
+
+    def __init__(self, redis: Redis, keys: Keys, ttl_s: int) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
+
+    def open(self, dedup_key: str, fence: Fence | None = None) -> ReplyRecord:
+        return ReplyRecord(self._redis, self._keys.reply(dedup_key), self._ttl_s, fence, self._scripts)
+
+
+@dataclass
+class ReplyRecord:
+    """One message's reply record, written under one worker's lease."""
+
+    redis: Redis
+    key: str
+    ttl_s: int
+    fence: Fence | None = None
+    _scripts: dict = field(default_factory=dict, repr=False)
+
+    def _fence_args(self) -> tuple[str, str]:
+        return fence_args(self.fence, self.key)
+
+    async def exists(self) -> bool:
+        """Whether anything was recorded for this message yet (an answer, a step of one)."""
+        return bool(await self.redis.exists(self.key))
+
+    async def load(self) -> ReplyState:
+        return ReplyState.from_hash(await self.redis.hgetall(self.key))
+
+    async def _write(self, mode: str, values: dict[str, str | int]) -> int:
+        lease_key, epoch = self._fence_args()
+        argv: list[str | int] = [epoch, self.ttl_s, mode]
+        for name, value in values.items():
+            argv += [name, value]
+        written = int(await self._scripts["write"](keys=[lease_key, self.key], args=argv))
+        if written < 0:
+            raise LeaseLost(self.key)
+        return written
+
+    async def mark(self, **values: str | int) -> None:
+        """Set fields (progress, state); raises LeaseLost when this worker no longer holds the message.
+
+        Progress written after a send must not be lost to a Redis restart (the piece would be sent again,
+        and DingTalk has no duplicate check): the write is idempotent, so it is retried while Redis is away,
+        for up to MARK_RETRY_S (a takeover only happens after the lease runs out, which it cannot do sooner)."""
+        delay, deadline = 0.05, time.monotonic() + MARK_RETRY_S
+        while True:
+            try:
+                await self._write("set", values)
+                return
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def claim(self, name: str, value: str = "1") -> bool:
+        """Set a field only if unset (a once-only step such as the overflow post); True if this call set it."""
+        return await self._write("setnx", {name: value}) == 1
+
+    async def commit(
+        self,
+        text: str,
+        created: str,
+        memory_key: str = "",
+        exchange: tuple[Turn, Turn] | None = None,
+        memory_ttl_s: int = 0,
+        max_memory_items: int = 0,
+        *,
+        clear_memory: bool = False,
+    ) -> str:
+        """Store the answer (and the exchange in memory) once; if another worker got there first, its answer.
+        `clear_memory` (/reset) empties the conversation's memory in the same fenced step."""
+        lease_key, epoch = self._fence_args()
+        items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
+        flag = "1" if clear_memory else ""
+        argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, flag, *items]
+        keys = [lease_key, self.key, *([memory_key] if exchange or clear_memory else [])]
+        status, stored = await self._scripts["commit"](keys=keys, args=argv)
+        if int(status) < 0:
+            raise LeaseLost(self.key)
+        return as_text(stored)

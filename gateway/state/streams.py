@@ -1,0 +1,101 @@
+"""Streamed answers kept in Redis, so that any replica can answer any WeCom refresh callback.
+
+A stream's visible text only ever grows: every update is checked, inside Redis, to extend
+what was shown before, and a finished stream never changes again. That is what lets a
+worker that takes over a dead worker's message, or a replica answering a refresh, never
+show the user text going backwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from gateway.state.keys import Keys
+from gateway.state.reply_record import Fence
+
+# KEYS: stream hash, user's active set; ARGV: stream id, now, max age, limit, ttl
+_OPEN = """
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+-- A finished stream opened again (WeCom retrying its first callback late) is rejoined, not counted again.
+if redis.call('HGET', KEYS[1], 'finish') == '1' then return 1 end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('HSETNX', KEYS[1], 'created', ARGV[2])
+redis.call('HSETNX', KEYS[1], 'content', '')
+redis.call('HSETNX', KEYS[1], 'finish', '0')
+redis.call('HSET', KEYS[1], 'active', KEYS[2])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+# KEYS: stream hash, the writer's lease (the stream hash again when unfenced).
+# ARGV: new content, finish ('1' or '0'), now, stream id, lease epoch ('' = unfenced), notification channel.
+# Returns 1 if applied, 0 if refused (finished, or not extending what was shown), -1 if the lease is lost.
+_UPDATE = """
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[5] then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'finish') == '1' then return 0 end
+local old = redis.call('HGET', KEYS[1], 'content') or ''
+local new = ARGV[1]
+if string.sub(new, 1, #old) ~= old then return 0 end
+redis.call('HSET', KEYS[1], 'content', new, 'updated', ARGV[3])
+if ARGV[2] == '1' then
+  redis.call('HSET', KEYS[1], 'finish', '1')
+  local active = redis.call('HGET', KEYS[1], 'active')
+  if active then redis.call('ZREM', active, ARGV[4]) end
+end
+redis.call('PUBLISH', ARGV[6], ARGV[2])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What the user has been shown of one streamed answer."""
+
+    content: str
+    finished: bool
+    created: float
+
+
+class StreamStore:
+    """Open, grow, finish and read streams; the limit of unfinished streams per user is kept here too."""
+
+    def __init__(self, redis: Redis, keys: Keys, ttl_s: int = 3600) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._open = redis.register_script(_OPEN)
+        self._update = redis.register_script(_UPDATE)
+
+    async def open(self, bot_id: str, user: str, stream_id: str, *, limit: int, max_age_s: float) -> bool:
+        """Start (or rejoin) a stream; False when the user already has `limit` unfinished ones."""
+        keys = [self._keys.stream(stream_id), self._keys.active_streams(bot_id, user)]
+        args = [stream_id, f"{time.time():.3f}", max_age_s, limit, self._ttl_s]
+        return bool(await self._open(keys=keys, args=args))
+
+    def events_channel(self, stream_id: str) -> str:
+        """The pub/sub channel on which every applied update of this stream is announced."""
+        return self._keys.stream_events(stream_id)
+
+    async def get(self, stream_id: str) -> StreamState | None:
+        raw = await self._redis.hgetall(self._keys.stream(stream_id))
+        if not raw:
+            return None
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)))
+
+    async def update(
+        self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
+    ) -> bool | None:
+        """Show `content` (which must extend what is shown); True if applied, None if `fence` is no longer held."""
+        stream_key = self._keys.stream(stream_id)
+        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (stream_key, "")
+        channel = self._keys.stream_events(stream_id)  # a channel, not a key: in ARGV (no cluster slot)
+        args = [content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch, channel]
+        result = int(await self._update(keys=[stream_key, lease_key], args=args))
+        return None if result < 0 else bool(result)

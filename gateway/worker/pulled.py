@@ -1,0 +1,247 @@
+"""Pulled channels (微信客服) in the worker: the pull itself, and the items it queues besides messages.
+
+A callback only says "pull" (a `pull` entry in the account's lane, so one puller per account runs at a
+time under its lease). The pull loops the platform's log until it says nothing more is waiting, and
+enqueues every item (deduplicated on its id) **before** it saves the cursor: a crash between the two
+repeats a page, whose items are then recognised, and loses nothing. Items become:
+
+- `chat`: the person's message, answered in the normal pipeline (a burst within the adapter's merge window
+  is answered together: `merge`);
+- `agent`: a human agent wrote; remembered as the assistant's turn, and the bot stays quiet;
+- `event`: the adapter says what it means (a welcome to send, a new holder, a failure to count).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from bots.base import ConversationTaken, CursorRefused, EventEffect, InboundMessage, PermanentSendError, PulledItem
+from bots.text import utf8_len
+from gateway import metrics
+from gateway.config import Settings
+from gateway.queue.scheduler import Lease, Scheduler, new_entry
+from gateway.state.conversations import Conversations
+from gateway.state.keys import Keys
+from gateway.state.memory import Scope, Turn
+from gateway.state.redis_text import as_text
+from gateway.state.reply_record import Fence, FencedValues, ReplyRecord, ReplyRecords
+
+log = logging.getLogger(__name__)
+
+HISTORY_GRACE_S = 60.0  # on a first start, messages sent this long before the callback still count as new
+MERGE_GRACE_S = 1.5  # beyond the window: a burst's last message still has to be called back and pulled
+MAX_PAGES = 10_000  # a pull that never ends is a platform bug, not a reason to loop forever
+MAX_MERGED = 20
+ITEM_KINDS = {"message": "chat", "agent": "agent", "event": "event"}
+
+
+class PulledWork:
+    """What the worker does with `pull`, `agent`, `event` and `handoff` entries, and the merge of a burst."""
+
+    def __init__(self, redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+        self._redis = redis
+        self._keys = keys
+        self._scheduler = scheduler
+        self._settings = settings
+        self._dedup_ttl_s = settings.effective_dedup_ttl_s()
+        self.conversations = Conversations(redis, keys, settings.memory.group)
+        self._values = FencedValues(redis)
+        self._records = ReplyRecords(redis, keys, self._dedup_ttl_s)
+
+    # -- the pull ------------------------------------------------------------------------------
+
+    async def pull(self, adapter, request: InboundMessage, requested_at: float, fence: Fence | None = None) -> str:  # type: ignore[no-untyped-def]
+        """Pull account `request.conversation_id` until nothing more is waiting; returns a summary. The cursor is
+        saved under the pull's lease, so a puller that stalled cannot move it back after its successor."""
+        channel, token = request.conversation_id, request.text
+        cursor_key = self._keys.pull_cursor(request.bot_id, channel)
+        saved = await self._redis.get(cursor_key)
+        if saved is None:
+            saved = await self._redis.get(self._keys.legacy_pull_cursor(request.bot_id, channel))
+        cursor = as_text(saved) if saved is not None else ""
+        # First start: what was written before the bot was configured is history, not questions to answer.
+        since = requested_at - HISTORY_GRACE_S if saved is None and adapter.skip_history else 0.0
+        queued = skipped = pages = 0
+        newest: PulledItem | None = None  # the log's latest customer message so far
+        while pages < MAX_PAGES:
+            pages += 1
+            try:
+                page = await self._page(adapter, channel, cursor, token)
+            except CursorRefused as exc:
+                if not cursor:
+                    raise
+                # The platform no longer knows the cursor (its log was reset, a Redis restored from elsewhere): a
+                # cursor it refuses is refused for ever, so start again without one, as on a first start.
+                log.warning("the platform refused the saved cursor; pulling again from the start",
+                            extra={"bot_id": request.bot_id, "channel": channel, "error": str(exc)})  # fmt: skip
+                metrics.KF_CURSOR_RESETS.labels(request.bot_id).inc()
+                await self._values.set(fence, cursor_key, "")
+                cursor, pages = "", pages - 1
+                since = requested_at - HISTORY_GRACE_S if adapter.skip_history else 0.0
+                continue
+            fresh = [item for item in page.items if item.message.received_at >= since]
+            skipped += len(page.items) - len(fresh)
+            newest = next((item for item in reversed(page.items) if item.kind == "message"), newest)
+            if since and not page.has_more and newest is not None and newest.message.received_at < since:
+                # The message that made WeCom call back is never history, however late the callback came.
+                fresh, skipped = [*fresh, newest], skipped - 1
+            queued += await self._enqueue(fresh)
+            if page.next_cursor:
+                await self._values.set(fence, cursor_key, page.next_cursor)  # only now: every item is queued
+                cursor = page.next_cursor
+            if not page.has_more:
+                break
+        if skipped:
+            log.info("first pull: skipped history", extra={"bot_id": request.bot_id, "skipped": skipped})
+        return f"pulled {queued} in {pages} page(s)"
+
+    async def _page(self, adapter, channel: str, cursor: str, token: str):  # type: ignore[no-untyped-def]
+        try:
+            return await adapter.pull_page(channel, cursor, token)
+        except PermanentSendError:
+            if not token:
+                raise
+            # The callback's token lasts 10 minutes; a pull that waited longer goes on without it (slower).
+            log.warning("pull token refused; pulling without it", extra={"channel": channel})
+            return await adapter.pull_page(channel, cursor, "")
+
+    async def _enqueue(self, items: list[PulledItem]) -> int:
+        """Queue every item in its conversation's lane, each once (dedup on its id), in one round trip."""
+        if not items:
+            return 0
+        pipe = self._redis.pipeline(transaction=False)
+        for item in items:
+            message = item.message
+            scope = Scope.of(message, self._settings.memory.group)
+            extra = {"event": json.dumps(item.event, ensure_ascii=False)} if item.event else {}
+            entry = new_entry(scope.owner, ITEM_KINDS[item.kind], message.model_dump_json(), **extra)
+            weight = self._settings.worker.weight(message.bot_id)
+            dedup = self._keys.dedup(message.dedup_key)
+            self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup, self._dedup_ttl_s, weight)
+        results = await pipe.execute()
+        for item, result in zip(items, results, strict=True):
+            metrics.PULLED.labels(item.message.platform, item.kind, "queued" if result else "duplicate").inc()
+        return sum(1 for result in results if result)
+
+    # -- the other kinds -----------------------------------------------------------------------
+
+    async def agent_turn(self, message: InboundMessage, record: ReplyRecord, memory_key: str) -> str:
+        """A human agent wrote: their words become the assistant's turn, and the bot keeps quiet."""
+        await self.conversations.set_owner(message, "human", record.fence)
+        turn = Turn("assistant", message.text, utf8_len(message.text))
+        await record.commit("", f"{time.time():.3f}", memory_key, (turn,), *self._memory_limits())
+        return "remembered"
+
+    async def remember_withheld(self, message: InboundMessage, record: ReplyRecord, memory_key: str) -> None:
+        """The person wrote while a human holds the conversation: keep it for when the bot speaks again."""
+        turn = Turn("user", message.text, utf8_len(message.text))
+        await record.commit("", f"{time.time():.3f}", memory_key, (turn,), *self._memory_limits())
+
+    def _memory_limits(self) -> tuple[int, int]:
+        memory = self._settings.memory
+        return memory.ttl_s, memory.max_turns * 2
+
+    async def event(self, adapter, message: InboundMessage, entry: dict, record: ReplyRecord) -> str:  # type: ignore[no-untyped-def]
+        event = json.loads(entry.get("event") or "{}")
+        effect = adapter.sessions.on_event(event, message.reply_to)
+        metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
+        if effect.owner is not None:
+            await self.conversations.set_owner(message, effect.owner, record.fence)
+        if effect.failed_msgid:
+            await self._delivery_failed(adapter, message, effect)
+        if effect.welcome_code and effect.welcome_text:
+            await self._welcome(adapter, message, effect, record)
+        return effect.label
+
+    async def _welcome(self, adapter, message: InboundMessage, effect: EventEffect, record: ReplyRecord) -> None:  # type: ignore[no-untyped-def]
+        """Send the welcome once: marked begun before the send (with its quota slot) and sent after it, so that a
+        failed send is tried again (with the same msgid) instead of being taken for done."""
+        state = await record.load()
+        if state.welcome_sent:
+            return
+        resend = bool(state.welcome_started)
+        quota = adapter.reply_quota
+        if not resend and quota is None:
+            await record.mark(welcome_started="1")
+        elif not resend and not await self.conversations.take_slot(
+            message, quota, record, {"welcome_started": "1"}, outside_window_ok=True
+        ):  # the welcome counts like any message (the simulator's reading: UNCONFIRMED); never the handoff's slot
+            log.info("no message left in the person's allowance for the welcome")
+            return
+        try:
+            await adapter.sessions.send_notice(
+                message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}",
+                resend=resend,
+            )  # fmt: skip
+        except ConversationTaken as exc:
+            log.info("welcome not sent", extra={"reason": str(exc)})
+        await record.mark(welcome_sent="1")
+
+    async def _delivery_failed(self, adapter, message: InboundMessage, effect: EventEffect) -> None:  # type: ignore[no-untyped-def]
+        """The platform accepted a message and later said the person did not get it (微信客服 msg_send_fail):
+        recorded against the reply it belonged to, its quota slot given back where the platform did not count
+        it, and kept as a dead letter for an operator where one should look."""
+        metrics.KF_SEND_FAILED.labels(message.bot_id, effect.fail_type or "unknown").inc()
+        raw = await self._redis.get(self._keys.sent_piece(message.bot_id, effect.failed_msgid))
+        sent = json.loads(raw) if raw else {}
+        reason = f"the platform could not deliver a sent message (msg_send_fail, fail_type {effect.fail_type})"
+        log.warning(reason, extra={"bot_id": message.bot_id, "reply": sent.get("dedup_key", "unknown")})
+        if sent.get("dedup_key"):
+            await self._records.open(str(sent["dedup_key"])).mark(send_failed=f"{effect.fail_type}:{sent.get('piece')}")
+        if effect.quota_refund and adapter.reply_quota is not None:
+            await self.conversations.give_back(message, adapter.reply_quota, effect.quota_refund)
+        if effect.dead_letter:
+            original = sent.get("message") or message.model_dump(mode="json")
+            entry = {"kind": "chat", "id": effect.failed_msgid, "msg": original}
+            letter = json.dumps({"reason": reason, "entry": entry}, ensure_ascii=False)
+            await self._redis.xadd(self._keys.dead_letters, {"entry": letter}, maxlen=10_000, approximate=True)
+
+    # -- a burst -------------------------------------------------------------------------------
+
+    async def merge(
+        self, lease: Lease, message: InboundMessage, window_s: float, alone: Callable[[str], bool]
+    ) -> tuple[dict | None, float]:
+        """Absorb the person's messages queued right behind this one within `window_s` of each other; a message
+        that `alone` says must be answered on its own (a handoff keyword, a command) is neither merged nor
+        absorbed, so "q\n转人工" is never answered as a question.
+
+        Returns (the merged entry or None, seconds to wait first): a burst still arriving is waited for by
+        handing the lane back with that delay, never by holding a slot."""
+        if message.msg_type == "text" and alone(message.text):
+            return None, 0.0
+        behind = await self._scheduler.following(lease, MAX_MERGED)
+        absorbed: list[dict] = []
+        last = message.received_at
+        for entry in behind:
+            other = entry.get("msg") or {}
+            same_person = entry.get("kind") == "chat" and other.get("sender_id") == message.sender_id
+            at = float(other.get("received_at") or 0)
+            if not same_person or at - last > window_s:
+                break
+            if other.get("msg_type", "text") == "text" and alone(str(other.get("text", ""))):
+                break
+            absorbed.append(entry)
+            last = at
+        wait = last + window_s + MERGE_GRACE_S - time.time()
+        if wait > 0:
+            return None, wait
+        if not absorbed:
+            return None, 0.0
+        merged = {**lease.entry, "msg": merged_message(lease.entry["msg"], [entry["msg"] for entry in absorbed])}
+        merged["merged"] = [str(entry["msg"].get("msg_id", "")) for entry in absorbed]
+        if not await self._scheduler.absorb(lease, merged, absorbed):
+            return None, 0.0  # the lane changed under us (lease lost): answer what we hold
+        return merged, 0.0
+
+
+def merged_message(head: dict, behind: list[dict]) -> dict:
+    """One message for a burst: its texts joined in order, answered as text when any part is text (a photo
+    followed by "这是什么问题？" is the question, not an image the bot cannot read), received with the last part."""
+    parts = [head, *behind]
+    texts = [str(part.get("text", "")) for part in parts if part.get("msg_type", "text") == "text"]
+    msg_type = "text" if texts else str(head.get("msg_type", "text"))
+    text = "\n".join(texts) if texts else str(head.get("text", ""))
+    return {**head, "msg_type": msg_type, "text": text, "received_at": parts[-1].get("received_at", 0)}

@@ -1,0 +1,163 @@
+"""The web chat page (Chainlit), for people without a WeCom or DingTalk bot.
+
+It never calls vLLM itself: each message goes to the gateway's /web API, through the same
+limits, memory, queue and worker as every platform, and the answer streams back as the
+worker writes it. Started by `botgw web --config FILE` (which sets BOTGW_CONFIG and
+BOTGW_WEB_BOT for this module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import chainlit as cl
+import httpx
+from chainlit.input_widget import Select, Switch
+from starlette.datastructures import Headers
+
+from bots.web.config import PRESETS, WebBotConfig
+from gateway.config import load_settings
+from knowledge.prompt import CITATION_MARK
+from webchat.guard import header_user
+from webchat.markdown import ImageLinks, images_as_links
+from webchat.oauth import install as install_company_logins
+from webchat.passwords import PasswordSignIn
+
+STATUS_TEXT = {
+    "ready": "Engine ready.",
+    "busy": "Engine busy: answers may take a little longer.",
+    "loading": "Engine loading: your answer will come as soon as it is ready.",
+}
+
+
+def _bot() -> WebBotConfig:
+    settings = load_settings(os.environ["BOTGW_CONFIG"])
+    bot = settings.bot(os.environ.get("BOTGW_WEB_BOT", "web"))
+    if not isinstance(bot, WebBotConfig):
+        raise RuntimeError(f"bot {bot.id!r} is not a web bot")
+    return bot
+
+
+BOT = _bot()
+API = f"{BOT.gateway_url.rstrip('/')}/web/{BOT.id}"
+AUTH = {"Authorization": f"Bearer {BOT.api_key.get_secret_value()}"}
+LOGINS = install_company_logins(BOT)  # WeCom/DingTalk sign-in if web_login names them (webchat/oauth.py)
+
+
+PASSWORDS = PasswordSignIn(BOT)
+
+
+@cl.password_auth_callback
+async def password_auth(username: str, password: str) -> cl.User | None:
+    """scrypt off the event loop, failed sign-ins limited per name and address (webchat/passwords.py)."""
+    user = await PASSWORDS.check(username, password)
+    return cl.User(identifier=user.name, metadata={"login": "password", "name": user.name}) if user else None
+
+
+if BOT.trusted_header:
+
+    @cl.header_auth_callback
+    async def header_auth(headers: Headers) -> cl.User | None:
+        """Only what a trusted proxy sent (webchat/guard.py), and only a listed name unless allow_unlisted."""
+        name = header_user(BOT, headers)
+        return cl.User(identifier=name, metadata={"login": "header", "name": name}) if name else None
+
+
+async def engine_status() -> str:
+    try:
+        async with httpx.AsyncClient(timeout=5) as http:
+            return (await http.get(f"{API}/status", headers=AUTH)).json().get("engine", "loading")
+    except (httpx.HTTPError, ValueError):
+        return "loading"
+
+
+@cl.on_chat_start
+async def start() -> None:
+    settings = await cl.ChatSettings(
+        [
+            Select(id="preset", label="Task preset", values=list(PRESETS), initial_index=0),
+            Switch(id="experts", label="Show which experts answered (MoE on GPU)", initial=False),
+        ]
+    ).send()
+    cl.user_session.set("settings", settings)
+    status = await engine_status()
+    await cl.Message(content=f"{STATUS_TEXT[status]} Type /reset to start over, /help for help.",
+                     author="status").send()
+
+
+@cl.on_settings_update
+async def settings_changed(settings: dict) -> None:
+    cl.user_session.set("settings", settings)
+
+
+@cl.on_message
+async def on_message(message: cl.Message) -> None:
+    settings = cl.user_session.get("settings") or {}
+    preset = settings.get("preset") or next(iter(PRESETS))
+    user = cl.user_session.get("user")
+    meta = (user.metadata or {}) if user else {}
+    # The gateway qualifies the name by how it signed in: wecom → the WeCom member, dingtalk → the DingTalk staff
+    # member (webchat/oauth.py), otherwise the page's own user web:<bot>:<name>.
+    body = {"user": meta.get("name") or (user.identifier if user else "anonymous"),
+            "login": meta.get("login") or "password", "text": message.content,
+            "temperature": PRESETS.get(preset, 0.1)}
+    if await engine_status() == "loading":
+        await cl.Message(content=STATUS_TEXT["loading"], author="status").send()
+    answer = cl.Message(content="")
+    timeout = httpx.Timeout(BOT.answer_timeout_s + 10, connect=5)
+    try:
+        async with (
+            httpx.AsyncClient(timeout=timeout) as http,
+            http.stream("POST", f"{API}/chat", json=body, headers=AUTH) as response,
+        ):
+            if response.status_code != 200:
+                error = json.loads(await response.aread() or b"{}")
+                await cl.ErrorMessage(content=error.get("message") or "The gateway refused the message.").send()
+                return
+            await read_events(response, answer, bool(settings.get("experts")))
+    except httpx.HTTPError:
+        await cl.ErrorMessage(content="The assistant cannot be reached right now; please try again.").send()
+
+
+async def read_events(response: httpx.Response, answer: cl.Message, show_experts: bool) -> None:
+    """The answer as it streams; an image from elsewhere reaches the page as a link (webchat/markdown.py)."""
+    images = ImageLinks()
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:])
+        if "delta" in event:
+            if shown := images.feed(event["delta"]):
+                await answer.stream_token(shown)
+        elif event.get("done"):
+            if rest := images.flush():
+                await answer.stream_token(rest)
+            if not answer.content:
+                answer.content = images_as_links(event.get("text", ""))
+            if event.get("sources"):  # grounded in a knowledge base: the sources go under the answer, once
+                answer.content = without_citation(answer.content)
+                answer.elements = [cl.Text(name="参考资料", content=sources_text(event["sources"]), display="inline")]
+            if show_experts and event.get("experts"):
+                answer.content += f"\n\n`{event['experts']}`"
+            await answer.send() if not answer.id else await answer.update()
+            return
+        elif "error" in event:
+            message = images_as_links(event.get("message", "Something went wrong; please try again."))
+            await cl.ErrorMessage(content=message).send()
+            return
+
+
+def sources_text(sources: list[dict]) -> str:
+    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer (names and
+    sections come from the documents: an image in them is shown as a link)."""
+    text = "；".join(f"《{source['doc']}》{source.get('section', '')}" for source in sources)
+    return CITATION_MARK + images_as_links(text)
+
+
+def without_citation(text: str) -> str:
+    """The answer without its closing 来源：… paragraph (the page shows the sources in their own place)."""
+    head, mark, tail = text.rpartition(CITATION_MARK)
+    if not mark or (head and not head.endswith("\n")) or "\n\n" in tail.strip():
+        return text
+    return head.rstrip() or text
