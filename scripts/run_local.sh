@@ -13,7 +13,7 @@
 #                                      /proc/PID/stat) and the boot's id. A file whose pid now names another process
 #                                      (a reboot, a reused pid) is stale: removed, never signalled.
 # Ports: redis 6390, engine 8000, gateway 8080 (admin 8081), simulator 8090, page 8100. PLAYGROUND_RUN_DIR and
-# PLAYGROUND_{REDIS,ENGINE,GATEWAY,ADMIN,SIM,WEB}_PORT move it (tests/test_playground.py does, with a config that
+# PLAYGROUND_{REDIS,ENGINE,GATEWAY,ADMIN,SIM,WEB}_PORT move it (tests/deploy/test_playground.py does, with a config that
 # names the same ports); BOTGW_CONFIG picks another config; PLAYGROUND_STOP_WAIT_S and PLAYGROUND_KILL_WAIT_S how long
 # stop waits after TERM (then KILL) and after KILL (then it gives up, exit 1).
 set -euo pipefail

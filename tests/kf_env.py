@@ -1,6 +1,6 @@
 """A 微信客服 bot's own stack for end-to-end tests: a gateway, a worker and a simulator of their own (own
-namespace) on the session's Redis. Used by tests/test_kf.py and tests/test_kf_faults.py (conftest registers
-the `kf` fixture)."""
+namespace) on the session's Redis. Used by tests/e2e/wecom_kf/test_kf.py and tests/e2e/wecom_kf/test_kf_faults.py
+(conftest registers the `kf` fixture)."""
 
 from __future__ import annotations
 

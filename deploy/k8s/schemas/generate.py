@@ -1,5 +1,5 @@
 """Writes the JSON schemas of the Prometheus Operator objects that deploy/k8s uses (ServiceMonitor, PodMonitor,
-PrometheusRule), which tests/test_deploy.py validates the rendered manifests against, offline.
+PrometheusRule), which tests/deploy/test_deploy.py validates the rendered manifests against, offline.
 
 Why generated: the Operator's CRDs are not in a package registry as files, but their OpenAPI schemas are, as the
 pydantic models `cloudcoil-models-prometheus-operator` (PyPI) generates from them (one release per Operator

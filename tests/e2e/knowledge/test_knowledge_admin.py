@@ -19,7 +19,7 @@ from knowledge.config import StoreSettings
 from knowledge.store import KnowledgeStore
 from tests.conftest import stack_config
 from tests.procs import ROOT, Proc, free_port, start_gateway, write_config
-from tests.test_knowledge_served import EmbeddingsStub
+from tests.unit.test_knowledge_served import EmbeddingsStub
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
 TOKEN = "admin-" + secrets.token_hex(12)

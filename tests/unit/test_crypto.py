@@ -12,7 +12,7 @@ from bots.base import CallbackRejected
 from bots.wecom.crypto import WeComCrypto, decode_aes_key, sign
 from bots.wecom.models import parse_app_message
 
-# platform-protocols.md §E (wechatpy tests/test_crypto.py)
+# platform-protocols.md §E (wechatpy tests/unit/test_crypto.py)
 TOKEN = "123456"
 AES_KEY = "kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR"
 CORP_ID = "wx49f0ab532d5d035a"

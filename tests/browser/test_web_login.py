@@ -18,10 +18,10 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from tests.browser import CHROMIUM, chromium_browser
+from tests.browser.chromium import CHROMIUM, chromium_browser
+from tests.browser.test_web import send
 from tests.conftest import Stack, start_stub_engine, stub_requests
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
-from tests.test_web import send
 
 WEB_KEY = "test-login-key-" + secrets.token_hex(6)
 PASSWORD = "login-test-" + secrets.token_hex(8)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.browser import CHROMIUM, chromium_browser
+from tests.browser.chromium import CHROMIUM, chromium_browser
 from tests.conftest import ARTIFACTS, ENGINE_MODEL, SYSTEM_PROMPT, Stack
 from tests.holding_proxy import HoldingProxy
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config

@@ -42,7 +42,7 @@ from engine import launcher
 from gateway.cli import _parser
 from gateway.config import load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPS_BIN = Path(os.environ.get("BOTGW_OPS_VENV", "~/.cache/botgw/ops-venv")).expanduser() / "bin"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "deploy" / "compose.cpu.yml"
@@ -94,8 +94,8 @@ def assert_pinned(image: str) -> None:
 
 @functools.cache
 def checked_vllm_version() -> str:
-    """The vLLM whose parser checks the launcher's profiles (tests/test_engine_profiles.py runs it in the engine
-    venv): what scripts/install.sh pins, and what that venv has installed; the two must agree."""
+    """The vLLM whose parser checks the launcher's profiles (tests/e2e/engine/test_engine_profiles.py runs it in the
+    engine venv): what scripts/install.sh pins, and what that venv has installed; the two must agree."""
     install = (ROOT / "scripts" / "install.sh").read_text()
     pin = re.search(r"VLLM_PACKAGE=\$\{BOTGW_VLLM_PACKAGE:-([\w.-]+)==([\w.]+)\}", install)
     assert pin, "scripts/install.sh pins no VLLM_PACKAGE as name==version"

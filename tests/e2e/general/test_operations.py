@@ -90,7 +90,7 @@ def test_sigterm_finishes_the_callback_in_flight_then_stops_accepting(own_gatewa
 def test_stream_process_sigterm_queues_every_message_it_acknowledged(stack: Stack) -> None:
     """DingTalk never resends a Stream push, so on SIGTERM the process must queue (and then ack) the frames
     in hand before it closes: every frame DingTalk saw acknowledged is in the queue, and it exits cleanly."""
-    from tests.test_dingtalk import send, stream_stats
+    from tests.e2e.dingtalk.test_dingtalk import send, stream_stats
 
     proc = Proc([*BOTGW, "dingtalk-stream", "--config", str(stack.config_path)], stack.log_dir / "dts-term.log")
     try:

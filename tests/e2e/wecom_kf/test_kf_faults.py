@@ -1,6 +1,6 @@
 """微信客服 under faults, end to end: the simulated Kefu API fails once where a review found a once-only step
 marked before its call, and a customer's photo is followed by a question. Gateway and worker are processes;
-the same fixture as tests/test_kf.py (own namespace, own simulator)."""
+the same fixture as tests/e2e/wecom_kf/test_kf.py (own namespace, own simulator)."""
 
 from __future__ import annotations
 

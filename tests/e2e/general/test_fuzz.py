@@ -5,7 +5,7 @@ An adapter may only ever answer arbitrary input with its declared rejection, `bo
 message it does accept must survive the queue (serialize to JSON and back, as the worker reads it). The HTTP fuzz
 asserts schemathesis's `not_a_server_error` and no traceback in the gateway's log. Each property runs
 BOTGW_FUZZ_EXAMPLES examples (200 by default; the API fuzz an eighth of that per run), so that CI stays bounded
-and a longer hunt is one variable away: `BOTGW_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py`.
+and a longer hunt is one variable away: `BOTGW_FUZZ_EXAMPLES=5000 pytest tests/e2e/general/test_fuzz.py`.
 """
 
 from __future__ import annotations

@@ -19,18 +19,18 @@ from redis.cluster import key_slot
 
 from gateway.state.keys import Keys
 from tests.conftest import Cluster, Stack, stub_requests
-from tests.procs import BOTGW, write_config
-from tests.redis_cluster import SentinelSetup
-from tests.stub_engine import answer_for
-from tests.test_durability import (  # noqa: F401 - collected here again, on the cluster
+from tests.e2e.general.test_durability import (  # noqa: F401 - collected here again, on the cluster
     test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer,
     test_worker_killed_while_generating_reply_delivered_once,
 )
-from tests.test_wecom_ai import test_duplicate_first_callback_one_stream_one_engine_call  # noqa: F401
-from tests.test_worker import (  # noqa: F401
+from tests.e2e.general.test_worker import (  # noqa: F401
     test_budgets_hold_across_two_gateways_and_two_workers,
     test_over_limit_ai_bot_streams_are_finished_with_the_notice,
 )
+from tests.e2e.wecom.test_wecom_ai import test_duplicate_first_callback_one_stream_one_engine_call  # noqa: F401
+from tests.procs import BOTGW, write_config
+from tests.redis_cluster import SentinelSetup
+from tests.stub_engine import answer_for
 
 
 @pytest.fixture

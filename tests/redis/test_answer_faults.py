@@ -3,7 +3,7 @@ worker's own classes (scheduler, reply record, conversations, presenters, limits
 outside review reproduced: it fails on the code before its fix.
 
 The platform is a recording stand-in here where the point is the gateway's order of writes and sends; the
-same paths against the simulator are in tests/test_kf.py and tests/test_kf_faults.py.
+same paths against the simulator are in tests/e2e/wecom_kf/test_kf.py and tests/e2e/wecom_kf/test_kf_faults.py.
 """
 
 from __future__ import annotations

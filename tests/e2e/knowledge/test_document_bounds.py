@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.knowledge.test_knowledge_admin import RETURNS, start_admin
 from tests.procs import BOTGW, ROOT, child_env, write_config
-from tests.test_knowledge_admin import RETURNS, start_admin
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
 MB = 1024 * 1024

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bots.web.config import WebBotConfig, hash_password
-from tests.browser import chromium_browser
+from tests.browser.chromium import chromium_browser
 from tests.conftest import stack_config, start_stub_engine
 from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
 
@@ -403,7 +403,7 @@ def test_images_from_elsewhere_become_links() -> None:
 
 def test_the_page_refuses_an_oversized_request_head_unread(pages: Pages) -> None:
     """The page's uvicorn has the gateway's head bound: 431 for a 1 MB header, a 60 KB one still served."""
-    from tests.test_request_bounds import exchange, port_of, status_of
+    from tests.e2e.general.test_request_bounds import exchange, port_of, status_of
 
     port = port_of(pages.web)
     big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\nConnection: close\r\n\r\n"
@@ -486,7 +486,7 @@ def websocket_handshake(port: int, origin: str | None, cookie: str) -> int:
 def test_the_socket_is_refused_to_other_origins(pages: Pages) -> None:
     """Chainlit's socket.io server checks no Origin: a page elsewhere could open the chat socket with the user's
     cookie (a polling handshake and a websocket with Origin: https://evil.example were accepted)."""
-    from tests.test_request_bounds import port_of
+    from tests.e2e.general.test_request_bounds import port_of
 
     signed = login(pages.web, "carol", PASSWORD)
     assert signed.status_code == 200, signed.text
@@ -538,7 +538,7 @@ def post_large(port: int, path: str, content_type: str, size: int, chunked: bool
                 sock.sendall(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
-        from tests.test_request_bounds import read_all
+        from tests.e2e.general.test_request_bounds import read_all
 
         return read_all(sock)
 
@@ -546,7 +546,7 @@ def post_large(port: int, path: str, content_type: str, size: int, chunked: bool
 def test_a_large_body_is_refused_413(pages: Pages) -> None:
     """50 MB to /login (multipart, spooled to /tmp by Chainlit's form parser) and to /project/action (JSON, held in
     memory before the 401: a 200 MB body took the page from 168 to 574 MB): 413, announced or chunked."""
-    from tests.test_request_bounds import PeakRss, port_of, status_of
+    from tests.e2e.general.test_request_bounds import PeakRss, port_of, status_of
 
     port = port_of(pages.web)
     for path, content_type in (("/login", "multipart/form-data; boundary=x"), ("/project/action", "application/json")):
