@@ -158,7 +158,12 @@ class CursorRefused(PermanentSendError):
 
 class ConversationTaken(PermanentSendError):
     """The platform will not let the bot speak here: a human agent owns the conversation (微信客服 95018) or
-    its reply allowance is used up. The answer is withheld, not failed: no retry, no dead letter."""
+    its reply allowance is used up. The answer is withheld, not failed: no retry, no dead letter.
+    `by_human`: the platform said a human holds it (the worker then asks who, and remembers)."""
+
+    def __init__(self, message: str, *, code: int | str = "", by_human: bool = False) -> None:
+        super().__init__(message, code=code)
+        self.by_human = by_human
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from bots.base import TokenStore
+from bots.channels import Channel, check_channel
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.web.adapter import WebAdapter
@@ -24,7 +25,7 @@ from bots.wecom.webhook import WeComWebhookAdapter
 from bots.wecom_kf.adapter import WeComKfAdapter
 from bots.wecom_kf.config import WeComKfConfig
 
-AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Any]
+AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Channel]
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ PLATFORMS: dict[str, Platform] = {
 }
 
 
-def build_adapter(config: Any, http: httpx.AsyncClient, tokens: TokenStore) -> Any:
-    """The adapter for one configured bot."""
-    return PLATFORMS[config.platform].build(config, http, tokens)
+def build_adapter(config: Any, http: httpx.AsyncClient, tokens: TokenStore) -> Channel:
+    """The adapter for one configured bot, checked to offer what its reply style needs (bots/channels.py)."""
+    adapter = PLATFORMS[config.platform].build(config, http, tokens)
+    check_channel(adapter)
+    return adapter
 
 
-def build_adapters(configs: list[Any], http: httpx.AsyncClient, tokens: TokenStore) -> dict[str, Any]:
+def build_adapters(configs: list[Any], http: httpx.AsyncClient, tokens: TokenStore) -> dict[str, Channel]:
     """Every configured bot's adapter, with a pulled channel joined to the app whose callback URL it shares."""
     adapters = {config.id: build_adapter(config, http, tokens) for config in configs}
     for adapter in adapters.values():

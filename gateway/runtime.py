@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from redis.asyncio import Redis
 
+from bots.channels import Channel
 from bots.registry import build_adapters
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
@@ -25,7 +25,6 @@ from gateway.state.redis_client import RedisConfigError, check_redis, is_cluster
 from gateway.state.tokens import RedisTokenStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
-Adapter = Any  # an adapter from bots/ (see bots.base.ReplyChannel and bots.registry)
 
 
 @dataclass
@@ -38,7 +37,7 @@ class Runtime:
     keys: Keys
     scheduler: Scheduler
     engine: EnginePool
-    adapters: dict[str, Adapter]
+    adapters: dict[str, Channel]
 
 
 @asynccontextmanager

@@ -24,3 +24,6 @@ ANSWER_CUT_TEXT = (
 )
 EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 助手没有给出回答，请换个说法。"
 
+ENGINE_UNAVAILABLE_TEXT = (
+    "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
+)

@@ -30,6 +30,7 @@ from bots.base import (
     TokenStore,
     per_window,
 )
+from bots.dingtalk.cards import DingTalkCards
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import verify_headers
@@ -59,6 +60,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
         self.bot_id = config.id
         self._http = http
         self.api = DingTalkApiClient(config, http, tokens)
+        self.cards = DingTalkCards(self.api, config.ai_card.updates_per_second)
         self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
         self._webhook_failures: OrderedDict[str, int] = OrderedDict()
 

@@ -27,7 +27,7 @@ def refused_as_repeat(exc: SendError) -> bool:
 
 def error_for(errcode: int, errmsg: str) -> SendError:
     if errcode == SESSION_NOT_OURS:
-        return ConversationTaken("a human agent holds this 微信客服 session (95018)", code=errcode)
+        return ConversationTaken("a human agent holds this 微信客服 session (95018)", code=errcode, by_human=True)
     if errcode in QUOTA_CODES:
         return ConversationTaken(f"the customer's reply allowance is used up ({errcode})", code=errcode)
     return wecom_error_for(errcode, errmsg)

@@ -19,7 +19,8 @@ from gateway import metrics
 from gateway.config import Settings
 from gateway.edge.batching import RedisBatcher
 from gateway.logs import request_id
-from gateway.queue.scheduler import Binding, Scheduler, new_entry
+from gateway.queue.entry import EntryKind, QueueEntry
+from gateway.queue.scheduler import Binding, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
 
@@ -36,7 +37,7 @@ class Ingest:
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
 
-    async def accept(self, message: InboundMessage, signature: str = "", kind: str = "chat") -> Outcome:
+    async def accept(self, message: InboundMessage, signature: str = "", kind: EntryKind = EntryKind.CHAT) -> Outcome:
         """Queue the message unless this delivery was seen before (a platform retry). `kind` says what the
         worker does with it: answer it ("chat"), or pull a channel's log ("pull", the message names it).
 
@@ -44,7 +45,7 @@ class Ingest:
         it is bound to the first message it came with, and a reuse with another message is "replayed".
         """
         scope = Scope.of(message, self._settings.memory.group)
-        entry = new_entry(scope.owner, kind, message.model_dump_json(), rid=request_id.get())
+        entry = QueueEntry(owner=scope.owner, kind=kind, message=message, request_id=request_id.get() or None)
         dedup_key = self._keys.dedup(message.dedup_key)
         weight = self._settings.worker.weight(message.bot_id)
         binding = None

@@ -1,6 +1,10 @@
-"""Chat commands a user can type instead of a question."""
+"""Chat commands a user can type instead of a question (/help, /reset), and what comes before them."""
 
 from __future__ import annotations
+
+from gateway import texts
+from gateway.pipeline.job import Composed, Job, Services
+from gateway.pipeline.stage import Next
 
 
 def parse_command(text: str) -> str | None:
@@ -9,3 +13,34 @@ def parse_command(text: str) -> str | None:
     if word in ("/reset", "/help"):
         return word[1:]
     return None
+
+
+class TextOnly:
+    """What the engine cannot read (a photo alone, a voice message) gets a notice, not a guess."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        if job.message.msg_type != "text" or not job.message.text.strip():
+            return await self._services.commit(job, texts.TEXT_ONLY_TEXT)
+        return await next(job)
+
+
+class Commands:
+    """/help and /reset. Memory kept under the bot's session key before is adopted first, so that a /reset
+    clears it too; the clear is part of the fenced commit, so a stale worker wipes nothing."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        message = job.message
+        if job.scope.lane == message.session_key:
+            await self._services.memory.adopt(message.session_key, message.bot_session_key)
+        command = parse_command(message.text)
+        if command == "help":
+            return await self._services.commit(job, texts.HELP_TEXT)
+        if command == "reset":
+            return await self._services.commit(job, texts.RESET_TEXT, clear_memory=True)
+        return await next(job)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from bots.base import InboundMessage
 from gateway.config import Settings
-from gateway.queue.scheduler import Scheduler, new_entry
+from gateway.queue.entry import QueueEntry
+from gateway.queue.scheduler import Scheduler
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
 from gateway.state.redis_text import as_text
@@ -31,24 +33,46 @@ class NoSuchDeadLetter(LookupError):
 class DeadLetter:
     letter_id: str
     reason: str
-    entry: dict
+    entry: QueueEntry | None  # None: the queue held something no worker could read (`raw` is what it was)
+    raw: str = ""
 
     @property
     def message(self) -> InboundMessage:
-        return InboundMessage.model_validate(self.entry["msg"])
+        if self.entry is None:
+            raise UnreadableLetter(self.letter_id)
+        return self.entry.message
+
+    def shown(self) -> dict:
+        """The letter as `dlq show` prints it."""
+        entry = self.entry.wire() if self.entry is not None else {"raw": self.raw}
+        return {"id": self.letter_id, "reason": self.reason, "entry": entry}
 
     def summary(self) -> dict:
+        if self.entry is None:
+            return {"id": self.letter_id, "at": self.at, "reason": self.reason, "raw": self.raw[:PREVIEW_CHARS]}
         message = self.message
         text = message.text if len(message.text) <= PREVIEW_CHARS else message.text[:PREVIEW_CHARS] + "…"
         return {
             "id": self.letter_id,
-            "at": int(self.letter_id.split("-")[0]) / 1000,
+            "at": self.at,
             "bot": message.bot_id,
             "user": message.sender_id,
             "person": message.person,  # qualified, as `botgw limits show` takes it
             "text": text,
             "reason": self.reason,
         }
+
+
+    @property
+    def at(self) -> float:
+        return int(self.letter_id.split("-")[0]) / 1000
+
+
+class UnreadableLetter(ValueError):
+    """A dead letter of an entry that could not be read: it cannot be replayed, only shown and purged."""
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} holds an unreadable queue entry; it cannot be replayed (`botgw dlq purge` it)"
 
 
 class DeadLetters:
@@ -61,7 +85,11 @@ class DeadLetters:
     @staticmethod
     def _letter(letter_id: bytes | str, fields: dict) -> DeadLetter:
         body = json.loads(as_text(fields[b"entry"]))
-        return DeadLetter(as_text(letter_id), str(body.get("reason", "")), body["entry"])
+        reason = str(body.get("reason", ""))
+        try:
+            return DeadLetter(as_text(letter_id), reason, QueueEntry.model_validate(body["entry"]))
+        except (KeyError, ValidationError):
+            return DeadLetter(as_text(letter_id), reason, None, str(body.get("raw") or json.dumps(body.get("entry"))))
 
     async def list(self, count: int = 100) -> list[DeadLetter]:
         """The newest first."""
@@ -83,8 +111,10 @@ class DeadLetters:
         if state.state == "failed":
             await self._redis.delete(record_key)  # composed afresh; a delivered answer ("done") is kept
         scope = Scope.of(message, self._settings.memory.group)
-        extra = {key: str(letter.entry[key]) for key in ("notice", "rid") if key in letter.entry}
-        entry = new_entry(scope.owner, str(letter.entry.get("kind", "chat")), json.dumps(letter.entry["msg"]), **extra)
+        assert letter.entry is not None  # `message` said so
+        entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
+                           request_id=letter.entry.request_id, servicer=letter.entry.servicer,
+                           event=letter.entry.event)  # fmt: skip
         await self._scheduler.enqueue(scope.lane, entry, self._settings.worker.weight(message.bot_id))
         await self._redis.xdel(self._keys.dead_letters, letter_id)
         return "already delivered: will not be sent again" if state.state == "done" else "queued"

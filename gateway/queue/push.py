@@ -10,7 +10,8 @@ import secrets
 import time
 
 from bots.base import InboundMessage, ReplyTarget
-from gateway.queue.scheduler import Scheduler, new_entry
+from gateway.queue.entry import EntryKind, QueueEntry
+from gateway.queue.scheduler import Scheduler
 from gateway.state.memory import GroupMemory, Scope
 
 PUSH_PLATFORM = "wecom-webhook"
@@ -33,7 +34,9 @@ async def enqueue_push(scheduler: Scheduler, bot_id: str, text: str, *, markdown
 async def enqueue_notice(scheduler: Scheduler, message: InboundMessage, text: str, rid: str = "") -> int:
     """Queue a ready-made answer `text` for `message` (no engine): delivered like any answer, in the
     order of the message's conversation. Returns its place in that conversation's lane."""
-    entry = new_entry(message.conversation_key, "notice", message.model_dump_json(), notice=text, rid=rid)
+    entry = QueueEntry(
+        owner=message.conversation_key, kind=EntryKind.NOTICE, message=message, notice=text, request_id=rid or None
+    )
     return await scheduler.enqueue(message.session_key, entry)
 
 
@@ -41,5 +44,5 @@ async def enqueue_handoff(scheduler: Scheduler, message: InboundMessage, group: 
     """Queue an operator's handoff of the conversation `message` names (to `servicer`, else the queue for a
     human) in that conversation's lane, so it happens in order with the answers already queued there."""
     scope = Scope.of(message, group)
-    entry = new_entry(scope.owner, "handoff", message.model_dump_json(), servicer=servicer)
+    entry = QueueEntry(owner=scope.owner, kind=EntryKind.HANDOFF, message=message, servicer=servicer)
     return await scheduler.enqueue(scope.lane, entry)

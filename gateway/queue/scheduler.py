@@ -27,14 +27,15 @@ key behind, however many conversations the namespace has seen.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from gateway.queue.entry import QueueEntry
 from gateway.state.keys import Keys
 from gateway.state.redis_text import as_text
 
@@ -143,7 +144,8 @@ return false
 )
 
 # KEYS: the ready set.
-# ARGV: core prefix, lane, epoch, entry id, outcome ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
+# ARGV: core prefix, lane, epoch, entry id ('*': whatever is the head, for one that cannot be read), outcome
+# ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
 # Returns 1, or 0 when the lease is no longer held at this epoch (nothing is changed then).
 _RELEASE = (
     _COMMON
@@ -154,7 +156,7 @@ if redis.call('HGET', lease_key, 'epoch') ~= ARGV[3] then return 0 end
 local lane_key = ns .. ':sched:lane:' .. lane
 if ARGV[5] == 'done' then
   local head = redis.call('LINDEX', lane_key, 0)
-  if head and cjson.decode(head)['id'] == ARGV[4] then
+  if head and (cjson.decode(head)['id'] == ARGV[4] or ARGV[4] == '*') then
     redis.call('LPOP', lane_key)
     redis.call('HINCRBY', ns .. ':sched:stats', 'handled', 1)
   end
@@ -270,21 +272,14 @@ class Lease:
 
     lane: str
     epoch: str
-    entry: dict
+    entry: QueueEntry
 
     @property
     def entry_id(self) -> str:
-        return str(self.entry["id"])
+        return self.entry.entry_id
 
 
 Outcome = Literal["done", "retry"]
-
-
-def new_entry(owner: str, kind: str, message_json: str, **extra: str) -> str:
-    """One queue entry as JSON: id, enqueue time, the fairness owner, kind, and the message itself."""
-    head = {"id": f"{time.time_ns():x}-{secrets.token_hex(4)}", "t": int(time.time() * 1000), "u": owner}
-    head.update(kind=kind, **extra)
-    return json.dumps(head, ensure_ascii=False)[:-1] + ',"msg":' + message_json + "}"
 
 
 class Scheduler:
@@ -314,10 +309,16 @@ class Scheduler:
     # -- gateway side ------------------------------------------------------------------------
 
     def _enqueue_args(
-        self, lane: str, entry: str, dedup_key: str, dedup_ttl_s: int, weight: float, binding: Binding | None = None
+        self,
+        lane: str,
+        entry: QueueEntry,
+        dedup_key: str,
+        dedup_ttl_s: int,
+        weight: float,
+        binding: Binding | None = None,
     ) -> list:
         keys = [dedup_key or self._keys.scheduler_stats, *([binding.key] if binding else [])]
-        argv = [self._ns, dedup_ttl_s if dedup_key else 0, lane, entry, weight]
+        argv = [self._ns, dedup_ttl_s if dedup_key else 0, lane, entry.to_json(), weight]
         argv += [binding.message_id, binding.ttl_s] if binding else ["", 0]
         return [len(keys), *keys, *argv]
 
@@ -325,7 +326,7 @@ class Scheduler:
         self,
         pipe: Pipeline,
         lane: str,
-        entry: str,
+        entry: QueueEntry,
         dedup_key: str = "",
         dedup_ttl_s: int = 0,
         weight: float = 1.0,
@@ -338,7 +339,7 @@ class Scheduler:
         args = self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight, binding)
         pipe.execute_command("EVALSHA", self._scripts["enqueue"].sha, *args)  # a cluster pipeline blocks .evalsha()
 
-    async def enqueue(self, lane: str, entry: str, weight: float = 1.0) -> int:
+    async def enqueue(self, lane: str, entry: QueueEntry, weight: float = 1.0) -> int:
         """Append an entry to its lane (no dedup); returns the lane's length."""
         args = self._enqueue_args(lane, entry, "", 0, weight)
         return int(await self._scripts["enqueue"](keys=args[1 : 1 + args[0]], args=args[1 + args[0] :]))
@@ -351,7 +352,18 @@ class Scheduler:
         if not result:
             return None
         lane, epoch, head = (as_text(item) for item in result)
-        return Lease(lane, epoch, json.loads(head))
+        try:
+            return Lease(lane, epoch, QueueEntry.from_json(head))
+        except ValidationError as exc:  # written by hand or by a broken client: kept for an operator, not retried
+            await self._release_unreadable(lane, epoch, head, exc)
+            return None
+
+    async def _release_unreadable(self, lane: str, epoch: str, head: str, exc: ValidationError) -> None:
+        """An entry no worker can read leaves its lane as a dead letter (`botgw dlq show` has it whole)."""
+        reason = f"unreadable queue entry: {exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}"
+        dead = json.dumps({"reason": reason, "raw": head[:10_000]}, ensure_ascii=False)
+        args = [self._ns, lane, epoch, "*", "done", 0, 1.0, dead]
+        await self._scripts["release"](keys=self._routing, args=args)
 
     async def wait_for_work(self, timeout_s: float) -> None:
         """Block until a lane becomes ready somewhere (or the timeout passes): no polling."""
@@ -368,20 +380,26 @@ class Scheduler:
     ) -> bool:
         """End the lease: 'done' drops the entry (optionally into the dead letters), 'retry' keeps it at the
         head, to run again after `delay_s`. False when the lease was lost meanwhile (nothing changed)."""
-        dead = json.dumps({**dead_letter, "entry": lease.entry}, ensure_ascii=False) if dead_letter else ""
+        dead = json.dumps({**dead_letter, "entry": lease.entry.wire()}, ensure_ascii=False) if dead_letter else ""
         args = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome, int(delay_s * 1000), weight, dead]
         return bool(await self._scripts["release"](keys=self._routing, args=args))
 
-    async def following(self, lease: Lease, count: int) -> list[dict]:
-        """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge)."""
-        raw = await self._redis.lrange(self._keys.lane(lease.lane), 1, count)
-        return [json.loads(item) for item in raw]
+    async def following(self, lease: Lease, count: int) -> list[QueueEntry]:
+        """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge); the first
+        one that cannot be read ends the list (it is not absorbed, and dead-lettered when it is a head)."""
+        behind = []
+        for item in await self._redis.lrange(self._keys.lane(lease.lane), 1, count):
+            try:
+                behind.append(QueueEntry.from_json(item))
+            except ValidationError:
+                break
+        return behind
 
-    async def absorb(self, lease: Lease, merged: dict, absorbed: list[dict]) -> bool:
+    async def absorb(self, lease: Lease, merged: QueueEntry, absorbed: list[QueueEntry]) -> bool:
         """Replace the head and the `absorbed` entries behind it by one `merged` entry (the head's id), in one
         script, so that a worker dying after it leaves the merged message queued, not the parts lost."""
-        ids = [lease.entry_id, *(str(entry["id"]) for entry in absorbed)]
-        args = [self._ns, lease.lane, lease.epoch, json.dumps(merged, ensure_ascii=False), *ids]
+        ids = [lease.entry_id, *(entry.entry_id for entry in absorbed)]
+        args = [self._ns, lease.lane, lease.epoch, merged.to_json(), *ids]
         return bool(await self._scripts["absorb"](keys=self._routing, args=args))
 
     async def renew(self, leases: list[Lease], lease_ms: int) -> set[str]:

@@ -22,7 +22,8 @@ from bots.base import ConversationTaken, CursorRefused, EventEffect, InboundMess
 from bots.text import utf8_len
 from gateway import metrics
 from gateway.config import Settings
-from gateway.queue.scheduler import Lease, Scheduler, new_entry
+from gateway.queue.entry import EntryKind, QueueEntry
+from gateway.queue.scheduler import Lease, Scheduler
 from gateway.state.conversations import Conversations
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope, Turn
@@ -35,7 +36,7 @@ HISTORY_GRACE_S = 60.0  # on a first start, messages sent this long before the c
 MERGE_GRACE_S = 1.5  # beyond the window: a burst's last message still has to be called back and pulled
 MAX_PAGES = 10_000  # a pull that never ends is a platform bug, not a reason to loop forever
 MAX_MERGED = 20
-ITEM_KINDS = {"message": "chat", "agent": "agent", "event": "event"}
+ITEM_KINDS = {"message": EntryKind.CHAT, "agent": EntryKind.AGENT, "event": EntryKind.EVENT}
 
 
 class PulledWork:
@@ -116,8 +117,8 @@ class PulledWork:
         for item in items:
             message = item.message
             scope = Scope.of(message, self._settings.memory.group)
-            extra = {"event": json.dumps(item.event, ensure_ascii=False)} if item.event else {}
-            entry = new_entry(scope.owner, ITEM_KINDS[item.kind], message.model_dump_json(), **extra)
+            event = json.dumps(item.event, ensure_ascii=False) if item.event else None
+            entry = QueueEntry(owner=scope.owner, kind=ITEM_KINDS[item.kind], message=message, event=event)
             weight = self._settings.worker.weight(message.bot_id)
             dedup = self._keys.dedup(message.dedup_key)
             self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup, self._dedup_ttl_s, weight)
@@ -144,8 +145,7 @@ class PulledWork:
         memory = self._settings.memory
         return memory.ttl_s, memory.max_turns * 2
 
-    async def event(self, adapter, message: InboundMessage, entry: dict, record: ReplyRecord) -> str:  # type: ignore[no-untyped-def]
-        event = json.loads(entry.get("event") or "{}")
+    async def event(self, adapter, message: InboundMessage, event: dict, record: ReplyRecord) -> str:  # type: ignore[no-untyped-def]
         effect = adapter.sessions.on_event(event, message.reply_to)
         metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
         if effect.owner is not None:
@@ -194,16 +194,17 @@ class PulledWork:
         if effect.quota_refund and adapter.reply_quota is not None:
             await self.conversations.give_back(message, adapter.reply_quota, effect.quota_refund)
         if effect.dead_letter:
-            original = sent.get("message") or message.model_dump(mode="json")
-            entry = {"kind": "chat", "id": effect.failed_msgid, "msg": original}
-            letter = json.dumps({"reason": reason, "entry": entry}, ensure_ascii=False)
+            original = InboundMessage.model_validate(sent["message"]) if sent.get("message") else message
+            owner = Scope.of(original, self._settings.memory.group).owner
+            entry = QueueEntry(entry_id=effect.failed_msgid, owner=owner, message=original)
+            letter = json.dumps({"reason": reason, "entry": entry.wire()}, ensure_ascii=False)
             await self._redis.xadd(self._keys.dead_letters, {"entry": letter}, maxlen=10_000, approximate=True)
 
     # -- a burst -------------------------------------------------------------------------------
 
     async def merge(
         self, lease: Lease, message: InboundMessage, window_s: float, alone: Callable[[str], bool]
-    ) -> tuple[dict | None, float]:
+    ) -> tuple[QueueEntry | None, float]:
         """Absorb the person's messages queued right behind this one within `window_s` of each other; a message
         that `alone` says must be answered on its own (a handoff keyword, a command) is neither merged nor
         absorbed, so "q\n转人工" is never answered as a question.
@@ -213,35 +214,38 @@ class PulledWork:
         if message.msg_type == "text" and alone(message.text):
             return None, 0.0
         behind = await self._scheduler.following(lease, MAX_MERGED)
-        absorbed: list[dict] = []
+        absorbed: list[QueueEntry] = []
         last = message.received_at
         for entry in behind:
-            other = entry.get("msg") or {}
-            same_person = entry.get("kind") == "chat" and other.get("sender_id") == message.sender_id
-            at = float(other.get("received_at") or 0)
-            if not same_person or at - last > window_s:
+            other = entry.message
+            same_person = entry.kind == EntryKind.CHAT and other.sender_id == message.sender_id
+            if not same_person or other.received_at - last > window_s:
                 break
-            if other.get("msg_type", "text") == "text" and alone(str(other.get("text", ""))):
+            if other.msg_type == "text" and alone(other.text):
                 break
             absorbed.append(entry)
-            last = at
+            last = other.received_at
         wait = last + window_s + MERGE_GRACE_S - time.time()
         if wait > 0:
             return None, wait
         if not absorbed:
             return None, 0.0
-        merged = {**lease.entry, "msg": merged_message(lease.entry["msg"], [entry["msg"] for entry in absorbed])}
-        merged["merged"] = [str(entry["msg"].get("msg_id", "")) for entry in absorbed]
+        merged = lease.entry.model_copy(
+            update={
+                "message": merged_message(lease.entry.message, [entry.message for entry in absorbed]),
+                "merged": [entry.message.msg_id for entry in absorbed],
+            }
+        )
         if not await self._scheduler.absorb(lease, merged, absorbed):
             return None, 0.0  # the lane changed under us (lease lost): answer what we hold
         return merged, 0.0
 
 
-def merged_message(head: dict, behind: list[dict]) -> dict:
+def merged_message(head: InboundMessage, behind: list[InboundMessage]) -> InboundMessage:
     """One message for a burst: its texts joined in order, answered as text when any part is text (a photo
     followed by "这是什么问题？" is the question, not an image the bot cannot read), received with the last part."""
     parts = [head, *behind]
-    texts = [str(part.get("text", "")) for part in parts if part.get("msg_type", "text") == "text"]
-    msg_type = "text" if texts else str(head.get("msg_type", "text"))
-    text = "\n".join(texts) if texts else str(head.get("text", ""))
-    return {**head, "msg_type": msg_type, "text": text, "received_at": parts[-1].get("received_at", 0)}
+    texts = [part.text for part in parts if part.msg_type == "text"]
+    msg_type = "text" if texts else head.msg_type
+    text = "\n".join(texts) if texts else head.text
+    return head.model_copy(update={"msg_type": msg_type, "text": text, "received_at": parts[-1].received_at})

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gateway.worker.loop import ENGINE_UNAVAILABLE_TEXT
+from gateway.texts import ENGINE_UNAVAILABLE_TEXT
 from tests.model.faults import FaultPlan, Killed
 from tests.model.world import (
     KFID,

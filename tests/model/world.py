@@ -142,7 +142,8 @@ async def start_worker(services: Services, plan: FaultPlan, name: str, engine_ap
     await engine.start()
     worker = Worker(runtime, name)
     # The `limits` library's own connections: a message window and a send pacing are side effects too.
-    worker._delivery.pacer = FaultyWindows(worker._delivery.pacer, faults, "pacing")  # type: ignore[assignment]
+    delivery = worker.services.delivery
+    delivery.pacer = FaultyWindows(delivery.pacer, faults, "pacing")  # type: ignore[assignment]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop), name=name)
     return WorkerHandle(faults, worker, runtime, stop, task)

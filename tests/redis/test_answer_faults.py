@@ -22,14 +22,18 @@ from engine.client import Completion, EngineError
 from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
 from gateway.delivery.presenters import Delivery, PiecesPresenter, StreamPresenter
-from gateway.queue.scheduler import Scheduler, new_entry
+from gateway.pipeline.generate import Generate
+from gateway.pipeline.job import Job, PromptPlan
+from gateway.queue.entry import QueueEntry
+from gateway.queue.scheduler import Scheduler
 from gateway.state.conversations import Conversations
 from gateway.state.keys import Keys
 from gateway.state.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
 from gateway.state.memory import Scope, Turn
 from gateway.state.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
 from gateway.state.streams import StreamStore
-from gateway.worker.loop import Job, PromptPlan, Worker
+from gateway.worker.dispatch import answer
+from gateway.worker.loop import Worker
 from gateway.worker.pulled import PulledWork
 
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
@@ -92,7 +96,7 @@ class KfStandIn:
 async def leased(world: World, message: InboundMessage) -> tuple[Fence, object]:
     """Queue `message` in its lane and take it: the lease every write is fenced by."""
     lane = Scope.of(message, "per_user").lane
-    await world.scheduler.enqueue(lane, new_entry(lane, "chat", message.model_dump_json()))
+    await world.scheduler.enqueue(lane, QueueEntry(owner=lane, message=message))
     lease = await world.scheduler.take("w", 30_000, 0)
     assert lease is not None and lease.lane == lane
     return Fence(world.keys.lease(lane), lease.epoch), lease
@@ -228,14 +232,17 @@ async def test_a_redis_error_in_the_merge_is_counted_and_backed_off(world: World
     worker = object.__new__(Worker)
     adapter = SimpleNamespace(merge_window_s=3.0, reply_style="pieces", reply_quota=QUOTA, duplicate_check_window_s=0)
     settings = SimpleNamespace(memory=MemorySettings(), worker=WorkerSettings(max_send_attempts=3))
-    worker._rt = SimpleNamespace(adapters={"kefu": adapter}, keys=world.keys, redis=world.redis, settings=settings)
+    worker._rt = SimpleNamespace(adapters={"kefu": adapter})
     worker._settings, worker._cfg, worker._scheduler = settings, settings.worker, world.scheduler
-    worker._records, worker._delivery = world.records, world.delivery
 
     async def merge_fails(*args: object) -> None:
         raise RedisError("connection reset mid-merge")
 
-    worker._pulled = SimpleNamespace(merge=merge_fails)
+    worker.services = SimpleNamespace(  # type: ignore[assignment]
+        settings=settings, keys=world.keys, redis=world.redis, scheduler=world.scheduler, records=world.records,
+        delivery=world.delivery, pulled=SimpleNamespace(merge=merge_fails),
+    )  # fmt: skip
+    worker._pipelines = {}
     await worker._handle(lease)  # before the fix: UnboundLocalError (no job yet), never counted
     assert int(await world.redis.get(world.keys.entry_failures(lease.entry_id)) or 0) == 1
     assert await world.scheduler.take("w2", 30_000, 0) is None, "retried at once instead of after a backoff"
@@ -280,14 +287,13 @@ class ShownStore:
 
 async def test_a_continued_answer_asks_for_only_the_tokens_left_and_settles_the_failed_attempt() -> None:
     engine = ContinuingEngine("一二三四五六七八九十", "完")
-    worker = object.__new__(Worker)
-    worker._rt = SimpleNamespace(engine=engine)
-    spent = [0]
+    generate = Generate(SimpleNamespace(engine=engine))  # type: ignore[arg-type]
+    job = SimpleNamespace(presenter=ShownStore(), message=SimpleNamespace(temperature=None), tokens_used=0)
     plan = PromptPlan([], max_tokens=50, prompt_bound=100, message_tokens=None)
-    completion = await worker._stream_to_user(ShownStore(), [], plan, None, spent)  # type: ignore[arg-type]
+    completion = await generate._stream_to_user(job, [], plan)  # type: ignore[arg-type]
     assert completion.text == "一二三四五六七八九十完"
     assert engine.max_tokens == [50, 40], "the continuation may spend a whole max_tokens past the reservation"
-    assert spent[0] == 100 + 10, "the failed attempt's prompt and written tokens were never settled"
+    assert job.tokens_used == 100 + 10, "the failed attempt's prompt and written tokens were never settled"
 
 
 # -- defect 3: a handoff after "nothing in the documents" still happens when its move failed once -----------------
@@ -315,6 +321,10 @@ class FlakySessions:
         return "正在为您转接人工客服"
 
 
+async def never_composed(job: Job) -> None:
+    raise AssertionError("the answer was committed already: nothing is composed again")
+
+
 async def test_a_no_answer_handoff_whose_move_fails_once_is_made_on_the_retry(world: World) -> None:
     message = kf_message("你们的退货政策？")
     fence, lease = await leased(world, message)
@@ -326,11 +336,11 @@ async def test_a_no_answer_handoff_whose_move_fails_once_is_made_on_the_retry(wo
     adapter.sessions = FlakySessions()  # type: ignore[attr-defined]
     presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
     job = Job(lease, message, Scope.of(message, "per_user"), adapter, record, presenter)  # type: ignore[arg-type]
-    worker = object.__new__(Worker)
-    worker._pulled = SimpleNamespace(conversations=world.conversations)
+    services = SimpleNamespace(pulled=SimpleNamespace(conversations=world.conversations))
     with pytest.raises(RetryableSendError):
-        await worker._answer(job)
-    assert (await worker._answer(job)).endswith("handed off (no answer)"), "the retry took the answer for done"
+        await answer(job, services, never_composed)  # type: ignore[arg-type]
+    outcome = await answer(job, services, never_composed)  # type: ignore[arg-type]
+    assert outcome.endswith("handed off (no answer)"), "the retry took the answer for done"
     assert adapter.sent == ["抱歉，资料里没有找到答案。"], "the answer was sent again"
     assert adapter.sessions.notices == ["MSG_CODE:正在为您转接人工客服"]  # type: ignore[attr-defined]
     assert (await record.load()).state == "done"
@@ -363,7 +373,7 @@ async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_an
     pulled.conversations = world.conversations
     event_message = kf_message()
     event_record = world.records.open(event_message.dedup_key)
-    assert await pulled.event(adapter, message, {"event": "{}"}, event_record) == "msg_send_fail:10"
+    assert await pulled.event(adapter, message, {}, event_record) == "msg_send_fail:10"
     assert (await world.records.open(message.dedup_key).load()).send_failed == "10:0"
     assert await world.conversations.quota_left(message, QUOTA) == 4, "the slot the platform did not count"
     letters = await world.redis.xrange(world.keys.dead_letters)

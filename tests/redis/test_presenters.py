@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bots.base import InboundMessage, ReplyTarget, RetryableSendError, SendError
+from bots.dingtalk.cards import DingTalkCards
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED
 from gateway.config import WorkerSettings
 from gateway.delivery.presenters import CardPresenter, Delivery, PagePresenter
@@ -77,7 +78,7 @@ def card_message() -> InboundMessage:
 
 
 def card_presenter(delivery: Delivery, api: CardApi, message: InboundMessage) -> CardPresenter:
-    adapter = SimpleNamespace(api=api, config=SimpleNamespace(ai_card=SimpleNamespace(updates_per_second=10)))
+    adapter = SimpleNamespace(cards=DingTalkCards(api, updates_per_second=10))  # DingTalk's cards, a stand-in API
     record = ReplyRecords(delivery.redis, delivery.keys, 3600).open(message.dedup_key)
     return CardPresenter(delivery, adapter, message, record, None)
 
@@ -162,7 +163,7 @@ async def test_a_page_answer_that_failed_after_a_partial_answer_is_finished_not_
 
 def test_max_tokens_is_lowered_to_what_the_platform_can_show() -> None:
     from bots.wecom.aibot import WeComAIBotAdapter
-    from gateway.worker.loop import MAX_BYTES_PER_TOKEN, answer_token_cap
+    from gateway.pipeline.prompt_plan import MAX_BYTES_PER_TOKEN, answer_token_cap
 
     cap = WeComAIBotAdapter.max_answer_bytes
     assert cap == 20480 + 20480

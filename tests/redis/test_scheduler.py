@@ -10,7 +10,9 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from gateway.queue.scheduler import Lease, Scheduler, new_entry
+from bots.base import InboundMessage
+from gateway.queue.entry import QueueEntry
+from gateway.queue.scheduler import Lease, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
 from gateway.state.streams import StreamStore
@@ -25,8 +27,14 @@ async def scheduler(redis_url: str):
     await redis.aclose()
 
 
+def entry(owner: str, text: str) -> QueueEntry:
+    message = InboundMessage(platform="wecom", bot_id="b", msg_id=text, conversation_id=owner, sender_id=owner,
+                             text=text)  # fmt: skip
+    return QueueEntry(owner=owner, message=message)
+
+
 async def put(sched: Scheduler, lane: str, owner: str, text: str, weight: float = 1.0) -> None:
-    await sched.enqueue(lane, new_entry(owner, "chat", f'{{"text": "{text}"}}'), weight)
+    await sched.enqueue(lane, entry(owner, text), weight)
 
 
 async def drain_order(sched: Scheduler, cap: int = 0, weights: dict[str, float] | None = None) -> list[str]:
@@ -34,7 +42,7 @@ async def drain_order(sched: Scheduler, cap: int = 0, weights: dict[str, float] 
     worker does with its bot's); the texts in the order served."""
     served = []
     while (lease := await sched.take("w", 5000, cap)) is not None:
-        served.append(lease.entry["msg"]["text"])
+        served.append(lease.entry.message.text)
         assert await sched.release(lease, "done", weight=(weights or {}).get(lease.lane, 1.0))
     return served
 
@@ -64,11 +72,11 @@ async def test_one_lane_is_never_leased_twice(scheduler: Scheduler) -> None:
     for i in range(3):
         await put(scheduler, "conv", "u:x", f"m{i}")
     first = await scheduler.take("w1", 5000, 0)
-    assert first is not None and first.entry["msg"]["text"] == "m0"
+    assert first is not None and first.entry.message.text == "m0"
     assert await scheduler.take("w2", 5000, 0) is None  # m1 waits for m0, without any worker waiting
     assert await scheduler.release(first, "done")
     second = await scheduler.take("w2", 5000, 0)
-    assert second is not None and second.entry["msg"]["text"] == "m1"
+    assert second is not None and second.entry.message.text == "m1"
 
 
 async def test_per_user_cap_defers_a_second_lane_until_the_first_ends(scheduler: Scheduler) -> None:
@@ -76,13 +84,13 @@ async def test_per_user_cap_defers_a_second_lane_until_the_first_ends(scheduler:
     await put(scheduler, "group", "u:alice", "group")
     await put(scheduler, "other", "u:bob", "bob")
     first = await scheduler.take("w", 5000, 1)
-    assert first is not None and first.entry["msg"]["text"] == "dm"
+    assert first is not None and first.entry.message.text == "dm"
     second = await scheduler.take("w", 5000, 1)
-    assert second is not None and second.entry["msg"]["text"] == "bob"  # alice's group lane was deferred
+    assert second is not None and second.entry.message.text == "bob"  # alice's group lane was deferred
     assert await scheduler.take("w", 5000, 1) is None
     await scheduler.release(first, "done")
     third = await scheduler.take("w", 5000, 1)
-    assert third is not None and third.entry["msg"]["text"] == "group"
+    assert third is not None and third.entry.message.text == "group"
 
 
 async def stall_until_swept(sched: Scheduler, lane: str) -> Lease:
@@ -209,7 +217,7 @@ async def test_retry_with_delay_keeps_the_entry_first_and_runs_it_later(schedule
         await scheduler.sweep()
         await asyncio.sleep(0.02)
     assert time.monotonic() - started >= 0.2
-    assert again.entry["msg"]["text"] == "first"
+    assert again.entry.message.text == "first"
 
 
 async def test_wait_for_work_wakes_on_enqueue(scheduler: Scheduler) -> None:

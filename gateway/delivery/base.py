@@ -1,0 +1,143 @@
+"""What every reply style shares: `Delivery` (Redis, the stream store, pacing, send retries), `Presenter` (one
+answer on its platform), `Paced` (a send must wait for its allowance), and the registry of styles.
+
+One class per reply style (bots.channels), never per adapter class, each in its own module:
+
+- pieces (WeCom app, group robot, DingTalk text, 微信客服): gateway/delivery/pieces.py
+- stream (WeCom AI bot): gateway/delivery/stream.py
+- page (web): gateway/delivery/stream.py (the page reads the same stored stream)
+- card (DingTalk AI card): gateway/delivery/card.py
+
+Every write is fenced by the worker's lease: a stream update or record write from a worker that lost the message
+raises LeaseLost, and a send is preceded by a lease check.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from bots.base import InboundMessage, SendError, Throttled
+from bots.channels import Channel
+from gateway.config import WorkerSettings
+from gateway.retry import retry
+from gateway.state.conversations import Conversations
+from gateway.state.keys import Keys
+from gateway.state.limits import MovingWindowLimiter
+from gateway.state.reply_record import Fence, LeaseLost, ReplyRecord, ReplyState
+from gateway.state.streams import StreamStore
+
+log = logging.getLogger(__name__)
+
+
+class Paced(Exception):
+    """The platform's send allowance is used up for now: try again in `retry_after_s`."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"paced for {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Delivery:
+    """What every presenter shares: Redis, the stream store, pacing windows and retry settings."""
+
+    redis: Redis
+    keys: Keys
+    streams: StreamStore
+    pacer: MovingWindowLimiter
+    settings: WorkerSettings
+    conversations: Conversations | None = None  # reply quotas, for platforms that have them
+
+    async def retry_send(self, call: Callable[[int], Awaitable[None]]) -> None:
+        try:
+            await retry(
+                call,
+                attempts=self.settings.max_send_attempts,
+                base_s=self.settings.backoff_base_s,
+                cap_s=self.settings.backoff_max_s,
+                retryable=lambda exc: isinstance(exc, SendError) and exc.retryable and not isinstance(exc, Throttled),
+                hint=lambda exc: getattr(exc, "retry_after", 0.0),
+                what="send",
+            )
+        except Throttled as throttled:  # a throttle of minutes: hand the message back, count no failure
+            raise Paced(throttled.retry_after) from throttled
+
+
+class Presenter:
+    """One answer on its platform. Subclasses say whether it is shown while written (`streams`)."""
+
+    streams = False  # the engine's text is shown as it is written
+    always_answers = False  # the user is looking at an open stream, card or page: it must end with a text
+    interval_s = 0.15  # least time between two updates while writing
+
+    adapter: Channel
+
+    def __init__(
+        self, delivery: Delivery, adapter: Channel, message: InboundMessage, record: ReplyRecord, fence: Fence | None
+    ) -> None:
+        self.delivery = delivery
+        self.adapter = adapter
+        self.message = message
+        self.record = record
+        self.fence = fence
+
+    @property
+    def stream_id(self) -> str:
+        """The answer's entry in the stream store, for styles that keep what was shown there ('' for none)."""
+        return ""
+
+    async def open(self, state: ReplyState) -> None:
+        """Prepare where the answer will appear (a card is created here)."""
+
+    async def shown(self) -> str:
+        """What the user already sees of this answer (continued, never replaced, after a takeover)."""
+        if not self.stream_id:
+            return ""
+        state = await self.delivery.streams.get(self.stream_id)
+        return state.content if state else ""
+
+    async def _update(self, text: str, *, finish: bool = False) -> bool:
+        """Grow (or finish) the stored text under this worker's lease; LeaseLost when the lease has passed on."""
+        applied = await self.delivery.streams.update(self.stream_id, text, finish=finish, fence=self.fence)
+        if applied is None:
+            raise LeaseLost(self.stream_id)
+        return applied
+
+    async def _finish_stored(self, text: str) -> str:
+        """Finish the stored stream with `text` and return what it ends up showing: when `text` does not
+        extend what the user already sees (an engine that failed after a partial answer, a notice), it is
+        shown after that text, never dropped."""
+        if await self._update(text, finish=True):
+            return text
+        state = await self.delivery.streams.get(self.stream_id)
+        if state is None or state.finished:
+            return state.content if state else text
+        combined = f"{state.content}\n\n{text}" if state.content else text
+        await self._update(combined, finish=True)
+        return combined
+
+    async def show(self, text: str) -> None:
+        """Show the text written so far."""
+
+    async def deliver(self, text: str, state: ReplyState) -> None:
+        """Show the final answer; done when this returns."""
+        raise NotImplementedError
+
+    async def finish(self, text: str, state: ReplyState) -> None:
+        """Deliver the answer and record it as done."""
+        await self.deliver(text, state)
+        await self.record.mark(state="done")
+
+    async def fail(self, text: str, state: ReplyState) -> None:
+        """End the answer in a failed state, telling the user `text`."""
+        await self.deliver(text, state)
+
+    async def notice(self, text: str, once: str) -> bool:
+        """A one-off notice outside the answer (the engine is starting), sent at most once per answer (the
+        record's field `once` says it was); best effort. True when it was sent. Styles that show the answer
+        as it is written have nothing to add: the user sees it coming."""
+        return False

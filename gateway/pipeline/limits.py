@@ -1,0 +1,62 @@
+"""Limits on the answer path: the sender's message windows, and the token budget of the answer.
+
+A refusal is answered with a notice, once per window (a flooding user must not make the bot flood the
+platform); a stream, card or page always gets one, as the user is looking at an open answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from redis.exceptions import RedisError
+
+from gateway import metrics
+from gateway.pipeline.job import Composed, Job, Services
+from gateway.pipeline.stage import Next
+from gateway.state.limits import Refusal
+
+
+async def refusal_notice(services: Services, job: Job, refusal: Refusal) -> str:
+    """The notice for an over-limit message: once per window; a stream, card or page always gets one."""
+    metrics.LIMIT_HITS.labels(job.message.platform, refusal.kind).inc()
+    text = refusal.notice(services.settings.limits.notices)
+    if refusal.kind == "prompt" or job.presenter.always_answers:
+        return text
+    notice_key = services.keys.limit_notice(refusal.who)
+    if await services.redis.set(notice_key, "1", nx=True, ex=max(1, refusal.retry_after_s)):
+        return text
+    return ""  # told already in this window
+
+
+class MessageLimits:
+    """The sender's (and the group's) message windows, counted once per message however often it is tried."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        message = job.message
+        refusal = await self._services.budgets.admit_message(message.person, job.group_id, message.dedup_key)
+        if refusal is not None:
+            return await self._services.commit(job, await refusal_notice(self._services, job, refusal))
+        return await next(job)
+
+
+class TokenBudget:
+    """Reserve the most the answer can take (prompt bound + max_tokens) before generating; afterwards, settle
+    the reservation to what the engine used, failed attempts included, whatever happened."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        assert job.plan is not None, "the prompt is planned before its budget is reserved"
+        budgets, message = self._services.budgets, job.message
+        reservation = await budgets.reserve(message.person, job.group_id, job.plan.prompt_bound + job.plan.max_tokens)
+        if isinstance(reservation, Refusal):
+            return await self._services.commit(job, await refusal_notice(self._services, job, reservation))
+        try:
+            return await next(job)
+        finally:
+            with contextlib.suppress(RedisError):
+                await budgets.settle(reservation, job.tokens_used)

@@ -1,0 +1,130 @@
+"""Fitting a request into the engine's context window and the sender's prompt limit: pure token arithmetic
+(unit-tested on its own), and the stage that feeds it what it needs from the engine and memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bots.channels import Channel
+from bots.text import utf8_len
+from gateway.pipeline.job import Composed, Job, PromptPlan, Services
+from gateway.pipeline.limits import refusal_notice
+from gateway.pipeline.stage import Next
+from gateway.state.limits import Refusal
+from gateway.state.memory import Turn, fit_to_budget
+
+TEMPLATE_TOKENS = 16  # the chat template's own tokens around the messages (role markers, generation prompt)
+TOKENS_PER_TURN = 6  # the template's tokens around each history turn
+MIN_ANSWER_TOKENS = 32  # a message that leaves less room than this for the answer is refused as too long
+MAX_BYTES_PER_TOKEN = 6
+
+
+def answer_token_cap(adapter: Channel, max_tokens: int) -> int:
+    """`max_tokens`, lowered where the platform caps a whole answer (`adapter.max_answer_bytes`, e.g. the AI
+    bot's stream plus one response_url post) so that a visible cut stays rare: a token of ERNIE's
+    vocabulary is seldom more than MAX_BYTES_PER_TOKEN bytes of UTF-8 (two Chinese characters)."""
+    cap = adapter.max_answer_bytes
+    return min(max_tokens, max(MIN_ANSWER_TOKENS, cap // MAX_BYTES_PER_TOKEN)) if cap else max_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """The limits a prompt must fit: the engine's context window and the sender's prompt limit (None: none)."""
+
+    context: int | None
+    max_prompt: int | None
+    max_tokens: int  # the answer's tokens wanted
+
+    @property
+    def prompt_room(self) -> int | None:
+        """The most the prompt may take (None: unbounded)."""
+        room = [limit for limit in (self.context and self.context - self.max_tokens, self.max_prompt) if limit]
+        return min(room) if room else None
+
+    def needs_exact_count(self, system_tokens: int, message_bytes: int) -> bool:
+        """Whether the message's UTF-8 length (an upper bound of its tokens) is too big to settle the question:
+        the engine's tokenizer must count it."""
+        room = self.prompt_room
+        return room is not None and system_tokens + message_bytes + TEMPLATE_TOKENS > room
+
+
+def plan_prompt(
+    room: Room, system_tokens: int, message_tokens: int, turns: list[Turn], history_budget: int, who: str
+) -> PromptPlan | Refusal:
+    """System prompt + history + message + answer within `room`: the newest turns that fit the history
+    budget, a smaller answer for a long message (but at least MIN_ANSWER_TOKENS), or a refusal.
+    `message_tokens` is the message's exact size or an upper bound of it."""
+    context, max_prompt, max_tokens = room.context, room.max_prompt, room.max_tokens
+    fixed = system_tokens + message_tokens + TEMPLATE_TOKENS
+    if max_prompt and fixed > max_prompt:
+        return Refusal("prompt", who, str(max_prompt), 0, size=message_tokens)
+    if context and fixed + MIN_ANSWER_TOKENS > context:
+        return Refusal("prompt", who, str(context - MIN_ANSWER_TOKENS), 0, size=message_tokens)
+    if context and fixed + max_tokens > context:
+        max_tokens = context - fixed  # a long message leaves less room for the answer, but still some
+    history_room = history_budget
+    for limit in (context and context - max_tokens, max_prompt):
+        if limit:
+            history_room = min(history_room, limit - fixed)
+    sized = [dataclasses.replace(turn, tokens=turn.tokens + TOKENS_PER_TURN) for turn in turns]
+    history = fit_to_budget(sized, max(0, history_room))
+    bound = fixed + sum(turn.tokens for turn in history)
+    return PromptPlan(turns[len(turns) - len(history) :], max_tokens, bound, None)
+
+
+def user_turn_tokens(plan: PromptPlan, prompt_tokens: int, system_tokens: int) -> int:
+    """The new message's size for memory: counted exactly when the plan had to, else what the engine's prompt
+    count leaves after the history and the system prompt (at least 1)."""
+    if plan.message_tokens:
+        return plan.message_tokens
+    history = sum(turn.tokens for turn in plan.history)
+    return max(1, prompt_tokens - history - system_tokens)
+
+
+def base_prompt(services: Services, job: Job) -> str:
+    return job.adapter.system_prompt_for(job.message) or services.settings.system_prompt
+
+
+def passages(job: Job) -> str:
+    return job.grounding.passages if job.grounding else ""
+
+
+def system_prompt(services: Services, job: Job) -> str:
+    base = base_prompt(services, job)
+    return f"{base}\n\n{passages(job)}" if passages(job) else base
+
+
+def system_tokens(services: Services, job: Job, *, separator: int = 2) -> int:
+    """The system prompt's size in tokens: the bot's prompt as counted (once per process), the knowledge
+    passages bounded by their UTF-8 length (they change with every question) plus the separator's tokens."""
+    counted = services.system_tokens.get(base_prompt(services, job), 0)
+    return counted + (utf8_len(passages(job)) + separator if passages(job) else 0)
+
+
+class PromptPlanning:
+    """Load the conversation's memory and plan the request; a message too long for any plan gets a notice."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        services, engine = self._services, self._services.engine
+        base = base_prompt(services, job)
+        if base not in services.system_tokens:
+            services.system_tokens[base] = await engine.count_tokens(base)
+        system = system_tokens(services, job)
+        turns = await services.memory.load(job.scope.lane)
+        room = Room(
+            engine.max_model_len,
+            services.budgets.max_prompt_tokens(job.message.person, job.group_id),
+            answer_token_cap(job.adapter, services.settings.engine.max_tokens),
+        )
+        size, exact = utf8_len(job.message.text), None
+        if room.needs_exact_count(system, size):
+            size = exact = await engine.count_tokens(job.message.text)
+        plan = plan_prompt(room, system, size, turns, services.settings.memory.token_budget,
+                           f"user:{job.message.person}")  # fmt: skip
+        if isinstance(plan, Refusal):
+            return await services.commit(job, await refusal_notice(services, job, plan))
+        job.plan = dataclasses.replace(plan, message_tokens=exact)
+        return await next(job)

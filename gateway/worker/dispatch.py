@@ -1,0 +1,77 @@
+"""One leased entry by its kind: a message (or a ready notice) is answered through the adapter's pipeline and
+delivered; a pulled channel's other kinds are the pull itself, a human agent's turn, a platform event, an
+operator's handoff."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from gateway import metrics
+from gateway.pipeline.job import Job, Services
+from gateway.pipeline.stage import Next
+from gateway.queue.entry import EntryKind
+
+Handler = Callable[[Job, Services], Awaitable[str]]
+
+
+async def _pull(job: Job, services: Services) -> str:
+    return await services.pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
+
+
+async def _agent_turn(job: Job, services: Services) -> str:
+    return await services.pulled.agent_turn(job.message, job.record, services.keys.memory(job.scope.lane))
+
+
+async def _event(job: Job, services: Services) -> str:
+    return await services.pulled.event(job.adapter, job.message, job.entry.event_fields(), job.record)
+
+
+async def _handoff(job: Job, services: Services) -> str:
+    servicer = job.entry.servicer or None
+    code = await services.pulled.conversations.hand_off(job.adapter, job.message, job.record, servicer)
+    return f"handed off (code {'yes' if code else 'none'})"
+
+
+OTHER_KINDS: dict[EntryKind, Handler] = {
+    EntryKind.PULL: _pull,
+    EntryKind.AGENT: _agent_turn,
+    EntryKind.EVENT: _event,
+    EntryKind.HANDOFF: _handoff,
+}
+
+
+async def run_entry(job: Job, services: Services, pipeline: Next) -> str:
+    handler = OTHER_KINDS.get(job.entry.kind)
+    if handler is not None:
+        return await handler(job, services)
+    return await answer(job, services, pipeline)
+
+
+async def answer(job: Job, services: Services, pipeline: Next) -> str:
+    """Compose the answer once (the pipeline commits it to the reply record), then deliver what is recorded:
+    a retry or a takeover resends the committed answer, never asks the engine again."""
+    state = job.state = await job.record.load()
+    if state.done:
+        return "already_sent"
+    text = state.text
+    if text is None:
+        composed = await pipeline(job)
+        if composed.ended:
+            return composed.ended
+        text = composed.text
+        state.text, state.state = text, "committed"
+    if not text:
+        await job.record.mark(state="done")
+        return "nothing_to_send"
+    platform = job.message.platform
+    if (job.no_answer or state.no_answer) and job.adapter.sessions is not None:
+        # Nothing in the documents: say so, then hand over; done only once the handoff happened, so that a
+        # retry after a failed move still makes it.
+        await job.presenter.deliver(text, state)
+        await services.pulled.conversations.hand_off(job.adapter, job.message, job.record)
+        await job.record.mark(state="done")
+        metrics.REPLIES.labels(platform, "sent").inc()
+        return "sent; handed off (no answer)"
+    await job.presenter.finish(text, state)
+    metrics.REPLIES.labels(platform, "sent").inc()
+    return "sent"
