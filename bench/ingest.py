@@ -93,7 +93,7 @@ def bare_app() -> FastAPI:
 
 
 def serve_bare(port: int) -> int:
-    """Run the bare app exactly as `botgw serve` runs the gateway (gateway/cli.py `_serve`)."""
+    """Run the bare app exactly as `botgw serve` runs the gateway (gateway/cli/processes.py `_serve`)."""
     import uvicorn
 
     uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on")

@@ -317,20 +317,25 @@ def _expand_env(value: Any) -> Any:
     return value
 
 
+def read_config_file(file: Path) -> dict[str, Any]:
+    """The YAML file as written (no `${VAR}` expanded): a mapping, or ConfigError saying what is wrong with it."""
+    if not file.is_file():
+        raise ConfigError(f"configuration file {file} does not exist")
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file} is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{file} must hold a mapping at the top level")
+    return loaded
+
+
 def load_settings(path: str | Path | None) -> Settings:
     """Read the YAML file (if any), expand `${VAR}`, apply `BOTGW_*` over it, validate."""
     data: dict[str, Any] = {}
     if path:
         file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"configuration file {file} does not exist")
-        try:
-            loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file} is not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{file} must hold a mapping at the top level")
-        data = _expand_env(loaded)
+        data = _expand_env(read_config_file(file))
     odd = [key for key in data if not isinstance(key, str)]
     if odd:
         raise ConfigError(f"top-level keys are names: {str(odd[0])[:40]!r} is not one (a key without quotes that "

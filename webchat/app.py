@@ -9,7 +9,6 @@ BOTGW_WEB_BOT for this module).
 from __future__ import annotations
 
 import json
-import os
 
 import chainlit as cl
 import httpx
@@ -17,8 +16,8 @@ from chainlit.input_widget import Select, Switch
 from starlette.datastructures import Headers
 
 from bots.web.config import PRESETS, WebBotConfig
-from gateway.config import load_settings
 from knowledge.prompt import CITATION_MARK
+from webchat.bot_settings import page_settings
 from webchat.guard import header_user
 from webchat.markdown import ImageLinks, images_as_links
 from webchat.oauth import install as install_company_logins
@@ -31,15 +30,7 @@ STATUS_TEXT = {
 }
 
 
-def _bot() -> WebBotConfig:
-    settings = load_settings(os.environ["BOTGW_CONFIG"])
-    bot = settings.bot(os.environ.get("BOTGW_WEB_BOT", "web"))
-    if not isinstance(bot, WebBotConfig):
-        raise RuntimeError(f"bot {bot.id!r} is not a web bot")
-    return bot
-
-
-BOT = _bot()
+BOT: WebBotConfig = page_settings().web  # its own bot only (webchat/bot_settings.py)
 API = f"{BOT.gateway_url.rstrip('/')}/web/{BOT.id}"
 AUTH = {"Authorization": f"Bearer {BOT.api_key.get_secret_value()}"}
 LOGINS = install_company_logins(BOT)  # WeCom/DingTalk sign-in if web_login names them (webchat/oauth.py)

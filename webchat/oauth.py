@@ -32,7 +32,6 @@ import hashlib
 import hmac
 import html
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -319,9 +318,9 @@ def install(web: WebBotConfig) -> tuple[str, ...]:
     from chainlit.config import config
     from chainlit.server import app
 
-    from gateway.config import load_settings
+    from webchat.bot_settings import page_settings
 
-    made = providers_for(web, list(load_settings(os.environ["BOTGW_CONFIG"]).bots))
+    made = providers_for(web, page_settings().bots)
     ids = {provider.id for provider in made}
     oauth_providers.providers[:] = [p for p in oauth_providers.providers if p.id not in ids] + made
 

@@ -89,17 +89,14 @@ def without_data_layer() -> None:
 
 def load_bot() -> WebBotConfig:
     """The web bot, or one line and exit 2 (as `botgw web` says it) when the configuration is wrong."""
-    from gateway.config import ConfigError, load_settings
+    from gateway.config import ConfigError
+    from webchat.bot_settings import page_settings
 
     try:
-        bot = load_settings(os.environ["BOTGW_CONFIG"]).bot(os.environ.get("BOTGW_WEB_BOT", "web"))
+        return page_settings().web
     except ConfigError as exc:
         print(f"botgw: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if not isinstance(bot, WebBotConfig):
-        print(f"botgw: configuration error: bot {bot.id!r} is not a web bot", file=sys.stderr)
-        raise SystemExit(2)
-    return bot
 
 
 def main() -> None:

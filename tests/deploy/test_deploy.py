@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from engine import launcher
-from gateway.cli import _parser
+from gateway.cli import build_parser
 from gateway.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,7 +313,7 @@ def test_compose_botgw_commands_parse_and_config_loads(
     botgw_services = {n: s for n, s in services.items() if s["image"].startswith("botgw:")}
     assert set(botgw_services) == {"gateway", "worker", "dingtalk-stream", "web"}
     for name, service in botgw_services.items():
-        args = _parser().parse_args(service["command"])
+        args = build_parser().parse_args(service["command"])
         assert args.command == name.replace("gateway", "serve")
         assert args.config == "/etc/botgw/botgw.yaml"
         mount = next(v for v in service["volumes"] if v["target"] == "/etc/botgw/botgw.yaml")
@@ -330,9 +330,9 @@ def test_compose_botgw_commands_parse_and_config_loads(
         assert settings.admin.host == "0.0.0.0" and settings.admin.token is not None
         assert settings.worker.metrics_port == 9101  # deploy/healthcheck.py's default and Prometheus's target
         if name == "web":
-            assert _parser().parse_args(service["command"]).port == 8100
+            assert build_parser().parse_args(service["command"]).port == 8100
         if name == "dingtalk-stream":  # deploy/prometheus/prometheus.yml scrapes it there
-            assert _parser().parse_args(service["command"]).metrics_port == 9102
+            assert build_parser().parse_args(service["command"]).metrics_port == 9102
 
 
 # --- the reverse proxy (Caddy) ---------------------------------------------------------------------------------
@@ -672,7 +672,7 @@ def test_dockerfile_entrypoint_and_image_shape() -> None:
     entrypoint = json.loads(next(arg for op, arg in final if op == "ENTRYPOINT"))
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert entrypoint == ["botgw"] and "botgw" in scripts
-    assert _parser().parse_args(json.loads(next(arg for op, arg in final if op == "CMD"))).command == "serve"
+    assert build_parser().parse_args(json.loads(next(arg for op, arg in final if op == "CMD"))).command == "serve"
     user = next(arg for op, arg in final if op == "USER")
     assert user.split(":")[0] not in ("root", "0")
     assert any(op == "HEALTHCHECK" for op, _ in final)
@@ -698,7 +698,7 @@ def test_image_commands_do_not_import_the_simulator() -> None:
     code = (
         "import sys, gateway.cli, gateway.edge.app, gateway.worker.loop, gateway.runtime, gateway.edge.stream_mode, "
         "bots.web.config, knowledge.commands, engine.launcher\n"
-        "gateway.cli._parser()\n"
+        "gateway.cli.build_parser()\n"
         "print([m for m in sys.modules if m.startswith('simulator')])"
     )
     proc = run([sys.executable, "-c", code])
@@ -931,7 +931,7 @@ def test_k8s_workloads(rendered_k8s: dict[str, list[dict]]) -> None:
                 if not name.endswith("workerTemplate"):  # a Ray worker pod serves nothing to probe
                     assert {"readinessProbe", "livenessProbe"} & set(container), f"{overlay} {name}: no probe"
                 if container["image"].startswith("botgw:"):
-                    args = _parser().parse_args(container["args"])
+                    args = build_parser().parse_args(container["args"])
                     assert args.config == "/etc/botgw/botgw.yaml"
         kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
         assert ("NetworkPolicy", "default-deny-ingress") in kinds

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from gateway.cli import _parser, main
+from gateway.cli import build_parser, main
 from tests.procs import ROOT, child_env, free_port, write_config
 
 PASSWORD = "right-pw-cli-errors"
@@ -81,7 +81,7 @@ def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> It
 
 
 def test_every_command_is_tried_here() -> None:
-    assert sorted(_leaves(_parser())) == sorted(CALLS), "a command was added or removed: try its failures here"
+    assert sorted(_leaves(build_parser())) == sorted(CALLS), "a command was added or removed: try its failures here"
 
 
 def _clean(text: str, *secrets: str) -> None:
@@ -232,10 +232,10 @@ def test_a_second_gateway_on_the_same_admin_port_is_told_about_admin_port(
 
 def test_a_reader_that_goes_away_is_no_error(capfd: pytest.CaptureFixture[str]) -> None:
     """`botgw sim … | head -c 100`: the pipe closes before the command has written all; Unix tools end quietly."""
-    from gateway.cli import _outcome
+    from gateway.cli import outcome
 
     def run(args: argparse.Namespace) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
-    code, line, error = _outcome(argparse.Namespace(run=run), "sim wecom")  # fd 1 is capfd's, restored after
+    code, line, error = outcome(argparse.Namespace(run=run), "sim wecom")  # fd 1 is capfd's, restored after
     assert (code, line, error) == (141, "", None)

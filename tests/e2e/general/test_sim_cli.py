@@ -84,7 +84,7 @@ def test_a_simulator_that_cannot_say_reads_as_not_yet_never_as_a_crash() -> None
     """`sim wecom-kf` asks the simulator whether botgw pulled the customer's message and what the session's state is.
     A simulator reset since (the message gone from its log) or an older one (no such route) answers 404 with another
     body: that used to be a KeyError (exit 1); it is "not yet" / "unknown", and the command waits out --timeout."""
-    from gateway.cli import _sim_kf_pulled, _sim_kf_state
+    from gateway.cli.sim import kf_pulled, kf_state
 
     answers = {
         "/__sim__/kf/pulled": [httpx.Response(404, json={"error": "no log item 'm1'"}),
@@ -98,6 +98,6 @@ def test_a_simulator_that_cannot_say_reads_as_not_yet_never_as_a_crash() -> None
         return answers[request.url.path].pop(0)
 
     with httpx.Client(transport=httpx.MockTransport(simulator)) as http:
-        assert [_sim_kf_pulled(http, "http://sim", ["m1"]) for _ in range(4)] == [False, False, False, True]
-        assert _sim_kf_pulled(http, "http://sim", []) is False
-        assert [_sim_kf_state(http, "http://sim", "wk1", "c1") for _ in range(3)] == [None, None, 3]
+        assert [kf_pulled(http, "http://sim", ["m1"]) for _ in range(4)] == [False, False, False, True]
+        assert kf_pulled(http, "http://sim", []) is False
+        assert [kf_state(http, "http://sim", "wk1", "c1") for _ in range(3)] == [None, None, 3]

@@ -32,6 +32,7 @@ from bots.base import CallbackRejected
 from bots.wecom.crypto import WeComCrypto
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import cli
+from gateway.cli import sim
 from simulator import state_file, wecom_kf
 from simulator.server import create_simulator_app
 from simulator.state_file import StateFileError
@@ -518,10 +519,10 @@ def test_signed_kf_callback_decrypts_for_the_bot() -> None:
 
 
 def test_playground_command_is_wired() -> None:
-    args = cli._parser().parse_args(
+    args = cli.build_parser().parse_args(
         ["sim", "wecom-kf", "--config", "c.yaml", "--bot", "kf", "--customer", "wm1", "--open-kfid", KF_A, "你好"]
     )
-    assert args.run is cli._sim_wecom_kf
+    assert args.run is sim.wecom_kf
     assert (args.customer, args.open_kfid, args.text) == ("wm1", KF_A, "你好")
 
 
@@ -563,7 +564,7 @@ def test_playground_command_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: 
             assert time.monotonic() < deadline, "servers did not start"
             time.sleep(0.05)
         settings = types.SimpleNamespace(bots=[bot])
-        monkeypatch.setattr(cli, "load_settings", lambda path: settings)
+        monkeypatch.setattr(sim, "load_settings", lambda path: settings)
         argv = ["sim", "wecom-kf", "--config", "unused.yaml", "--bot", "kf", "--customer", "wmplay"]
         code = cli.main([*argv, "--gateway", f"http://127.0.0.1:{gw_port}", "--timeout", "10", "你好"])
         out, err = capsys.readouterr()

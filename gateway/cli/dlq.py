@@ -1,0 +1,60 @@
+"""`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from gateway.cli.common import UsageError, letter_id, positive_int, redis_for
+from gateway.config import load_settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    dlq = sub.add_parser("dlq", help="messages that could not be answered: list, show, replay, purge")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_sub.add_parser("list", help="the newest dead letters, one line each")
+    dlq_list.add_argument("--count", type=positive_int, default=100)
+    dlq_show = dlq_sub.add_parser("show", help="one dead letter in full")
+    dlq_show.add_argument("id", type=letter_id)
+    dlq_replay = dlq_sub.add_parser("replay", help="queue again with the original dedup key (never answered twice)")
+    dlq_replay.add_argument("ids", nargs="+", type=letter_id)
+    dlq_purge = dlq_sub.add_parser("purge", help="drop dead letters")
+    dlq_purge.add_argument("ids", nargs="*", type=letter_id)
+    dlq_purge.add_argument("--all", action="store_true")
+    for cmd in (dlq_list, dlq_show, dlq_replay, dlq_purge):
+        cmd.add_argument("--config", required=True)
+        cmd.set_defaults(run=_dlq)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
+    import json
+
+    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+
+    settings = load_settings(args.config)
+
+    async def main() -> object:
+        keys = Keys(settings.namespace)
+        async with redis_for(settings) as redis:
+            letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
+            if args.dlq_command == "list":
+                return [letter.summary() for letter in await letters.list(args.count)]
+            if args.dlq_command == "show":
+                letter = await letters.get(args.id)
+                return {"id": letter.letter_id, "reason": letter.reason, "entry": letter.entry}
+            if args.dlq_command == "replay":
+                return {letter_id: await letters.replay(letter_id) for letter_id in args.ids}
+            if not args.ids and not args.all:
+                raise UsageError("purge needs dead-letter ids, or --all")
+            return {"purged": await letters.purge(args.ids)}
+
+    try:
+        print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
+    except NoSuchDeadLetter as exc:
+        print(f"botgw dlq {args.dlq_command}: no dead letter {exc} (`botgw dlq list` shows them)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,328 @@
+"""`botgw sim`: the platform simulator (`sim serve`), and a person writing to a bot through it (`sim wecom`,
+`dingtalk`, `wecom-kf`, `wecom-ai`), the bot's answer printed. simulator/ is imported only when a command runs: the
+Docker image has no simulator, and its other commands must not need it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import TypeVar
+
+import httpx
+
+from gateway.config import load_settings
+from gateway.logs import setup_logging
+
+T = TypeVar("T")
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8080"
+HUMAN_KF_STATES = (2, 3)  # 微信客服 service_state: the queue for a human, a human agent (wecom-kf.md §6)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("sim", help="the platform simulator (local playground)")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    sim_serve = sim_sub.add_parser("serve", help="run the simulated platform servers")
+    sim_serve.add_argument("--config", required=True)
+    sim_serve.add_argument("--host", default="127.0.0.1")
+    sim_serve.add_argument("--port", type=int, default=8090)
+    sim_serve.add_argument(
+        "--stream-keepalive-s", type=float, default=20.0, help="Stream gateway's ping interval and timeout"
+    )
+    sim_serve.add_argument(
+        "--state",
+        metavar="FILE",
+        default=None,
+        help="keep the simulated 微信客服 (its log, cursors, sessions) in FILE across restarts, as the real platform "
+        "does (the playground's); without it everything is in memory",
+    )
+    sim_serve.set_defaults(run=serve)
+    sim_wecom = sim_sub.add_parser("wecom", help="send a message as a WeCom user and print the bot's reply")
+    sim_wecom.add_argument("--config", required=True)
+    sim_wecom.add_argument("--bot", required=True)
+    sim_wecom.add_argument("--user", required=True)
+    sim_wecom.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_wecom.add_argument("--timeout", type=float, default=120.0)
+    sim_wecom.add_argument("text")
+    sim_wecom.set_defaults(run=wecom)
+    sim_dt = sim_sub.add_parser("dingtalk", help="write to a DingTalk robot (HTTP or Stream mode), print its answer")
+    sim_dt.add_argument("--config", required=True)
+    sim_dt.add_argument("--bot", required=True)
+    sim_dt.add_argument("--user", required=True)
+    sim_dt.add_argument("--group", default=None, help="a group conversation id: the robot is @-mentioned there")
+    sim_dt.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_dt.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
+    sim_dt.add_argument("--timeout", type=float, default=120.0)
+    sim_dt.add_argument("text")
+    sim_dt.set_defaults(run=dingtalk)
+    sim_kf = sim_sub.add_parser("wecom-kf", help="write to a 微信客服 account as a WeChat customer, print the answer")
+    sim_kf.add_argument("--config", required=True)
+    sim_kf.add_argument("--bot", required=True)
+    sim_kf.add_argument("--customer", required=True, help="the customer's external_userid")
+    sim_kf.add_argument("--open-kfid", default=None, help="the account (default: the bot's first)")
+    sim_kf.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    sim_kf.add_argument("--timeout", type=float, default=120.0)
+    sim_kf.add_argument("text")
+    sim_kf.set_defaults(run=wecom_kf)
+    sim_ai = sim_sub.add_parser("wecom-ai", help="talk to a WeCom AI bot and watch the streamed answer grow")
+    sim_ai.add_argument("--config", required=True)
+    sim_ai.add_argument("--bot", required=True)
+    sim_ai.add_argument("--user", required=True)
+    sim_ai.add_argument("--gateway", action="append", help="gateway URL; repeat to spread refreshes over replicas")
+    sim_ai.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
+    sim_ai.add_argument("--interval", type=float, default=0.5, help="seconds between refresh callbacks")
+    sim_ai.add_argument("text")
+    sim_ai.set_defaults(run=wecom_ai)
+
+
+def _chosen_bot(args: argparse.Namespace, platform: str, kind: type[T]) -> T | None:
+    """The bot --bot names when it is a `platform` bot; else None, with one line naming that platform's bots. Asked
+    before anything is posted."""
+    from simulator.bot_choice import choose_bot
+
+    bot, problem = choose_bot(load_settings(args.config).bots, args.bot, platform)
+    if problem:
+        print(f"botgw sim {platform}: {problem}", file=sys.stderr)
+    return bot if isinstance(bot, kind) else None
+
+
+def serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import uvicorn
+
+    from simulator.server import create_simulator_app
+    from simulator.state_file import StateFileError
+
+    settings = load_settings(args.config)
+    setup_logging(settings.log_level)
+    try:
+        app = create_simulator_app(settings.bots, args.port, Path(args.state) if args.state else None)
+    except StateFileError as exc:
+        print(f"botgw sim serve: {exc}", file=sys.stderr)
+        return 2
+    # The Stream gateway's own keepalive: how long DingTalk keeps pushing into a connection that died silently
+    # before it notices (UNCONFIRMED on the platform; a message pushed into it meanwhile is lost).
+    keepalive = args.stream_keepalive_s
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+        ws_ping_interval=keepalive,
+        ws_ping_timeout=keepalive,
+    )
+    return 0
+
+
+def wecom(args: argparse.Namespace) -> int:
+    from bots.wecom.config import WeComAppConfig
+    from simulator.wecom_callback import WeComCallbackSigner
+
+    bot = _chosen_bot(args, "wecom", WeComAppConfig)
+    if bot is None:
+        return 2
+    since = time.time()
+    callback = WeComCallbackSigner(bot).text(args.user, args.text)
+    gateway = args.gateway.rstrip("/")
+    with httpx.Client(timeout=10) as http:
+        failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
+        if failed is not None:
+            return failed
+        pieces = _wait_for_reply(http, bot.api_base, args.user, since, args.timeout)
+    if not pieces:
+        print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    print("".join(pieces))
+    return 0
+
+
+def wecom_ai(args: argparse.Namespace) -> int:
+    from bots.wecom.config import WeComAIBotConfig
+    from simulator.wecom_ai import WeComAIBotUser
+
+    bot = _chosen_bot(args, "wecom-ai", WeComAIBotConfig)
+    if bot is None:
+        return 2
+    gateways = args.gateway or [os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL)]
+
+    async def show(text: str) -> None:
+        print(f"\r\033[K{text[-200:]}", end="", flush=True, file=sys.stderr)
+
+    async def main() -> int:
+        async with httpx.AsyncClient(timeout=10) as http:
+            user = WeComAIBotUser(bot, gateways, args.simulator, http)
+            view = await user.ask(args.user, args.text, interval_s=args.interval, on_update=show)
+        print(file=sys.stderr)
+        print(view.text)
+        print(f"[{len(view.shown)} states, finished={view.finished}]", file=sys.stderr)
+        return 0 if view.finished else 1
+
+    return asyncio.run(main())
+
+
+def dingtalk(args: argparse.Namespace) -> int:
+    from bots.dingtalk.config import DingTalkBotConfig
+    from simulator.dingtalk_user import DingTalkUser
+
+    bot = _chosen_bot(args, "dingtalk", DingTalkBotConfig)
+    if bot is None:
+        return 2
+
+    async def main() -> int:
+        async with httpx.AsyncClient(timeout=10) as http:
+            user = DingTalkUser(bot, args.gateway, args.simulator, http)
+            payload = await user.send(args.user, args.text, group=args.group or "")
+            deadline = time.monotonic() + args.timeout
+            seen: list[dict] = []
+            quiet_since = time.monotonic()
+            while time.monotonic() < deadline:
+                replies = await user.replies(payload["conversationId"])
+                mine = [r for r in replies if r["at"] * 1000 >= payload["createAt"]]
+                if len(mine) != len(seen):
+                    seen, quiet_since = mine, time.monotonic()
+                elif seen and time.monotonic() - quiet_since > 1.0:
+                    break
+                await asyncio.sleep(0.1)
+        if not seen:
+            print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
+            return 1
+        for reply in seen:
+            mention = f"@{','.join(reply['at_user_ids'])} " if reply["at_user_ids"] else ""
+            print(f"[{reply['via']}] {mention}{reply['content']}")
+        return 0
+
+    return asyncio.run(main())
+
+
+def wecom_kf(args: argparse.Namespace) -> int:
+    """A WeChat customer writes to a 微信客服 account: the simulator logs it, the gateway gets the signed "pull"
+    callback, and the answer is whatever the simulated Kefu API delivered to the customer.
+
+    Silence is the right answer while a human or the queue for one holds the session (state 2 or 3): that is
+    reported as such, exit 0. When the session was already theirs before the customer wrote, the bot cannot answer
+    (send_msg is refused in 2 and 3, and the customer's message does not move the session), so the command stops
+    once botgw has pulled the message instead of waiting out --timeout."""
+    from bots.wecom_kf.config import WeComKfConfig
+    from simulator.wecom_kf import WeComKfCallbackSigner
+
+    bot = _chosen_bot(args, "wecom-kf", WeComKfConfig)
+    if bot is None:
+        return 2
+    gateway, simulator = args.gateway.rstrip("/"), bot.api_base
+    with httpx.Client(timeout=10) as http:
+        try:
+            open_kfid = args.open_kfid or (bot.open_kfids or [None])[0]
+            if not open_kfid:
+                accounts = http.get(f"{simulator}/__sim__/kf/accounts", params={"corp_id": bot.corp_id}).json()
+                if not accounts:
+                    print(f"botgw sim: the simulator at {simulator} has no account for {bot.corp_id}", file=sys.stderr)
+                    return 2
+                open_kfid = accounts[0]["open_kfid"]
+            state_before = kf_state(http, simulator, open_kfid, args.customer)
+            since = time.time()
+            wrote = http.post(
+                f"{simulator}/__sim__/kf/customer",
+                json={"open_kfid": open_kfid, "external_userid": args.customer, "text": args.text},
+            )
+        except httpx.HTTPError as exc:
+            print(f"botgw sim: the simulator at {simulator} is not reachable ({type(exc).__name__})", file=sys.stderr)
+            return 3
+        if wrote.status_code != 200:
+            print(f"botgw sim: simulator answered {wrote.status_code}: {wrote.text}", file=sys.stderr)
+            return 1
+        callback = WeComKfCallbackSigner(bot).kf_msg_or_event(wrote.json()["token"], open_kfid)
+        failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
+        if failed is not None:
+            return failed
+        deadline = time.monotonic() + args.timeout
+        seen: list[dict] = []
+        quiet_since = time.monotonic()
+        held_by_human = state_before in HUMAN_KF_STATES
+        written = [str(msgid) for msgid in wrote.json().get("msgids", [])]
+        pulled_at = 0.0
+        while time.monotonic() < deadline:
+            sent = http.get(f"{simulator}/__sim__/kf/sent", params={"external_userid": args.customer, "since": since})
+            mine = [item for item in sent.json() if item["open_kfid"] == open_kfid]
+            if len(mine) != len(seen):
+                seen, quiet_since = mine, time.monotonic()
+            elif seen and time.monotonic() - quiet_since > 1.0:
+                break
+            if held_by_human and not seen:
+                if not pulled_at and kf_pulled(http, simulator, written):
+                    pulled_at = time.monotonic()
+                if pulled_at and time.monotonic() - pulled_at > 1.0:  # a moment for anything botgw might send
+                    break
+            time.sleep(0.1)
+        state_after = kf_state(http, simulator, open_kfid, args.customer) if not seen else None
+    if not seen and state_after in HUMAN_KF_STATES:
+        print("no answer (the session is with a human)")
+        who = "waiting in the queue for an agent" if state_after == 2 else "held by a human agent"
+        print(f"[service_state {state_after}: {who}; the bot stays quiet]", file=sys.stderr)
+        return 0
+    if not seen:
+        print(f"botgw sim: no answer to {args.customer} within {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    for item in seen:
+        print(f"[{item['via']}] {item['content']}")
+    return 0
+
+
+def kf_state(http: httpx.Client, simulator: str, open_kfid: str, customer: str) -> int | None:
+    """The customer's session state as the simulated platform holds it (its control route, not the Kefu API); None
+    when the simulator cannot say (an older one without the route): the command then just waits for an answer."""
+    params = {"open_kfid": open_kfid, "external_userid": customer}
+    answer = http.get(f"{simulator}/__sim__/kf/session", params=params)
+    try:
+        return int(answer.json()["service_state"]) if answer.status_code == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def kf_pulled(http: httpx.Client, simulator: str, msgids: list[str]) -> bool:
+    """Whether botgw has pulled (kf/sync_msg) every one of the customer's messages. Unknown reads as not yet: a
+    simulator reset since (the message is gone from its log) or an older one (no such route) answers 404, and the
+    command then waits out --timeout as it would for an answer."""
+    if not msgids:
+        return False
+    for msgid in msgids:
+        answer = http.get(f"{simulator}/__sim__/kf/pulled", params={"msgid": msgid})
+        try:
+            if answer.status_code != 200 or answer.json().get("pulled") is not True:
+                return False
+        except (ValueError, AttributeError):
+            return False
+    return True
+
+
+def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # type: ignore[no-untyped-def]
+    """POST a signed callback as the platform would; None when acknowledged, else the exit status (said why)."""
+    try:
+        ack = http.post(url, params=callback.params, content=callback.body)
+    except httpx.HTTPError as exc:
+        print(f"botgw sim: the gateway at {url} is not reachable ({type(exc).__name__})", file=sys.stderr)
+        return 3
+    if ack.status_code != 200:
+        print(f"botgw sim: gateway answered {ack.status_code}: {ack.text}", file=sys.stderr)
+        return 1
+    print(f"[ack {ack.status_code} in {ack.elapsed.total_seconds() * 1000:.1f} ms]", file=sys.stderr)
+    return None
+
+
+def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
+    """Poll the simulated WeCom for what it delivered to `user`; done once nothing new came for 1 s."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    quiet_since = 0.0
+    while time.monotonic() < deadline:
+        delivered = http.get(f"{api_base}/__sim__/wecom/messages", params={"touser": user, "since": since}).json()
+        contents = [item["content"] for item in delivered]
+        if contents != seen:
+            seen, quiet_since = contents, time.monotonic()
+        elif seen and time.monotonic() - quiet_since > 1.0:
+            return seen
+        time.sleep(0.1)
+    return seen
