@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -203,6 +204,16 @@ class Sessions(Protocol):
         """The person asks for a human (a handoff keyword)."""
         ...
 
+    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
+        """An operator's handoff of `person` (in `account`, where the bot serves several) to a human (`servicer`,
+        else the queue), as the message the worker carries out; ValueError says what is wrong with the request."""
+        ...
+
+    async def is_open(self, target: ReplyTarget) -> bool:
+        """Whether the person has a conversation a handoff can move (asked of the platform; raises SendError
+        when the platform refuses to say or does not answer)."""
+        ...
+
     async def owner(self, target: ReplyTarget) -> Owner:
         """Who holds the conversation now, asked of the platform."""
         ...
@@ -270,8 +281,6 @@ ReplyStyle = Literal["pieces", "stream", "card", "page"]
 a stream the platform polls (WeCom AI bot), a card updated in place (DingTalk AI card), or a page that
 reads it from the gateway (web). The worker picks how to deliver by this, never by adapter class."""
 
-CallbackKind = Literal["wecom-app", "wecom-aibot", "dingtalk-http", "wecom-kf"]
-"""Which callback handler answers this bot's HTTP callbacks (None: it receives none over HTTP)."""
 
 Pacing = list[tuple[str, str]]
 """Send allowances a reply must fit, shared by every worker: (key, window such as "30/61 seconds")."""
@@ -323,6 +332,11 @@ class ChannelDefaults:
     merge_window_s: float = 0.0  # a person's messages within this many seconds are answered together
     reply_quota: ReplyQuota | None = None
     sessions: Sessions | None = None  # human agents can own a conversation
+    callback_style: str | None = None  # how /callback/{bot} is answered (bots.channels; None: no callbacks)
+
+    def connection(self, sink: Callable[[InboundMessage], Awaitable[None]]) -> object | None:
+        """The connection this bot holds open to its platform (bots.channels.HeldConnection); None: none."""
+        return None
 
     def system_prompt_for(self, message: InboundMessage) -> str | None:
         """A system prompt of this bot's own for the message (None: the configured default)."""

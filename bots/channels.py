@@ -9,7 +9,10 @@ one line, when an adapter lacks what its style needs, instead of an AttributeErr
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from bots.base import (
     InboundMessage,
@@ -22,6 +25,107 @@ from bots.base import (
 )
 
 HumanSessions = Sessions  # who holds a conversation, handoff to a human (bots.base.Sessions)
+
+
+# -- callbacks: what a platform POSTs to /callback/{bot} ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallbackRequest:
+    """What an adapter gets of the HTTP request: the platforms sign different parts of it."""
+
+    query: Mapping[str, str]
+    headers: Mapping[str, str]
+    body: bytes
+    now: float
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A verified callback's work for the queue."""
+
+    message: InboundMessage
+    pull: bool = False  # the callback only says "there is something new": the worker pulls the channel's log
+    signature: str = ""  # a signature that covers less than the body: bound to the first message it came with
+
+
+@dataclass(frozen=True)
+class StreamPoll:
+    """A polled-stream platform asks for the current state of one answer's stream."""
+
+    stream_id: str
+
+
+@dataclass(frozen=True)
+class WelcomeEvent:
+    """The person opened the chat: answer with the welcome text."""
+
+
+@dataclass(frozen=True)
+class UnsupportedMessage:
+    """A message the bot cannot read (an image, a file): answered at once with a short notice."""
+
+    msg_type: str
+
+
+PolledEvent = InboundMessage | StreamPoll | WelcomeEvent | UnsupportedMessage | None
+CallbackStyle = Literal["queue", "polled-stream"]
+
+
+@runtime_checkable
+class QueueingCallbacks(Protocol):
+    """Callbacks acknowledged at once with a fixed body; the answer goes out later by the platform's send API
+    (WeCom app, 微信客服, DingTalk robot in HTTP mode)."""
+
+    platform: str
+    callback_style: CallbackStyle
+    ack: tuple[str, str]  # the acknowledgement's body and media type
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str:
+        """The URL check when the callback URL is saved: what to answer, bare (CallbackRejected if refused)."""
+        ...
+
+    def receive(self, request: CallbackRequest) -> Queued | None:
+        """Verify and read a callback: the work to queue, or None (an event that needs nothing)."""
+        ...
+
+
+@runtime_checkable
+class PolledStreamCallbacks(Protocol):
+    """Callbacks answered with the answer's stream, which the platform polls (WeCom AI bot): the gateway opens
+    the stream on a message and answers each refresh with what the worker has written so far."""
+
+    platform: str
+    bot_id: str
+    callback_style: CallbackStyle
+    welcome_text: str
+    stream_limit_s: float  # the platform stops polling after this long: the stream is closed with an apology
+
+    def handshake(self, query: Mapping[str, str], now: float) -> str: ...
+
+    def parse(self, query: Mapping[str, str], body: bytes, now: float) -> PolledEvent: ...
+
+    def stream_payload(self, stream_id: str, content: str, finish: bool) -> dict: ...
+
+    def text_payload(self, text: str) -> dict: ...
+
+    def envelope(self, payload: dict, nonce: str, timestamp: int) -> str:
+        """The reply body: the payload as the platform wants it (encrypted and signed)."""
+        ...
+
+
+# -- connections: platforms that push into a connection botgw holds open ------------------------------------------
+
+MessageSink = Callable[[InboundMessage], Awaitable[None]]
+
+
+class HeldConnection(Protocol):
+    """One bot's connection to its platform (DingTalk Stream mode), handing what arrives to a sink."""
+
+    bot_id: str
+    connected: bool  # a socket is open and answers its pings
+
+    async def run(self, stop: asyncio.Event) -> None: ...
 
 
 @runtime_checkable
@@ -39,6 +143,12 @@ class Channel(Protocol):
     def system_prompt_for(self, message: InboundMessage) -> str | None: ...
 
     def knowledge_for(self, message: InboundMessage) -> Any: ...  # knowledge.config's KnowledgeUse, or None
+
+    callback_style: CallbackStyle | None  # how /callback/{bot} is answered (None: it receives no callbacks)
+
+    def connection(self, sink: MessageSink) -> HeldConnection | None:
+        """The connection this bot holds open to its platform (None: messages come by callback)."""
+        ...
 
 
 @runtime_checkable
@@ -100,13 +210,27 @@ class CardChannel(Channel, Protocol):
 
 
 @runtime_checkable
+class PageChannel(Channel, Protocol):
+    """The web page's bot: the page posts to /web/{bot} with the bot's key and reads the answer back."""
+
+    answer_timeout_s: float
+
+    def authorize(self, headers: Mapping[str, str]) -> None:
+        """CallbackRejected (401) unless the request carries the bot's key."""
+        ...
+
+    def parse(self, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage: ...
+
+
+@runtime_checkable
 class PulledChannel(Channel, Protocol):
     """A channel whose callback only says "pull" (微信客服): the worker pulls its log."""
 
     async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage: ...
 
 
-NEEDS: dict[str, type] = {"pieces": PiecesChannel, "stream": StreamChannel, "card": CardChannel, "page": Channel}
+NEEDS: dict[str, type] = {"pieces": PiecesChannel, "stream": StreamChannel, "card": CardChannel, "page": PageChannel}
+CALLBACKS: dict[str, type] = {"queue": QueueingCallbacks, "polled-stream": PolledStreamCallbacks}
 
 
 def check_channel(adapter: object) -> None:
@@ -115,9 +239,19 @@ def check_channel(adapter: object) -> None:
     needed = NEEDS.get(str(style))
     if needed is None:
         raise TypeError(f"{type(adapter).__name__}: unknown reply_style {style!r} (one of {', '.join(NEEDS)})")
-    if not isinstance(adapter, needed):
-        missing = [name for name in _members(needed) if not hasattr(adapter, name)]
-        raise TypeError(f"{type(adapter).__name__} has reply_style {style!r} but lacks {', '.join(missing)}")
+    _require(adapter, needed, f"reply_style {style!r}")
+    callbacks = getattr(adapter, "callback_style", None)
+    if callbacks is not None:
+        if callbacks not in CALLBACKS:
+            known = ", ".join(CALLBACKS)
+            raise TypeError(f"{type(adapter).__name__}: unknown callback_style {callbacks!r} (one of {known})")
+        _require(adapter, CALLBACKS[callbacks], f"callback_style {callbacks!r}")
+
+
+def _require(adapter: object, protocol: type, why: str) -> None:
+    if not isinstance(adapter, protocol):
+        missing = [name for name in _members(protocol) if not hasattr(adapter, name)]
+        raise TypeError(f"{type(adapter).__name__} has {why} but lacks {', '.join(missing)}")
 
 
 def _members(protocol: type) -> list[str]:

@@ -32,6 +32,7 @@ AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Channel]
 class Platform:
     config: type
     build: AdapterFactory
+    holds_connection: Callable[[Any], bool] = lambda config: False  # its messages come by a connection botgw holds
 
 
 PLATFORMS: dict[str, Platform] = {
@@ -39,9 +40,14 @@ PLATFORMS: dict[str, Platform] = {
     "wecom-ai": Platform(WeComAIBotConfig, lambda config, http, tokens: WeComAIBotAdapter(config, http)),
     "wecom-kf": Platform(WeComKfConfig, WeComKfAdapter),
     "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http)),
-    "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter),
+    "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter, lambda config: config.mode == "stream"),
     "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config)),
 }
+
+
+def holds_connection(config: Any) -> bool:
+    """Whether the bot's messages come by a connection botgw holds open (`botgw dingtalk-stream` runs them)."""
+    return PLATFORMS[config.platform].holds_connection(config)
 
 
 def build_adapter(config: Any, http: httpx.AsyncClient, tokens: TokenStore) -> Channel:

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 import httpx
 
 from bots.base import (
-    CallbackKind,
     CallbackRejected,
     ChannelDefaults,
     InboundMessage,
@@ -30,12 +29,14 @@ from bots.base import (
     TokenStore,
     per_window,
 )
+from bots.channels import CallbackRequest, MessageSink, Queued
 from bots.dingtalk.cards import DingTalkCards
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import verify_headers
 from bots.dingtalk.exceptions import SessionWebhookExpired, error_for
 from bots.dingtalk.models import parse_robot_message
+from bots.dingtalk.stream import DingTalkStreamConnection
 from bots.http import request_json
 from bots.safe_json import parse_json_object
 from bots.urls import trusted
@@ -53,7 +54,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
     """One enterprise robot, whichever mode its messages arrive in."""
 
     platform = "dingtalk"
-    callback_kind: CallbackKind | None
+    ack = ("{}", "application/json")
 
     def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -61,7 +62,7 @@ class DingTalkRobotAdapter(ChannelDefaults):
         self._http = http
         self.api = DingTalkApiClient(config, http, tokens)
         self.cards = DingTalkCards(self.api, config.ai_card.updates_per_second)
-        self.callback_kind = "dingtalk-http" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
+        self.callback_style = "queue" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
         self._webhook_failures: OrderedDict[str, int] = OrderedDict()
 
     duplicate_check_window_s = 0.0  # DingTalk's send APIs have no duplicate check (UNCONFIRMED: none documented)
@@ -80,6 +81,16 @@ class DingTalkRobotAdapter(ChannelDefaults):
         payload = parse_json_object(body, "body")
         self._check_addressee(payload)
         return self.config.identity.stamp(parse_robot_message(self.bot_id, payload, now))
+
+    def receive(self, request: CallbackRequest) -> Queued:
+        message = self.parse(request.headers, request.body, request.now)
+        # The sign covers only the timestamp: one captured pair would carry any body for an hour.
+        signature = f"{request.headers.get('timestamp', '')}:{request.headers.get('sign', '')}"
+        return Queued(message, signature=signature)
+
+    def connection(self, sink: MessageSink) -> DingTalkStreamConnection | None:
+        """Stream mode: the connection `botgw dingtalk-stream` holds (HTTP mode: None, messages are callbacks)."""
+        return DingTalkStreamConnection(self.config, self._http, sink) if self.config.mode == "stream" else None
 
     def _check_addressee(self, payload: dict) -> None:
         """A message for another robot or organisation is refused, whatever its signature says."""

@@ -75,6 +75,7 @@ class DingTalkStreamConnection:
 
     def __init__(self, config: DingTalkBotConfig, http: httpx.AsyncClient, sink: MessageSink) -> None:
         self.config = config
+        self.bot_id = config.id
         self._http = http
         self._sink = sink
         self.connections = 0

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from bots.base import (
-    CallbackKind,
     CallbackRejected,
     ChannelDefaults,
     Identity,
@@ -36,11 +35,11 @@ USER_ID = re.compile(r"[A-Za-z0-9_.@-]{1,128}")  # a page name, a WeCom userid, 
 class WebAdapter(ChannelDefaults):
     platform = PLATFORM
     reply_style: ReplyStyle = "page"
-    callback_kind: CallbackKind | None = None  # the page posts to /web/{bot}/chat, not /callback
 
     def __init__(self, config: WebBotConfig) -> None:
         self.config = config
         self.bot_id = config.id
+        self.answer_timeout_s = float(config.answer_timeout_s)
         self._own = Identity(PLATFORM, config.id)
         self._logins: dict[str, Identity] = {}
 

@@ -13,7 +13,6 @@ from typing import Protocol
 import httpx
 
 from bots.base import (
-    CallbackKind,
     CallbackRejected,
     ChannelDefaults,
     InboundMessage,
@@ -23,6 +22,7 @@ from bots.base import (
     TokenStore,
     per_window,
 )
+from bots.channels import CallbackRequest, Queued
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.crypto import WeComCrypto
@@ -82,7 +82,8 @@ class WeComAppAdapter(ChannelDefaults):
 
     platform = "wecom"
     reply_style: ReplyStyle = "pieces"
-    callback_kind: CallbackKind = "wecom-app"
+    callback_style = "queue"
+    ack = ("", "text/plain")  # WeCom app callbacks are acknowledged with 200 and an empty body
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -106,13 +107,15 @@ class WeComAppAdapter(ChannelDefaults):
         message = parse_app_message(self.bot_id, plaintext, now)
         return self.config.identity.stamp(message) if message is not None else None
 
+    def receive(self, request: CallbackRequest) -> Queued | None:
+        message = self.parse(request.query, request.body, request.now)
+        if message is None:
+            return None
+        return Queued(message, pull=message.msg_type == "pull")  # a 微信客服 callback to the app's URL: a pull
+
     def attach_pulled(self, channel: PulledFromApp) -> None:
         """The 微信客服 bot whose callbacks come to this app's URL (`app: <this bot>` in its config)."""
         self.pulled = channel
-
-    def ack(self) -> tuple[int, str]:
-        """WeCom app callbacks are acknowledged with 200 and an empty body; replies go by message/send."""
-        return 200, ""
 
     @property
     def duplicate_check_window_s(self) -> float:

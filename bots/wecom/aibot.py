@@ -15,13 +15,11 @@ import json
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from bots.base import (
-    CallbackKind,
     CallbackRejected,
     ChannelDefaults,
     InboundMessage,
@@ -29,6 +27,7 @@ from bots.base import (
     ReplyStyle,
     ReplyTarget,
 )
+from bots.channels import PolledEvent, StreamPoll, UnsupportedMessage, WelcomeEvent
 from bots.http import request_json
 from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
@@ -45,26 +44,7 @@ RESPONSE_URL_MARGIN_S = 60  # not used in its last minute: a post that arrives l
 TEXT_LIKE = ("text", "voice", "mixed")
 
 
-@dataclass(frozen=True)
-class StreamPoll:
-    """A refresh callback: WeCom asks for the current state of one stream."""
-
-    stream_id: str
-
-
-@dataclass(frozen=True)
-class WelcomeEvent:
-    """The user opened the chat (enter_chat): answer with the welcome text."""
-
-
-@dataclass(frozen=True)
-class UnsupportedMessage:
-    """A message type the bot cannot read (image, file): answered at once with a short notice."""
-
-    msg_type: str
-
-
-AIBotEvent = InboundMessage | StreamPoll | WelcomeEvent | UnsupportedMessage | None
+AIBotEvent = PolledEvent  # a refresh (StreamPoll), enter_chat (WelcomeEvent), a message, or one it cannot read
 
 
 def stream_id_for(message_dedup_key: str) -> str:
@@ -90,7 +70,7 @@ class WeComAIBotAdapter(ChannelDefaults):
     max_overflow_bytes = RESPONSE_URL_MAX_BYTES
     max_answer_bytes = STREAM_MAX_BYTES + RESPONSE_URL_MAX_BYTES
     reply_style: ReplyStyle = "stream"
-    callback_kind: CallbackKind = "wecom-aibot"
+    callback_style = "polled-stream"  # WeCom polls the answer's stream with refresh callbacks
 
     def __init__(self, config: WeComAIBotConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -98,6 +78,14 @@ class WeComAIBotAdapter(ChannelDefaults):
         self._token = config.token.get_secret_value()
         self.crypto = WeComCrypto(self._token, config.encoding_aes_key.get_secret_value(), "")
         self._http = http
+
+    @property
+    def welcome_text(self) -> str:
+        return self.config.welcome_text
+
+    @property
+    def stream_limit_s(self) -> float:
+        return float(self.config.stream_limit_s)
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         """GET URL verification, as for apps (receiver id empty)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from bots.base import CallbackKind, ChannelDefaults, Pacing, ReplyStyle, ReplyTarget, per_window
+from bots.base import ChannelDefaults, Pacing, ReplyStyle, ReplyTarget, per_window
 from bots.http import request_json
 from bots.wecom.config import WeComWebhookConfig
 from bots.wecom.exceptions import error_for
@@ -22,7 +22,6 @@ class WeComWebhookAdapter(ChannelDefaults):
 
     platform = "wecom-webhook"
     reply_style: ReplyStyle = "pieces"
-    callback_kind: CallbackKind | None = None
 
     def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
         self.config = config

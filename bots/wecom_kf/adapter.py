@@ -16,7 +16,6 @@ from collections.abc import Mapping
 import httpx
 
 from bots.base import (
-    CallbackKind,
     ChannelDefaults,
     CursorRefused,
     EventEffect,
@@ -30,12 +29,13 @@ from bots.base import (
     ReplyTarget,
     TokenStore,
 )
+from bots.channels import CallbackRequest, Queued
 from bots.wecom.adapter import verified_echo, verified_plaintext
 from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.crypto import kf_crypto
 from bots.wecom_kf.exceptions import refused_as_repeat
-from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
+from bots.wecom_kf.models import PLATFORM, handoff_for, number_or_zero, parse_item, parse_pull_callback
 
 log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
@@ -90,6 +90,13 @@ class KfSessions:
         words = _NOT_WORDS.sub("", text)
         return any(words == keyword or (words.endswith(keyword) and len(words) <= len(keyword) + 2)
                    for keyword in self._keywords)  # fmt: skip
+
+    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
+        """An operator's handoff as the message the worker carries out (ValueError: what is wrong with it)."""
+        return handoff_for(self._config, account, person, servicer)
+
+    async def is_open(self, target: ReplyTarget) -> bool:
+        return await self._api.has_session(target.chat_id, target.user_id)
 
     async def owner(self, target: ReplyTarget) -> Owner:
         state, _ = await self._api.service_state(target.chat_id, target.user_id)
@@ -154,7 +161,8 @@ class WeComKfAdapter(ChannelDefaults):
 
     platform = PLATFORM
     reply_style: ReplyStyle = "pieces"
-    callback_kind: CallbackKind = "wecom-kf"
+    callback_style = "queue"
+    ack = ("", "text/plain")
     reply_quota = QUOTA
 
     def __init__(self, config: WeComKfConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
@@ -174,6 +182,11 @@ class WeComKfAdapter(ChannelDefaults):
         plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
         return self.pull_for(plaintext, now)
 
+    def receive(self, request: CallbackRequest) -> Queued | None:
+        """The callback only says "pull"; the pull is queued (once per callback Token), never done here."""
+        pull = self.parse(request.query, request.body, request.now)
+        return None if pull is None else Queued(pull, pull=True)
+
     @property
     def app_id(self) -> str | None:
         """The `wecom` bot whose callback URL receives this bot's callbacks (one self-built app for both)."""
@@ -184,9 +197,6 @@ class WeComKfAdapter(ChannelDefaults):
         pull = parse_pull_callback(self.bot_id, plaintext, now)
         served = self.config.open_kfids
         return None if pull is None or (served is not None and pull.conversation_id not in served) else pull
-
-    def ack(self) -> tuple[int, str]:
-        return 200, ""
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return TEXT_MAX_BYTES

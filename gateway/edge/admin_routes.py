@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 
 from bots.base import CallbackRejected, SendError
 from bots.safe_json import parse_json_object
-from bots.wecom_kf.models import handoff_for
 from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.queue.push import enqueue_handoff
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
@@ -78,17 +77,21 @@ async def reset_limits(who: str, request: Request) -> JSONResponse:
 
 @router.post("/kf/{bot_id}/handoff")
 async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
-    """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}."""
+    """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}.
+    Any bot whose platform has human agents (`adapter.sessions`) takes it; the route keeps its first name."""
     refusal = refused(request)
     if refusal:
         return refusal
     runtime = request.app.state.runtime
     try:
         body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")
-        bot = next((b for b in runtime.settings.bots if b.id == bot_id), None)
-        if bot is None:
+        adapter = runtime.adapters.get(bot_id)
+        if adapter is None:
             return JSONResponse({"error": f"no bot {bot_id!r}"}, status_code=404)
-        message = handoff_for(bot, body.get("open_kfid"), body.get("customer") or "", body.get("servicer"))
+        if adapter.sessions is None:
+            return JSONResponse({"error": f"bot {bot_id!r} has no human agents to hand over to"}, status_code=400)
+        message = adapter.sessions.handoff_request(body.get("open_kfid"), body.get("customer") or "",
+                                                   body.get("servicer"))  # fmt: skip
     except BodyTooLarge:
         return JSONResponse({"error": "request body too large"}, status_code=413)
     except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)
@@ -96,14 +99,14 @@ async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
     servicer = str(body.get("servicer") or "")
-    # Asked first, as `botgw kf handoff` does: a customer without a session cannot be handed to anyone, and
-    # queueing the move anyway only had the worker dead-letter it (95013) after this said "queued".
-    open_kfid, customer = message.reply_to.chat_id, message.sender_id
+    # Asked first, as `botgw kf handoff` does: a person without an open conversation cannot be handed to anyone,
+    # and queueing the move anyway only had the worker dead-letter it after this said "queued".
+    account, person = message.reply_to.chat_id, message.sender_id
     try:
-        if not await runtime.adapters[bot_id].api.has_session(open_kfid, customer):
-            return JSONResponse({"error": f"{customer} has no open session with {open_kfid} (ended, or never "
+        if not await adapter.sessions.is_open(message.reply_to):
+            return JSONResponse({"error": f"{person} has no open session with {account} (ended, or never "
                                           "started): nothing to hand off until they write again"}, status_code=409)
     except SendError as exc:  # the platform refused or did not answer: its words (no token, no secret in them)
-        return JSONResponse({"error": f"cannot ask WeCom for the customer's session: {exc}"}, status_code=502)
+        return JSONResponse({"error": f"cannot ask the platform for the conversation: {exc}"}, status_code=502)
     place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
     return JSONResponse({"queued": True, "place": place}, status_code=202)

@@ -1,97 +1,68 @@
-"""What the gateway answers each kind of platform callback, after the adapter has verified it.
+"""What the gateway answers a platform's callback, after its adapter has verified and read it, chosen by the
+adapter's `callback_style` (bots/channels.py), never by its platform.
 
-Apps get an empty 200 at once (their answer goes by message/send). AI bots get an encrypted
-stream reply: a new stream on a message's first callback, the text so far on a refresh,
-read from Redis so that any replica can answer.
+- queue: the work is queued (deduplicated) and the callback acknowledged at once with the adapter's fixed
+  body; the answer goes out later by the platform's send API.
+- polled-stream: a message opens the answer's stream and is queued; the platform's refresh callbacks get the
+  text so far from the stream store, so any replica can answer them.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
 
-from bots.base import CallbackKind, CallbackRejected, InboundMessage
-from bots.dingtalk.adapter import DingTalkRobotAdapter
-from bots.wecom.adapter import WeComAppAdapter
-from bots.wecom.aibot import StreamPoll, UnsupportedMessage, WeComAIBotAdapter, WelcomeEvent
+from bots.base import CallbackRejected, InboundMessage
+from bots.channels import (
+    CallbackRequest,
+    Channel,
+    PolledStreamCallbacks,
+    QueueingCallbacks,
+    StreamPoll,
+    UnsupportedMessage,
+    WelcomeEvent,
+)
 from gateway import metrics, texts
 from gateway.edge.ingest import Ingest
+from gateway.queue.entry import EntryKind
 from gateway.state.streams import StreamStore
 
 log = logging.getLogger(__name__)
 
-MAX_OPEN_STREAMS_PER_USER = 3  # WeCom: at most 3 messages of one user in progress with one bot
+MAX_OPEN_STREAMS_PER_USER = 3  # WeCom AI bot: at most 3 messages of one user in progress with one bot
+STREAM_STORE_SLACK_S = 30  # a stream outlives the platform's polling a little, for its last refresh
 
 
-@dataclass(frozen=True)
-class CallbackRequest:
-    """What a handler gets of the HTTP request: the platforms sign different parts of it."""
-
-    query: Mapping[str, str]
-    headers: Mapping[str, str]
-    body: bytes
-    now: float
-
-
-@dataclass(frozen=True)
 class CallbackReply:
-    status: int
-    body: str
-    media_type: str = "text/plain"
+    def __init__(self, status: int, body: str, media_type: str = "text/plain") -> None:
+        self.status, self.body, self.media_type = status, body, media_type
 
 
-class AppCallbacks:
-    """WeCom app: enqueue the message, answer 200 with an empty body."""
+class QueueingHandler:
+    """Verify, queue (once per delivery: a platform's retry is a duplicate), acknowledge."""
 
-    def __init__(self, adapter: WeComAppAdapter, ingest: Ingest, streams: StreamStore) -> None:
+    def __init__(self, adapter: QueueingCallbacks, ingest: Ingest, streams: StreamStore) -> None:
         self.adapter = adapter
         self._ingest = ingest
 
     async def handle(self, request: CallbackRequest) -> CallbackReply:
-        message = self.adapter.parse(request.query, request.body, request.now)
-        if message is None:
+        queued = self.adapter.receive(request)
+        if queued is None:
             outcome = "ignored"
-        else:  # a pull: a 微信客服 callback to the app's URL (one self-built app serving both)
-            outcome = await self._ingest.accept(message, kind="pull" if message.msg_type == "pull" else "chat")
+        else:
+            kind = EntryKind.PULL if queued.pull else EntryKind.CHAT
+            outcome = await self._ingest.accept(queued.message, signature=queued.signature, kind=kind)
+            if outcome == "replayed":
+                raise CallbackRejected("replayed_signature", 403, "this timestamp and sign came with another message")
         metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
-        return CallbackReply(200, "")
+        body, media_type = self.adapter.ack
+        return CallbackReply(200, body, media_type)
 
 
-class KfCallbacks(AppCallbacks):
-    """WeCom 微信客服: the callback only says "pull"; the pull is queued (once per callback Token), never
-    done here, and the answer is an empty 200 at once."""
+class PolledStreamHandler:
+    """Open a stream and queue on a message; answer refreshes from the stream store."""
 
-    async def handle(self, request: CallbackRequest) -> CallbackReply:
-        pull = self.adapter.parse(request.query, request.body, request.now)
-        outcome = "ignored" if pull is None else await self._ingest.accept(pull, kind="pull")
-        metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
-        return CallbackReply(200, "")
-
-
-class DingTalkCallbacks:
-    """DingTalk robot in HTTP mode: verify the signed headers, enqueue, answer 200 at once."""
-
-    def __init__(self, adapter: DingTalkRobotAdapter, ingest: Ingest, streams: StreamStore) -> None:
-        self.adapter = adapter
-        self._ingest = ingest
-
-    async def handle(self, request: CallbackRequest) -> CallbackReply:
-        message = self.adapter.parse(request.headers, request.body, request.now)
-        # The sign covers only the timestamp: one captured pair would carry any body for an hour.
-        signature = f"{request.headers.get('timestamp', '')}:{request.headers.get('sign', '')}"
-        outcome = await self._ingest.accept(message, signature=signature)
-        if outcome == "replayed":
-            raise CallbackRejected("replayed_signature", 403, "this timestamp and sign came with another message")
-        metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
-        return CallbackReply(200, "{}", "application/json")
-
-
-class AIBotCallbacks:
-    """WeCom AI bot: open a stream and enqueue on a message; answer refreshes from the stream store."""
-
-    def __init__(self, adapter: WeComAIBotAdapter, ingest: Ingest, streams: StreamStore) -> None:
+    def __init__(self, adapter: PolledStreamCallbacks, ingest: Ingest, streams: StreamStore) -> None:
         self.adapter = adapter
         self._ingest = ingest
         self._streams = streams
@@ -104,9 +75,9 @@ class AIBotCallbacks:
         elif isinstance(event, StreamPoll):
             payload, outcome = await self._refresh(event.stream_id, now), "refresh"
         elif isinstance(event, WelcomeEvent):
-            payload, outcome = self.adapter.text_payload(self.adapter.config.welcome_text), "welcome"
+            payload, outcome = self.adapter.text_payload(self.adapter.welcome_text), "welcome"
         elif isinstance(event, UnsupportedMessage):
-            payload = self.adapter.stream_payload(secrets.token_hex(16), texts.TEXT_ONLY_TEXT, finish=True)
+            payload = self.adapter.stream_payload(secrets.token_hex(16), texts.TEXT_ONLY_TEXT, True)
             outcome = "unsupported"
         else:
             metrics.CALLBACKS.labels(self.adapter.platform, "ignored").inc()
@@ -122,7 +93,7 @@ class AIBotCallbacks:
             message.sender_id,
             stream_id,
             limit=MAX_OPEN_STREAMS_PER_USER,
-            max_age_s=self.adapter.config.stream_limit_s + 30,
+            max_age_s=self.adapter.stream_limit_s + STREAM_STORE_SLACK_S,
         )
         if not opened:
             return self.adapter.stream_payload(secrets.token_hex(16), texts.TOO_MANY_STREAMS_TEXT, True), "busy"
@@ -134,30 +105,25 @@ class AIBotCallbacks:
     async def _refresh(self, stream_id: str, now: float) -> dict:
         state = await self._streams.get(stream_id)
         if state is None:
-            return self.adapter.stream_payload(stream_id, "", finish=True)
-        if not state.finished and now - state.created > self.adapter.config.stream_limit_s:
+            return self.adapter.stream_payload(stream_id, "", True)
+        if not state.finished and now - state.created > self.adapter.stream_limit_s:
             apology = texts.STREAM_TIMEOUT_TEXT
             closing = f"{state.content}\n\n{apology}" if state.content else apology
             if await self._streams.update(stream_id, closing, finish=True):
-                log.warning("stream closed unfinished at WeCom's time limit", extra={"stream_id": stream_id})
+                log.warning("stream closed unfinished at the platform's time limit", extra={"stream_id": stream_id})
             state = await self._streams.get(stream_id) or state
         return self.adapter.stream_payload(stream_id, state.content, state.finished)
 
 
-CallbackHandler = AppCallbacks | AIBotCallbacks | DingTalkCallbacks
-HANDLERS: dict[CallbackKind, type[CallbackHandler]] = {
-    "wecom-app": AppCallbacks,
-    "wecom-kf": KfCallbacks,
-    "wecom-aibot": AIBotCallbacks,
-    "dingtalk-http": DingTalkCallbacks,
-}
+CallbackHandler = QueueingHandler | PolledStreamHandler
 
 
-def callback_handlers(adapters: dict[str, object], ingest: Ingest, streams: StreamStore) -> dict[str, CallbackHandler]:
-    """One handler per bot that receives HTTP callbacks, chosen by its adapter's `callback_kind`."""
+def callback_handlers(adapters: dict[str, Channel], ingest: Ingest, streams: StreamStore) -> dict[str, CallbackHandler]:
+    """One handler per bot that receives callbacks (checked to offer its style's methods: bots.channels)."""
     handlers: dict[str, CallbackHandler] = {}
     for bot_id, adapter in adapters.items():
-        kind = getattr(adapter, "callback_kind", None)
-        if kind is not None:
-            handlers[bot_id] = HANDLERS[kind](adapter, ingest, streams)  # type: ignore[arg-type]
+        if isinstance(adapter, PolledStreamCallbacks) and adapter.callback_style == "polled-stream":
+            handlers[bot_id] = PolledStreamHandler(adapter, ingest, streams)
+        elif isinstance(adapter, QueueingCallbacks) and adapter.callback_style == "queue":
+            handlers[bot_id] = QueueingHandler(adapter, ingest, streams)
     return handlers

@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
 from bots.base import CallbackRejected
+from bots.channels import CallbackRequest
 from gateway import metrics
-from gateway.edge.callbacks import CallbackRequest
 from gateway.logs import request_id, request_id_for
 from gateway.runtime import Runtime
 

@@ -1,10 +1,11 @@
-"""`botgw dingtalk-stream`: hold the Stream connection of every stream-mode DingTalk bot.
+"""`botgw dingtalk-stream`: hold the connection of every bot whose platform pushes into one (today DingTalk's
+Stream mode: `adapter.connection`, bots/channels.py).
 
-Messages go into the same ingest path as HTTP callbacks (dedup by msgId, then the queue),
-so several replicas of this process may run at once: DingTalk pushes each robot message
-once, to one of them (a repeated EVENT push would still be recognised as a duplicate).
-A frame is acknowledged only after its message is queued; on SIGTERM the connection stops
-reading and the frames in hand are queued and acknowledged (up to 5 s) before it closes.
+Messages go into the same ingest path as HTTP callbacks (dedup by message id, then the queue), so several
+replicas of this process may run at once: the platform pushes each message once, to one of them (a repeated
+push would still be recognised as a duplicate). A frame is acknowledged only after its message is queued; on
+SIGTERM the connection stops reading and the frames in hand are queued and acknowledged (up to 5 s) before it
+closes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import asyncio
 import logging
 
 from bots.base import InboundMessage
-from bots.dingtalk.config import DingTalkBotConfig
-from bots.dingtalk.stream import DingTalkStreamConnection
+from bots.registry import holds_connection
 from gateway import metrics
 from gateway.config import ConfigError, Settings
 from gateway.edge.batching import RedisBatcher
@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 
 
 async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
-    bots = [bot for bot in settings.bots if isinstance(bot, DingTalkBotConfig) and bot.mode == "stream"]
-    if not bots:
+    if not any(holds_connection(bot) for bot in settings.bots):
         raise ConfigError("no DingTalk bot with mode: stream in the configuration")
     async with open_runtime(settings) as runtime:
         await runtime.scheduler.load_scripts()
@@ -37,11 +36,11 @@ async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
         async def sink(message: InboundMessage) -> None:
             outcome = await ingest.accept(message)
             metrics.CALLBACKS.labels(message.platform, outcome).inc()
-            log.info("dingtalk stream message", extra={"outcome": outcome, "bot_id": message.bot_id})
+            log.info("stream message", extra={"outcome": outcome, "bot_id": message.bot_id})
 
-        connections = [DingTalkStreamConnection(bot, runtime.http, sink) for bot in bots]
+        connections = [c for adapter in runtime.adapters.values() if (c := adapter.connection(sink)) is not None]
         for connection in connections:  # read at every scrape: an alert can tell a lost link from a dead process
-            metrics.STREAM_CONNECTED.labels(connection.config.id).set_function(
+            metrics.STREAM_CONNECTED.labels(connection.bot_id).set_function(
                 lambda connection=connection: 1.0 if connection.connected else 0.0
             )
         try:

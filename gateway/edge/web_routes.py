@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from redis.asyncio import Redis
 
 from bots.base import CallbackRejected, InboundMessage
+from bots.channels import PageChannel
 from bots.safe_json import parse_json_object
-from bots.web.adapter import WebAdapter
 from gateway import metrics
 from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.state.streams import StreamStore
@@ -28,12 +28,13 @@ SAFETY_REREAD_S = 5.0  # re-read even without a notification (one lost in a Redi
 MAX_OPEN_PER_USER = 3
 
 
-def _web_adapter(request: Request, bot_id: str) -> WebAdapter | None:
+def _web_adapter(request: Request, bot_id: str) -> PageChannel | None:
+    """The bot answered on the page (reply style `page`), or None (no such bot, or one of another platform)."""
     adapter = request.app.state.runtime.adapters.get(bot_id)
-    return adapter if isinstance(adapter, WebAdapter) else None
+    return adapter if isinstance(adapter, PageChannel) and adapter.reply_style == "page" else None
 
 
-def parse_message(adapter: WebAdapter, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage:
+def parse_message(adapter: PageChannel, headers: Mapping[str, str], body: bytes, now: float) -> InboundMessage:
     """adapter.parse, with the body held to what the platform adapters accept (bots.safe_json: nesting, NaN, lone
     surrogates) and a field it cannot convert (a temperature that is not a number in range) refused as a 400."""
     adapter.authorize(headers)  # first: no one learns anything of the body's checks without the key
@@ -118,7 +119,7 @@ async def web_chat(bot_id: str, request: Request) -> Response:
         experts, knowledge = await runtime.redis.hmget(record_key, "experts", "knowledge")
         return {"experts": experts.decode() if experts else "", **answer_sources(knowledge)}
 
-    events = answer_events(runtime.redis, streams, stream_id, adapter.config.answer_timeout_s, details)
+    events = answer_events(runtime.redis, streams, stream_id, adapter.answer_timeout_s, details)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 

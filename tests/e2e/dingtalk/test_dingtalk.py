@@ -240,7 +240,7 @@ def stream_outcomes(*procs: Proc) -> list[str]:
     outcomes = []
     for proc in procs:
         for line in proc.log_path.read_text(errors="replace").splitlines():
-            if '"dingtalk stream message"' in line:
+            if '"stream message"' in line:
                 outcomes.append(json.loads(line)["outcome"])
     return outcomes
 

@@ -23,6 +23,7 @@ import redis
 from bots.base import InboundMessage, ReplyTarget
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.text import utf8_len
+from gateway import texts
 from tests.conftest import Cluster, Stack
 from tests.procs import Proc, free_port, wait_for
 from tests.stub_engine import answer_for
@@ -125,16 +126,16 @@ def test_one_conversation_is_answered_in_order(cluster: Callable[..., Cluster]) 
     for name in ("x", "y", "z"):
         c.add_worker(name)
     signer = stack.signer()
-    texts = ["sleep=1.5 first", "sleep=0.8 second", "/help", "sleep=0.05 fourth"]
+    asked = ["sleep=1.5 first", "sleep=0.8 second", "/help", "sleep=0.05 fourth"]
     user = "o" + secrets.token_hex(4)
-    others = [f"p{i}{secrets.token_hex(3)}" for i in range(len(texts))]
-    for text in texts:
+    others = [f"p{i}{secrets.token_hex(3)}" for i in range(len(asked))]
+    for text in asked:
         assert stack.post_callback(signer.text(user, text)).status_code == 200
-    for other, text in zip(others, texts, strict=True):
+    for other, text in zip(others, asked, strict=True):
         assert stack.post_callback(signer.text(other, text)).status_code == 200
-    stack.wait_delivered(user, len(texts), timeout=30, settle=1.0)
+    stack.wait_delivered(user, len(asked), timeout=30, settle=1.0)
     got = stack.texts(user)
-    assert got == [answer_for(texts[0]), answer_for(texts[1]), texts.HELP_TEXT, answer_for(texts[3])]
+    assert got == [answer_for(asked[0]), answer_for(asked[1]), texts.HELP_TEXT, answer_for(asked[3])]
     arrived = {}
     for other in others:
         (item,) = stack.wait_delivered(other, 1, timeout=30, settle=0)
