@@ -31,7 +31,7 @@ def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
 
-    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter
+    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter, UnreadableLetter
     from gateway.queue.scheduler import Scheduler
     from gateway.state.keys import Keys
 
@@ -44,8 +44,7 @@ def _dlq(args: argparse.Namespace) -> int:
             if args.dlq_command == "list":
                 return [letter.summary() for letter in await letters.list(args.count)]
             if args.dlq_command == "show":
-                letter = await letters.get(args.id)
-                return {"id": letter.letter_id, "reason": letter.reason, "entry": letter.entry}
+                return (await letters.get(args.id)).shown()
             if args.dlq_command == "replay":
                 return {letter_id: await letters.replay(letter_id) for letter_id in args.ids}
             if not args.ids and not args.all:
@@ -56,5 +55,8 @@ def _dlq(args: argparse.Namespace) -> int:
         print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
     except NoSuchDeadLetter as exc:
         print(f"botgw dlq {args.dlq_command}: no dead letter {exc} (`botgw dlq list` shows them)", file=sys.stderr)
+        return 1
+    except UnreadableLetter as exc:
+        print(f"botgw dlq {args.dlq_command}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -265,3 +265,24 @@ async def test_the_stream_store_refuses_an_update_that_does_not_extend_the_text(
     assert await streams.update("sid", "Hello, world! And more", fence=fence) is False, "a finished stream changed"
     state = await streams.get("sid")
     assert (state.content, state.finished) == ("Hello, world!", True)
+
+
+async def test_an_entry_no_worker_can_read_becomes_a_dead_letter_and_the_lane_goes_on(scheduler: Scheduler) -> None:
+    """Written by hand or by a broken client: taking it must not end the worker's take loop (a ValidationError
+    there stopped every answer), nor leave it at the head for ever."""
+    from gateway.config import Settings
+    from gateway.queue.dead_letters import DeadLetters, UnreadableLetter
+
+    raw = json.dumps({"id": "x1", "t": 1, "u": "u:x", "kind": "dance", "msg": {"text": "?"}})
+    stats = scheduler._keys.scheduler_stats
+    await scheduler._scripts["enqueue"](keys=[stats], args=[scheduler._ns, 0, "conv", raw, 1.0, "", 0])
+    await put(scheduler, "conv", "u:x", "after it")
+    assert await scheduler.take("w", 5000, 0) is None, "the unreadable head was handed out"
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None and lease.entry.message.text == "after it", "the lane stopped at the bad entry"
+    letters = DeadLetters(scheduler._redis, scheduler._keys, scheduler, Settings(bots=[]))
+    (letter,) = await letters.list()
+    assert letter.entry is None and '"dance"' in letter.raw and "unreadable queue entry" in letter.reason
+    assert letter.summary()["raw"].startswith("{") and letter.shown()["entry"] == {"raw": letter.raw}
+    with pytest.raises(UnreadableLetter, match="cannot be replayed"):
+        await letters.replay(letter.letter_id)
