@@ -226,6 +226,8 @@ class PageChannel(Channel, Protocol):
 class PulledChannel(Channel, Protocol):
     """A channel whose callback only says "pull" (微信客服): the worker pulls its log."""
 
+    skip_history: bool  # on the first pull, what was written before the bot was configured is not answered
+
     async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage: ...
 
 

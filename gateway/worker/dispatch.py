@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from bots.channels import PulledChannel
 from gateway import metrics
 from gateway.pipeline.job import Job, Services
 from gateway.pipeline.stage import Next
@@ -15,6 +16,8 @@ Handler = Callable[[Job, Services], Awaitable[str]]
 
 
 async def _pull(job: Job, services: Services) -> str:
+    if not isinstance(job.adapter, PulledChannel):  # a pull queued for a bot whose platform has no log to pull
+        raise TypeError(f"bot {job.adapter.bot_id!r} has nothing to pull")
     return await services.pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
 
 

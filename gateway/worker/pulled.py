@@ -18,7 +18,18 @@ import logging
 import time
 from collections.abc import Callable
 
-from bots.base import ConversationTaken, CursorRefused, EventEffect, InboundMessage, PermanentSendError, PulledItem
+from redis.asyncio import Redis
+
+from bots.base import (
+    ConversationTaken,
+    CursorRefused,
+    EventEffect,
+    InboundMessage,
+    PermanentSendError,
+    PulledItem,
+    PulledPage,
+)
+from bots.channels import Channel, HumanSessions, PulledChannel
 from bots.text import utf8_len
 from gateway import metrics
 from gateway.config import Settings
@@ -42,7 +53,7 @@ ITEM_KINDS = {"message": EntryKind.CHAT, "agent": EntryKind.AGENT, "event": Entr
 class PulledWork:
     """What the worker does with `pull`, `agent`, `event` and `handoff` entries, and the merge of a burst."""
 
-    def __init__(self, redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, redis: Redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:
         self._redis = redis
         self._keys = keys
         self._scheduler = scheduler
@@ -54,7 +65,9 @@ class PulledWork:
 
     # -- the pull ------------------------------------------------------------------------------
 
-    async def pull(self, adapter, request: InboundMessage, requested_at: float, fence: Fence | None = None) -> str:  # type: ignore[no-untyped-def]
+    async def pull(
+        self, adapter: PulledChannel, request: InboundMessage, requested_at: float, fence: Fence | None = None
+    ) -> str:
         """Pull account `request.conversation_id` until nothing more is waiting; returns a summary. The cursor is
         saved under the pull's lease, so a puller that stalled cannot move it back after its successor."""
         channel, token = request.conversation_id, request.text
@@ -99,7 +112,7 @@ class PulledWork:
             log.info("first pull: skipped history", extra={"bot_id": request.bot_id, "skipped": skipped})
         return f"pulled {queued} in {pages} page(s)"
 
-    async def _page(self, adapter, channel: str, cursor: str, token: str):  # type: ignore[no-untyped-def]
+    async def _page(self, adapter: PulledChannel, channel: str, cursor: str, token: str) -> PulledPage:
         try:
             return await adapter.pull_page(channel, cursor, token)
         except PermanentSendError:
@@ -145,8 +158,9 @@ class PulledWork:
         memory = self._settings.memory
         return memory.ttl_s, memory.max_turns * 2
 
-    async def event(self, adapter, message: InboundMessage, event: dict, record: ReplyRecord) -> str:  # type: ignore[no-untyped-def]
-        effect = adapter.sessions.on_event(event, message.reply_to)
+    async def event(self, adapter: Channel, message: InboundMessage, event: dict, record: ReplyRecord) -> str:
+        sessions = _sessions_of(adapter)
+        effect = sessions.on_event(event, message.reply_to)
         metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
         if effect.owner is not None:
             await self.conversations.set_owner(message, effect.owner, record.fence)
@@ -156,7 +170,9 @@ class PulledWork:
             await self._welcome(adapter, message, effect, record)
         return effect.label
 
-    async def _welcome(self, adapter, message: InboundMessage, effect: EventEffect, record: ReplyRecord) -> None:  # type: ignore[no-untyped-def]
+    async def _welcome(
+        self, adapter: Channel, message: InboundMessage, effect: EventEffect, record: ReplyRecord
+    ) -> None:
         """Send the welcome once: marked begun before the send (with its quota slot) and sent after it, so that a
         failed send is tried again (with the same msgid) instead of being taken for done."""
         state = await record.load()
@@ -172,7 +188,7 @@ class PulledWork:
             log.info("no message left in the person's allowance for the welcome")
             return
         try:
-            await adapter.sessions.send_notice(
+            await _sessions_of(adapter).send_notice(
                 message.reply_to, effect.welcome_code, effect.welcome_text, f"welcome:{message.dedup_key}",
                 resend=resend,
             )  # fmt: skip
@@ -180,7 +196,7 @@ class PulledWork:
             log.info("welcome not sent", extra={"reason": str(exc)})
         await record.mark(welcome_sent="1")
 
-    async def _delivery_failed(self, adapter, message: InboundMessage, effect: EventEffect) -> None:  # type: ignore[no-untyped-def]
+    async def _delivery_failed(self, adapter: Channel, message: InboundMessage, effect: EventEffect) -> None:
         """The platform accepted a message and later said the person did not get it (微信客服 msg_send_fail):
         recorded against the reply it belonged to, its quota slot given back where the platform did not count
         it, and kept as a dead letter for an operator where one should look."""
@@ -249,3 +265,10 @@ def merged_message(head: InboundMessage, behind: list[InboundMessage]) -> Inboun
     msg_type = "text" if texts else head.msg_type
     text = "\n".join(texts) if texts else head.text
     return head.model_copy(update={"msg_type": msg_type, "text": text, "received_at": parts[-1].received_at})
+
+
+def _sessions_of(adapter: Channel) -> HumanSessions:
+    """A pulled channel's events and welcomes are its human sessions' business: only such a channel has them."""
+    if adapter.sessions is None:
+        raise TypeError(f"bot {adapter.bot_id!r} got a platform event but has no sessions to apply it to")
+    return adapter.sessions
