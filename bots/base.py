@@ -295,35 +295,6 @@ def per_window(count: int, seconds: int) -> str:
     return f"{count}/{seconds + PACING_MARGIN_S} seconds"
 
 
-class ReplyChannel(Protocol):
-    """What the worker needs from an adapter to deliver an answer: its byte cap and a send."""
-
-    platform: str
-    reply_style: ReplyStyle
-
-    def pacing(self, target: ReplyTarget) -> Pacing:
-        """The platform's send allowances that apply to a message to `target` (empty: none)."""
-        ...
-
-    max_answer_bytes: int | None
-    """The most of one answer the platform can show, in UTF-8 bytes (None: no cap, it is sent in pieces);
-    the engine's max_tokens is lowered to fit it."""
-
-    duplicate_check_window_s: float
-    """How long the platform, asked with `duplicate_check`, drops a send whose content repeats one to the same
-    recipient (WeCom's enable_duplicate_check); 0 when it has no such check. The worker then makes every new
-    piece's content unique within the window, so that only a resend is ever dropped."""
-
-    def max_bytes_for(self, target: ReplyTarget) -> int:
-        """The platform's cap on one message to this target, in UTF-8 bytes."""
-        ...
-
-    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = "") -> None:
-        """Deliver one piece that fits max_bytes_for(target); `duplicate_check` asks the platform to drop a repeat,
-        and `piece_key` names the piece (the same for every attempt) where the platform takes a message id."""
-        ...
-
-
 class ChannelDefaults:
     """What a platform without the feature declares, so that an adapter names only what it has."""
 
