@@ -58,6 +58,7 @@ from bench.common import (
 )
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
+from simulator.replies import wecom_messages
 from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 
 BOT_ID = "app"
@@ -142,9 +143,7 @@ class Client:
             raise Broken(f"gateway answered HTTP {response.status_code} for {user}: {response.text[:200]}")
 
     async def delivered(self, since: float) -> list[dict[str, Any]]:
-        response = await self._http.get(f"{self._sim_url}/__sim__/wecom/messages", params={"since": since})
-        response.raise_for_status()
-        return response.json()
+        return await wecom_messages(self._http, self._sim_url, since=since)
 
     async def collect(self, phase: Phase, since: float, expected: dict[str, int], timeout: float) -> None:
         """Poll the simulator until every user has its expected number of answers (Broken after `timeout`)."""

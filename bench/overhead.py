@@ -77,6 +77,7 @@ from bots.base import InboundMessage
 from bots.wecom.config import WeComAppConfig
 from engine.client import sse_lines
 from gateway.state.keys import Keys
+from simulator.replies import wecom_messages
 from simulator.wecom_callback import WeComCallbackSigner
 
 try:
@@ -321,9 +322,7 @@ class Botgw:
                         self._resolve(key, "simulator poll")
 
     async def delivered(self, since: float) -> list[dict[str, Any]]:
-        response = await self._http.get(f"{self._sim_url}/__sim__/wecom/messages", params={"since": since})
-        response.raise_for_status()
-        return response.json()
+        return await wecom_messages(self._http, self._sim_url, since=since)
 
     def prepare(self, total: int) -> list[Prepared]:
         prepared = []

@@ -101,6 +101,7 @@ from gateway import texts
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
 from simulator.dingtalk_user import robot_payload
+from simulator.replies import dingtalk_messages, wecom_messages
 from simulator.wecom_ai import WeComAIBotUser
 from simulator.wecom_callback import WeComCallbackSigner
 
@@ -1026,8 +1027,8 @@ class Soak:
 
     async def collect(self, messages: list[Message], queue_left: int, started_s: float, wall_s: float) -> Results:
         http, sim = self.http, self.sim_url
-        wecom = (await http.get(f"{sim}/__sim__/wecom/messages")).json()
-        ding = (await http.get(f"{sim}/__sim__/dingtalk/messages")).json()
+        wecom = await wecom_messages(http, sim)
+        ding = await dingtalk_messages(http, sim)
         stream = (await http.get(f"{sim}/__sim__/dingtalk/stream/stats")).json()
 
         pipe = self.redis.pipeline(transaction=False)

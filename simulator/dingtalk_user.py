@@ -15,6 +15,7 @@ import httpx
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
+from simulator.replies import dingtalk_messages
 
 
 def robot_payload(
@@ -82,5 +83,4 @@ class DingTalkUser:
         return await self._http.post(f"{self._gateway}/callback/{self.bot.id}", json=payload, headers=headers)
 
     async def replies(self, conversation: str) -> list[dict[str, Any]]:
-        url = f"{self._sim}/__sim__/dingtalk/messages"
-        return (await self._http.get(url, params={"conversation": conversation})).json()
+        return await dingtalk_messages(self._http, self._sim, conversation)

@@ -30,6 +30,7 @@ import redis
 
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
+from simulator.replies import wecom_messages
 from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
 from tests.procs import (
     BOTGW,
@@ -42,6 +43,7 @@ from tests.procs import (
     start_worker,
     wait_for,
     wait_http,
+    wait_replies,
     write_config,
 )
 from tests.redis_cluster import SentinelSetup, start_redis_cluster, start_sentinel, sync_client
@@ -119,14 +121,7 @@ class Stack:
 
     def wait_delivered(self, user: str, count: int = 1, timeout: float = 60, settle: float = 1.0) -> list[dict]:
         """Wait for at least `count` messages to `user`, then a quiet `settle` seconds to catch extras."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            items = self.delivered(user)
-            if len(items) >= count:
-                time.sleep(settle)
-                return self.delivered(user)
-            time.sleep(0.1)
-        raise AssertionError(f"{user} got {len(self.delivered(user))} messages, expected {count}")
+        return wait_replies(lambda http: wecom_messages(http, self.sim_url, user), count, timeout, settle, user)
 
     def texts(self, user: str) -> list[str]:
         """What `user` read, in order: the invisible marks that keep repeated pieces unique removed."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,9 +21,19 @@ from bots.wecom_kf.models import conversation_of, target_of
 from gateway.queue.push import enqueue_notice
 from gateway.queue.scheduler import Scheduler
 from gateway.state.keys import Keys
+from simulator.replies import kf_sent
 from simulator.wecom_kf import WeComKfCallbackSigner
 from tests.conftest import Stack, random_aes_key, stack_config
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
+from tests.procs import (
+    BOTGW,
+    Proc,
+    free_port,
+    start_gateway,
+    start_worker,
+    wait_http,
+    wait_replies,
+    write_config,
+)
 
 KFID = "wk-test-support"
 HANDOFF_NOTICE = "正在为您转接人工客服，请稍候。"
@@ -74,9 +83,7 @@ class Kf:
         return self.sim("GET", "/__sim__/kf/sent", params={"external_userid": customer})
 
     def wait_sent(self, customer: str, count: int, timeout: float = 60, settle: float = 1.0) -> list[dict]:
-        wait_for(lambda: len(self.sent(customer)) >= count, timeout, f"{count} messages to {customer}")
-        time.sleep(settle)
-        return self.sent(customer)
+        return wait_replies(lambda http: kf_sent(http, self.sim_url, customer), count, timeout, settle, customer)
 
     def session(self, customer: str) -> dict:
         return self.sim("GET", "/__sim__/kf/session", params={"open_kfid": KFID, "external_userid": customer})

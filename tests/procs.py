@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -10,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import redis
 import yaml
+
+from simulator.replies import wait_until_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 BOTGW = [sys.executable, "-m", "gateway.cli"]
@@ -190,3 +193,19 @@ def start_redis(log_dir: Path, name: str = "model-redis") -> tuple[Proc, str]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start:\n{proc.tail()}") from None
             time.sleep(0.1)
+
+
+def wait_replies(
+    fetch: Callable[[httpx.AsyncClient], Awaitable[list[dict]]], count: int, timeout: float, settle: float, what: str
+) -> list[dict]:
+    """At least `count` replies, then `settle` quiet seconds to catch extras (simulator/replies.py's loop, for the
+    tests' synchronous helpers); AssertionError naming `what` when fewer came within `timeout`."""
+
+    async def wait() -> list[dict]:
+        async with httpx.AsyncClient(timeout=5) as http:
+            return await wait_until_quiet(lambda: fetch(http), timeout, quiet_s=settle, at_least=count)
+
+    items = asyncio.run(wait())
+    if len(items) < count:
+        raise AssertionError(f"{what} got {len(items)} messages, expected {count}")
+    return items

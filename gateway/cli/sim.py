@@ -132,7 +132,7 @@ def wecom(args: argparse.Namespace) -> int:
         failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
         if failed is not None:
             return failed
-        pieces = _wait_for_reply(http, bot.api_base, args.user, since, args.timeout)
+        pieces = _wait_for_reply(bot.api_base, args.user, since, args.timeout)
     if not pieces:
         print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
         return 1
@@ -167,6 +167,7 @@ def wecom_ai(args: argparse.Namespace) -> int:
 def dingtalk(args: argparse.Namespace) -> int:
     from bots.dingtalk.config import DingTalkBotConfig
     from simulator.dingtalk_user import DingTalkUser
+    from simulator.replies import wait_until_quiet
 
     bot = _chosen_bot(args, "dingtalk", DingTalkBotConfig)
     if bot is None:
@@ -176,17 +177,13 @@ def dingtalk(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=10) as http:
             user = DingTalkUser(bot, args.gateway, args.simulator, http)
             payload = await user.send(args.user, args.text, group=args.group or "")
-            deadline = time.monotonic() + args.timeout
-            seen: list[dict] = []
-            quiet_since = time.monotonic()
-            while time.monotonic() < deadline:
+
+            async def mine() -> list[dict]:
+                """The robot's replies in this conversation since the message was written."""
                 replies = await user.replies(payload["conversationId"])
-                mine = [r for r in replies if r["at"] * 1000 >= payload["createAt"]]
-                if len(mine) != len(seen):
-                    seen, quiet_since = mine, time.monotonic()
-                elif seen and time.monotonic() - quiet_since > 1.0:
-                    break
-                await asyncio.sleep(0.1)
+                return [reply for reply in replies if reply["at"] * 1000 >= payload["createAt"]]
+
+            seen = await wait_until_quiet(mine, args.timeout)
         if not seen:
             print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
             return 1
@@ -207,6 +204,7 @@ def wecom_kf(args: argparse.Namespace) -> int:
     (send_msg is refused in 2 and 3, and the customer's message does not move the session), so the command stops
     once botgw has pulled the message instead of waiting out --timeout."""
     from bots.wecom_kf.config import WeComKfConfig
+    from simulator.replies import kf_sent, wait_until_quiet
     from simulator.wecom_kf import WeComKfCallbackSigner
 
     bot = _chosen_bot(args, "wecom-kf", WeComKfConfig)
@@ -238,25 +236,29 @@ def wecom_kf(args: argparse.Namespace) -> int:
         failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
         if failed is not None:
             return failed
-        deadline = time.monotonic() + args.timeout
-        seen: list[dict] = []
-        quiet_since = time.monotonic()
         held_by_human = state_before in HUMAN_KF_STATES
         written = [str(msgid) for msgid in wrote.json().get("msgids", [])]
         pulled_at = 0.0
-        while time.monotonic() < deadline:
-            sent = http.get(f"{simulator}/__sim__/kf/sent", params={"external_userid": args.customer, "since": since})
-            mine = [item for item in sent.json() if item["open_kfid"] == open_kfid]
-            if len(mine) != len(seen):
-                seen, quiet_since = mine, time.monotonic()
-            elif seen and time.monotonic() - quiet_since > 1.0:
-                break
-            if held_by_human and not seen:
-                if not pulled_at and kf_pulled(http, simulator, written):
-                    pulled_at = time.monotonic()
-                if pulled_at and time.monotonic() - pulled_at > 1.0:  # a moment for anything botgw might send
-                    break
-            time.sleep(0.1)
+
+        def left_to_a_human(seen: list[dict]) -> bool:
+            """Nothing will come: a human holds the session and botgw pulled the message a moment ago."""
+            nonlocal pulled_at
+            if not held_by_human or seen:
+                return False
+            if not pulled_at and kf_pulled(http, simulator, written):
+                pulled_at = time.monotonic()
+            return bool(pulled_at) and time.monotonic() - pulled_at > 1.0  # a moment for anything botgw might send
+
+        async def wait() -> list[dict]:
+            async with httpx.AsyncClient(timeout=10) as replies_http:
+
+                async def mine() -> list[dict]:
+                    sent = await kf_sent(replies_http, simulator, args.customer, since)
+                    return [item for item in sent if item["open_kfid"] == open_kfid]
+
+                return await wait_until_quiet(mine, args.timeout, done_early=left_to_a_human)
+
+        seen = asyncio.run(wait())
         state_after = kf_state(http, simulator, open_kfid, args.customer) if not seen else None
     if not seen and state_after in HUMAN_KF_STATES:
         print("no answer (the session is with a human)")
@@ -312,17 +314,12 @@ def _post_callback(http: httpx.Client, url: str, callback) -> int | None:  # typ
     return None
 
 
-def _wait_for_reply(http: httpx.Client, api_base: str, user: str, since: float, timeout: float) -> list[str]:
-    """Poll the simulated WeCom for what it delivered to `user`; done once nothing new came for 1 s."""
-    deadline = time.monotonic() + timeout
-    seen: list[str] = []
-    quiet_since = 0.0
-    while time.monotonic() < deadline:
-        delivered = http.get(f"{api_base}/__sim__/wecom/messages", params={"touser": user, "since": since}).json()
-        contents = [item["content"] for item in delivered]
-        if contents != seen:
-            seen, quiet_since = contents, time.monotonic()
-        elif seen and time.monotonic() - quiet_since > 1.0:
-            return seen
-        time.sleep(0.1)
-    return seen
+def _wait_for_reply(api_base: str, user: str, since: float, timeout: float) -> list[str]:
+    """What the simulated WeCom delivered to `user`, once nothing new came for 1 s."""
+    from simulator.replies import wait_until_quiet, wecom_messages
+
+    async def wait() -> list[dict]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            return await wait_until_quiet(lambda: wecom_messages(http, api_base, user, since), timeout)
+
+    return [item["content"] for item in asyncio.run(wait())]
