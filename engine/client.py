@@ -227,6 +227,14 @@ class EngineClient:
             raise EngineError(f"/tokenize answered HTTP {response.status_code}")
         return int(response.json()["count"])
 
+    async def is_alive(self) -> bool:
+        """True when /health answers 200: the light check of an engine already known to serve our model."""
+        try:
+            health = await self._http.get(f"{self._base}/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return health.status_code == 200
+
     async def is_ready(self) -> bool:
         """True when /health answers 200 and /v1/models lists our model."""
         try:

@@ -5,6 +5,12 @@ a one-token warm-up request must come back before it counts as ready, and its
 /metrics (vllm:num_requests_running + vllm:num_requests_waiting) say how loaded it is.
 A request goes to the ready engine with the least load; an engine that fails is taken
 out and probed again with backoff, and the request is retried on another one.
+
+/metrics is read every poll only where it steers requests (several engines, in a process that
+sends chats): vLLM's exposition is ~57 KB and each read cost vLLM ~12 ms and each botgw process
+~1 ms per answer. Elsewhere a ready engine is checked through the light /health every
+READY_CHECK_S (a failed request takes it out at once anyway) and its load read every SLOW_LOAD_S,
+for the gauges, the KV-pressure warning and the web page's "busy".
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ StateListener = Callable[["Endpoint"], None]
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
 HEALTH_FAILURES_TO_TAKE_OUT = 2
-FULL_CHECK_EVERY = 10
+FULL_CHECK_S = 10.0  # /health + /v1/models (is our model still the one served?) at most this often when ready
+READY_CHECK_S = 5.0  # a ready engine whose load steers nothing: /health this often
+SLOW_LOAD_S = 15.0  # ... and /metrics this often
 
 
 class EngineUnavailable(EngineError):
@@ -89,7 +97,8 @@ class Endpoint:
     sent_since_scrape: int = 0
     failures: int = 0
     health_failures: int = 0
-    polls: int = 0
+    full_check_at: float = 0.0  # monotonic time of the last /health + /v1/models
+    scraped_at: float = 0.0  # ... and of the last /metrics
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
 
@@ -111,6 +120,7 @@ class EnginePool:
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[StateListener] = []
+        self._routes = False  # set by the first chat(): this process sends requests, so load may steer them
 
     @property
     def model(self) -> str:
@@ -199,6 +209,8 @@ class EnginePool:
         that has already shown streamed text (failover=False) gets the error and decides.
         """
 
+        self._routes = True
+
         async def ask(endpoint: Endpoint) -> Completion:
             return await endpoint.client.chat(
                 messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra
@@ -230,23 +242,42 @@ class EnginePool:
         async with self._changed:
             self._changed.notify_all()
 
+    def _load_steers(self) -> bool:
+        """Whether load is worth reading every poll: only where it chooses between engines for our requests."""
+        return self._routes and len(self.endpoints) > 1
+
+    def _next_probe_in(self, endpoint: Endpoint) -> float:
+        interval = self._settings.poll_interval_s
+        if endpoint.status == "down":
+            return max(interval, endpoint.next_probe_at - time.monotonic())
+        return interval if self._load_steers() else max(interval, READY_CHECK_S)
+
     async def _watch(self, endpoint: Endpoint) -> None:
         while True:
-            delay = max(self._settings.poll_interval_s, endpoint.next_probe_at - time.monotonic())
             try:
                 await self._probe(endpoint)
             except Exception:  # a watcher must never die
                 log.exception("engine probe failed", extra={"endpoint": endpoint.url})
-            await asyncio.sleep(delay if endpoint.status == "down" else self._settings.poll_interval_s)
+            await asyncio.sleep(self._next_probe_in(endpoint))
+
+    async def _check(self, endpoint: Endpoint, now: float) -> bool:
+        """Is a ready engine still up? By the cheapest read that also keeps its load as fresh as it is needed."""
+        if now - endpoint.full_check_at >= FULL_CHECK_S:
+            return await self._full_check(endpoint, now)
+        if self._load_steers():
+            return await self._scrape(endpoint, now)  # read for the load anyway: it doubles as the liveness check
+        return await endpoint.client.is_alive()
+
+    async def _full_check(self, endpoint: Endpoint, now: float) -> bool:
+        endpoint.full_check_at = now
+        return await endpoint.client.is_ready()
 
     async def _probe(self, endpoint: Endpoint) -> None:
-        if endpoint.status == "down" and time.monotonic() < endpoint.next_probe_at:
+        now = time.monotonic()
+        if endpoint.status == "down" and now < endpoint.next_probe_at:
             return
-        # A ready engine is watched through /metrics alone (read for its load anyway); /health and /v1/models
-        # (is our model still the one served?) are asked every FULL_CHECK_EVERY polls, and whenever it is not ready.
-        endpoint.polls += 1
-        full = endpoint.status != "ready" or endpoint.polls % FULL_CHECK_EVERY == 0
-        if not await (endpoint.client.is_ready() if full else self._scrape(endpoint)):
+        ok = await (self._check(endpoint, now) if endpoint.status == "ready" else self._full_check(endpoint, now))
+        if not ok:
             endpoint.health_failures += 1
             if endpoint.status == "down":
                 await self._take_out(endpoint, "still down")
@@ -267,16 +298,18 @@ class EnginePool:
             endpoint.status = "ready"
             endpoint.failures = 0
             log.info("engine ready", extra={"endpoint": endpoint.url, "warmed_up": self._settings.warmup})
-        if full:
-            await self._scrape(endpoint)
+        load_every = self._settings.poll_interval_s if self._load_steers() else SLOW_LOAD_S
+        if now - endpoint.scraped_at >= load_every:
+            await self._scrape(endpoint, now)
         await self._notify(endpoint)
 
-    async def _scrape(self, endpoint: Endpoint) -> bool:
+    async def _scrape(self, endpoint: Endpoint, now: float) -> bool:
         """Read the engine's load from /metrics; False when it did not answer."""
         try:
             text = await endpoint.client.metrics_text()
         except EngineError:
             return False
+        endpoint.scraped_at = now
         endpoint.load = parse_vllm_metrics(text)
         endpoint.sent_since_scrape = 0
         self._watch_kv_pressure(endpoint)
