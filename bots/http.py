@@ -24,7 +24,12 @@ def token_name(platform: str, app: str, secret: str) -> str:
 
 
 async def cached_token(tokens: TokenStore, name: str, fetch: TokenFetch, stale: str | None = None) -> str:
-    """A valid token from the cache; fetched once for everyone when missing or equal to `stale`."""
+    """A valid token from the cache; fetched once for everyone when missing or equal to `stale`.
+
+    The stale token is dropped first (compare-and-delete, so a token another process put meanwhile stays): the
+    store may keep a copy in this process, and a read after the drop goes to the shared cache."""
+    if stale:
+        await tokens.invalidate(name, stale)
     cached = await tokens.get(name)
     if cached and cached != stale:
         return cached
@@ -32,8 +37,6 @@ async def cached_token(tokens: TokenStore, name: str, fetch: TokenFetch, stale: 
         cached = await tokens.get(name)
         if cached and cached != stale:
             return cached  # another process refreshed it while we waited
-        if stale:
-            await tokens.invalidate(name, stale)
         token, expires_in = await fetch()
         await tokens.put(name, token, max(60.0, expires_in - TOKEN_EARLY_REFRESH_S))
         return token

@@ -36,8 +36,9 @@ class Commands:
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message = job.message
-        if job.scope.lane == message.session_key:
-            await self._services.memory.adopt(message.session_key, message.bot_session_key)
+        own_lane = job.scope.lane == message.session_key
+        if own_lane and await self._services.memory.adopt(message.session_key, message.bot_session_key):
+            job.record.forget_memory()
         command = parse_command(message.text)
         if command == "help":
             return await self._services.commit(job, texts.HELP_TEXT)

@@ -113,7 +113,8 @@ class PromptPlanning:
         if base not in services.system_tokens:
             services.system_tokens[base] = await engine.count_tokens(base)
         system = system_tokens(services, job)
-        turns = await services.memory.load(job.scope.lane)
+        read = job.record.memory  # read with the reply record when the job was loaded, as a rule
+        turns = read if read is not None else await services.memory.load(job.scope.lane)
         room = Room(
             engine.max_model_len,
             services.budgets.max_prompt_tokens(job.message.person, job.group_id),

@@ -111,15 +111,20 @@ return n
 
 # KEYS: the ready set (so that a cluster routes the script to the queue's slot).
 # ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
-# Returns {lane, epoch, head entry} or false when nothing can run now.
+# Returns {lane, epoch, head entry, 1 if more lanes are ready else 0} or false when nothing can run now.
+# Whenever the ready set is left empty the wake-ups are dropped with it, so a worker told "no more" blocks on
+# the wake list at once instead of asking again to learn that nothing is ready (one round trip per message).
 _TAKE = (
     _COMMON
     + """
 local ns, owner, lease_ms, cap = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local function ran_empty()
+  redis.call('DEL', ns .. ':sched:wake', ns .. ':sched:vclock', ns .. ':sched:arrivals')
+end
 for _ = 1, 16 do
   local popped = redis.call('ZPOPMIN', ns .. ':sched:ready')
   if #popped == 0 then
-    redis.call('DEL', ns .. ':sched:wake', ns .. ':sched:vclock', ns .. ':sched:arrivals')
+    ran_empty()
     return false
   end
   local lane = popped[1]
@@ -135,7 +140,9 @@ for _ = 1, 16 do
       redis.call('HSET', ns .. ':sched:lease:' .. lane, 'owner', owner, 'epoch', epoch, 'u', user)
       redis.call('ZADD', ns .. ':sched:leases', now_ms() + lease_ms, lane)
       redis.call('SADD', active, lane)
-      return {lane, epoch, head}
+      local more = redis.call('ZCARD', ns .. ':sched:ready')
+      if more == 0 then ran_empty() end
+      return {lane, epoch, head, math.min(more, 1)}
     end
   end
 end
@@ -348,15 +355,20 @@ class Scheduler:
 
     async def take(self, owner: str, lease_ms: int, max_per_user: int) -> Lease | None:
         """Lease the next ready lane's head (fair across users), or None when nothing can run now."""
+        return (await self.take_next(owner, lease_ms, max_per_user))[0]
+
+    async def take_next(self, owner: str, lease_ms: int, max_per_user: int) -> tuple[Lease | None, bool]:
+        """`take`, and whether another lane may be ready (False: wait_for_work, nothing is there to take)."""
         result = await self._scripts["take"](keys=self._routing, args=[self._ns, owner, lease_ms, max_per_user])
         if not result:
-            return None
-        lane, epoch, head = (as_text(item) for item in result)
+            return None, False
+        lane, epoch, head = (as_text(item) for item in result[:3])
+        more = bool(int(result[3]))
         try:
-            return Lease(lane, epoch, QueueEntry.from_json(head))
+            return Lease(lane, epoch, QueueEntry.from_json(head)), more
         except ValidationError as exc:  # written by hand or by a broken client: kept for an operator, not retried
             await self._release_unreadable(lane, epoch, head, exc)
-            return None
+            return None, True
 
     async def _release_unreadable(self, lane: str, epoch: str, head: str, exc: ValidationError) -> None:
         """An entry no worker can read leaves its lane as a dead letter (`botgw dlq show` has it whole)."""

@@ -8,6 +8,7 @@ trimming to the budget needs no tokenizer at read time and never counts characte
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,7 @@ from bots.base import InboundMessage
 from gateway.state.keys import Keys
 
 GroupMemory = Literal["per_user", "shared"]
+ADOPTED_MEMO_SIZE = 100_000  # sessions remembered as adopted; past that the memo starts over (Redis still knows)
 
 # KEYS: the adopted mark, the old name, the name now; ARGV: the mark's TTL (s). The old memory moves only the
 # first time, and only if there is one and the name now holds none.
@@ -37,6 +39,11 @@ class Turn:
     role: str
     content: str
     tokens: int
+
+
+def turns_of(raw: list) -> list[Turn]:
+    """The turns of a memory list as Redis returns it (LRANGE)."""
+    return [Turn(**json.loads(item)) for item in raw]
 
 
 def fit_to_budget(turns: list[Turn], budget_tokens: int) -> list[Turn]:
@@ -83,22 +90,31 @@ class ConversationMemory:
         self._ttl_s = ttl_s
         self._max_items = max_turns * 2
         self._adopt_once = redis.register_script(_ADOPT_ONCE)
+        self._adopted: dict[str, float] = {}  # session -> monotonic time its adopted mark expires (this process)
 
-    async def adopt(self, session_key: str, old_name: str) -> None:
+    async def adopt(self, session_key: str, old_name: str) -> bool:
         """Move a session's memory kept under an older name (one-to-one memory kept per bot, before it followed
         the person) under its name now: the first time the person writes after the upgrade, and only then.
 
         Once: a later /reset leaves the person's memory empty, and an old name adopted then would bring back
         what they cleared (the old memory of another bot they wrote to is not adopted at all: it expires within
-        `ttl_s`, as the mark does, so no old name outlives the mark). All three keys are in the core slot."""
-        if old_name and old_name != session_key:
-            keys = [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
-            await self._adopt_once(keys=keys, args=[self._ttl_s])
+        `ttl_s`, as the mark does, so no old name outlives the mark). All three keys are in the core slot.
+        Asked once per session and process (a memo as long-lived as the mark): it ran on every message before.
+        True when Redis was asked (the memory may have moved)."""
+        if not old_name or old_name == session_key:
+            return False
+        now = time.monotonic()
+        if self._adopted.get(session_key, 0.0) > now:
+            return False  # this process set or saw the mark, which lives as long: Redis would do nothing
+        keys = [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
+        await self._adopt_once(keys=keys, args=[self._ttl_s])
+        if len(self._adopted) >= ADOPTED_MEMO_SIZE:
+            self._adopted.clear()
+        self._adopted[session_key] = now + self._ttl_s
+        return True
 
     async def load(self, session_key: str) -> list[Turn]:
-        key = self._keys.memory(session_key)
-        raw = await self._redis.lrange(key, 0, -1)
-        return [Turn(**json.loads(item)) for item in raw]
+        return turns_of(await self._redis.lrange(self._keys.memory(session_key), 0, -1))
 
     async def clear(self, session_key: str) -> None:
         await self._redis.delete(self._keys.memory(session_key))

@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.state.keys import Keys
-from gateway.state.memory import Turn
+from gateway.state.memory import Turn, turns_of
 from gateway.state.redis_text import as_text
 
 State = Literal["new", "committed", "done", "failed"]
@@ -186,8 +186,10 @@ class ReplyRecords:
         self._ttl_s = ttl_s
         self._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
 
-    def open(self, dedup_key: str, fence: Fence | None = None) -> ReplyRecord:
-        return ReplyRecord(self._redis, self._keys.reply(dedup_key), self._ttl_s, fence, self._scripts)
+    def open(self, dedup_key: str, fence: Fence | None = None, memory_key: str = "") -> ReplyRecord:
+        """`memory_key`: the conversation memory the answer will be planned on, read with the record's first
+        load (one round trip for both)."""
+        return ReplyRecord(self._redis, self._keys.reply(dedup_key), self._ttl_s, fence, self._scripts, memory_key)
 
 
 @dataclass
@@ -199,6 +201,8 @@ class ReplyRecord:
     ttl_s: int
     fence: Fence | None = None
     _scripts: dict = field(default_factory=dict, repr=False)
+    memory_key: str = ""
+    memory: list[Turn] | None = field(default=None, repr=False)  # as read with the record; None: not read
 
     def _fence_args(self) -> tuple[str, str]:
         return fence_args(self.fence, self.key)
@@ -208,7 +212,20 @@ class ReplyRecord:
         return bool(await self.redis.exists(self.key))
 
     async def load(self) -> ReplyState:
-        return ReplyState.from_hash(await self.redis.hgetall(self.key))
+        """The record; the first time, with the conversation memory (`memory`) in the same round trip. Only the
+        lease holder writes that memory, so it stays as read unless this job changes it (`forget_memory`)."""
+        if not self.memory_key or self.memory is not None:
+            return ReplyState.from_hash(await self.redis.hgetall(self.key))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.key)
+            pipe.lrange(self.memory_key, 0, -1)
+            raw, turns = await pipe.execute()
+        self.memory = turns_of(turns)
+        return ReplyState.from_hash(raw)
+
+    def forget_memory(self) -> None:
+        """The memory read with the record may have changed (an old one was adopted): read it again."""
+        self.memory = None
 
     async def _write(self, mode: str, values: dict[str, str | int]) -> int:
         lease_key, epoch = self._fence_args()

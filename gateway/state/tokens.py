@@ -1,9 +1,11 @@
-"""Platform access tokens cached in Redis and refreshed by one process at a time."""
+"""Platform access tokens cached in Redis and refreshed by one process at a time, with each process's copy in
+front: a send asks Redis only when this process holds no token (or the platform called it invalid)."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from types import TracebackType
 
 from redis.asyncio import Redis
@@ -47,22 +49,39 @@ class RedisRefreshLock:
 
 
 class RedisTokenStore:
-    """The `TokenStore` that adapters use: one token per app for all replicas."""
+    """The `TokenStore` that adapters use: one token per app for all replicas, kept in this process too until
+    its Redis entry would expire (the platform's token-invalid error drops it: bots/http.py invalidates)."""
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
         self._invalidate = redis.register_script(_INVALIDATE)
+        self._local: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic time its Redis entry expires)
 
     async def get(self, name: str) -> str | None:
-        value = await self._redis.get(self._keys.token(name))
-        return None if value is None else as_text(value)
+        local = self._local.get(name)
+        if local is not None and time.monotonic() < local[1]:
+            return local[0]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._keys.token(name))
+            pipe.pttl(self._keys.token(name))
+            value, ttl_ms = await pipe.execute()
+        if value is None:
+            self._local.pop(name, None)
+            return None
+        token = as_text(value)
+        if int(ttl_ms) > 0:
+            self._local[name] = (token, time.monotonic() + int(ttl_ms) / 1000)
+        return token
 
     async def put(self, name: str, token: str, ttl_s: float) -> None:
         await self._redis.set(self._keys.token(name), token, px=int(ttl_s * 1000))
+        self._local[name] = (token, time.monotonic() + ttl_s)
 
     async def invalidate(self, name: str, token: str) -> None:
         """Drop the cached token only if it is still the stale one (another process may have refreshed)."""
+        if self._local.get(name, ("",))[0] == token:
+            del self._local[name]
         await self._invalidate(keys=[self._keys.token(name)], args=[token])
 
     def refresh_lock(self, name: str) -> RedisRefreshLock:

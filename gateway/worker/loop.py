@@ -134,21 +134,25 @@ class Worker:
     async def _take_loop(self, stop: asyncio.Event) -> None:
         lease_ms = self._cfg.claim_idle_ms
         cap = self._settings.limits.max_concurrent_per_user
+        look = True  # something may be ready; False once a take said nothing more is: block on the wake list
         while not stop.is_set():
             if len(self._held) >= self._cfg.concurrency:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
             try:
-                lease = await self._scheduler.take(self._consumer, lease_ms, cap)
-                if lease is None:
+                if not look:
                     await self._scheduler.wait_for_work(self._cfg.block_ms / 1000)
+                    look = True
                     continue
+                lease, look = await self._scheduler.take_next(self._consumer, lease_ms, cap)
             except RedisError as exc:
                 log.error("taking work failed", extra={"error": str(exc)})
+                look = True
                 await asyncio.sleep(1.0)
                 continue
-            self._start(lease)
+            if lease is not None:
+                self._start(lease)
 
     async def _heartbeat_loop(self) -> None:
         """Renew the leases still held; a lease found lost stops its answer at once."""
@@ -260,7 +264,9 @@ class Worker:
     def _job(self, lease: Lease, message: InboundMessage, adapter: Channel) -> Job:
         services = self.services
         fence = Fence(services.keys.lease(lease.lane), lease.epoch)
-        record = services.records.open(message.dedup_key, fence)
-        presenter = presenter_for(services.delivery, adapter, message, record, fence)
         scope = Scope.of(message, self._settings.memory.group)
+        # a chat is planned on its memory: read it with the reply record
+        memory_key = services.keys.memory(scope.lane) if lease.entry.kind == EntryKind.CHAT else ""
+        record = services.records.open(message.dedup_key, fence, memory_key)
+        presenter = presenter_for(services.delivery, adapter, message, record, fence)
         return Job(lease, message, scope, adapter, record, presenter)
