@@ -42,15 +42,11 @@ from bench.common import (
     Broken,
     CpuMeter,
     Stack,
-    botgw_config,
-    clean_env,
     closed_loop,
-    free_port,
     http_ok,
     main_async,
     ms,
     percentile,
-    random_aes_key,
     serve_args,
     start_redis,
     table,
@@ -61,6 +57,8 @@ from bench.common import (
 from bench.overhead import MODEL, PROMPTS, SYSTEM_PROMPT, engine_config
 from bots.wecom.config import WeComAIBotConfig
 from simulator.wecom_ai import StreamView, WeComAIBotUser
+from testkit.configs import botgw_config, random_aes_key
+from testkit.processes import child_env, free_port
 
 NAMESPACE = "aibench"
 BOT_ID = "ai"
@@ -256,7 +254,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     stack.start("engine", [*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])])
     config = aibot_config(redis_url, engine_url, args.concurrency, args.max_tokens)
     cfg = ["--config", str(write_config(stack, config))]
-    env = clean_env()
+    env = child_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
     admin_urls = []
     for name in GATEWAYS:

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import ctypes
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from testkit import configs
+from testkit.processes import BOTGW, ROOT, child_env, free_port
+
 if TYPE_CHECKING:
     import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-BOTGW = [sys.executable, "-m", "gateway.cli"]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -53,11 +51,6 @@ class StartupError(Broken):
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now, for a server of this run (each run gets its own, so runs never clash)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_args(cfg: list[str], port: int) -> tuple[list[str], str]:
@@ -67,28 +60,16 @@ def serve_args(cfg: list[str], port: int) -> tuple[list[str], str]:
     return args, f"http://127.0.0.1:{admin_port}"
 
 
-def random_aes_key() -> str:
-    """A fresh WeCom EncodingAESKey (43 characters of base64): no run depends on a key in the repository."""
-    return base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without BOTGW_* variables: those of the caller's shell would override the config file."""
-    return {key: value for key, value in os.environ.items() if not key.startswith("BOTGW_")}
 
 
-# Where the engine and its model live: machine facts, not configuration, so an engine child keeps them
-# (the same set as tests/procs.py's INHERITED_BOTGW_VARS).
-ENGINE_MACHINE_VARS = frozenset(
-    {"BOTGW_ENGINE_VENV", "BOTGW_ENGINE_PYTHON", "BOTGW_TINY_MODEL_DIR", "BOTGW_VLLM_PACKAGE"}
-)
 
 
 def start_engine(stack: Stack, name: str, port: int, profile: str = "tiny") -> Child:
     """`botgw engine serve --profile PROFILE --port PORT` (vLLM), without the caller's BOTGW_* settings but for
     where the engine venv and the tiny model live. Wait for `<url>/health` yourself: a CPU engine takes a minute."""
-    env = {**clean_env(), **{key: os.environ[key] for key in ENGINE_MACHINE_VARS if key in os.environ}}
-    return stack.start(name, [*BOTGW, "engine", "serve", "--profile", profile, "--port", str(port)], env)
+    return stack.start(name, [*BOTGW, "engine", "serve", "--profile", profile, "--port", str(port)], child_env())
 
 
 def _die_with_parent() -> None:
@@ -203,56 +184,13 @@ def start_redis(stack: Stack, port: int, *extra: str) -> Child:
 
 def write_config(stack: Stack, config: dict[str, Any], name: str = "botgw.yaml") -> Path:
     """The run's botgw config as YAML in the log directory, so that it is kept with the logs of a failed run."""
-    import yaml  # not at module level: see the module docstring
-
-    path = stack.log_dir / name
-    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    return path
+    return configs.write_config(stack.log_dir / name, config)
 
 
-def botgw_config(
-    redis_url: str, namespace: str, bots: list[dict[str, Any]], engine: dict[str, Any] | None = None, **settings: Any
-) -> dict[str, Any]:
-    """A botgw config as in production (WARNING logs) but for limits that never bite: the load is the point.
-
-    Without `engine`, one at a port nobody listens on, for the benchmarks of intake alone (no worker runs).
-    """
-    return {
-        "redis_url": redis_url,
-        "namespace": namespace,
-        "log_level": "WARNING",
-        "engine": engine or {"base_url": f"http://127.0.0.1:{free_port()}", "model": "unused"},
-        "limits": {"per_user": "1000000/minute", "http_per_source": "1000000/second"},
-        "bots": bots,
-        **settings,
-    }
 
 
-def wecom_app(bot_id: str, api_base: str) -> dict[str, Any]:
-    """A WeCom self-built app with fresh random credentials; its API at `api_base` (the simulator, or nothing)."""
-    return {
-        "id": bot_id,
-        "platform": "wecom",
-        "corp_id": "wwbench" + secrets.token_hex(5),
-        "agent_id": 1000002,
-        "secret": secrets.token_urlsafe(24),
-        "token": secrets.token_hex(8),
-        "encoding_aes_key": random_aes_key(),
-        "api_base": api_base,
-    }
 
 
-def dingtalk_robot(bot_id: str, mode: str, api_base: str) -> dict[str, Any]:
-    """A DingTalk robot (`mode` http or stream) with fresh random credentials; both its APIs at `api_base`."""
-    return {
-        "id": bot_id,
-        "platform": "dingtalk",
-        "mode": mode,
-        "app_key": "dingbench" + secrets.token_hex(5),
-        "app_secret": secrets.token_urlsafe(24),
-        "api_base": api_base,
-        "oapi_base": api_base,
-    }
 
 
 async def wait_ready(stack: Stack, child: Child, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
@@ -535,18 +473,21 @@ async def run_benchmark(
         return 1
 
 
-def run_in_stack(prefix: str, keep_logs: bool, run: Callable[[Stack], int]) -> int:
-    """`run(stack)` with a fresh stack whose processes are stopped however it ends; logs are removed only on success.
+def run_in_stack(prefix: str, keep_logs: bool, run: Callable[[Stack], int], log_dir: str | None = None) -> int:
+    """`run(stack)` with a fresh stack whose processes are stopped however it ends; logs are removed only on success,
+    and never from a `log_dir` the caller named (the tests', which are read after the run).
 
     A failed run keeps its logs and config (their directory is printed), which is where its reason is.
     """
-    stack = Stack(Path(tempfile.mkdtemp(prefix=prefix)))
+    if log_dir:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    stack = Stack(Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=prefix)))
     code = 1
     try:
         code = run(stack)
     finally:
         stack.stop()
-        if code == 0 and not keep_logs:
+        if code == 0 and not keep_logs and not log_dir:
             shutil.rmtree(stack.log_dir, ignore_errors=True)
         else:
             print(f"logs: {stack.log_dir}", file=sys.stderr)
@@ -564,4 +505,4 @@ def main_async(
     def run(stack: Stack) -> int:
         return asyncio.run(run_benchmark(benchmark(args, stack), args.time_limit, failures))
 
-    return run_in_stack(prefix, args.keep_logs, run)
+    return run_in_stack(prefix, args.keep_logs, run, getattr(args, "log_dir", None))

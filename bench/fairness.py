@@ -4,9 +4,9 @@ Why: the scheduler keeps one lane per conversation and serves ready lanes round-
 engine requests are capped (`limits.max_concurrent_per_user`, default 1), so 30 queued messages of one user should
 take one worker slot at a time and never hold back the others. This measures it end to end.
 
-What: redis-server, a stub engine (tests/stub_engine.py: every chat answer after a fixed `--delay`, so the times are
-the scheduler's, not generation's), the simulator (WeCom API), one gateway and two workers (default concurrency 8
-each); one WeCom app bot; `limits.per_user` 1000/minute. Per round, with fresh user ids each time:
+What: redis-server, a stub engine (testkit/fakes/stub_engine.py: every chat answer after a fixed `--delay`, so the
+times are the scheduler's, not generation's), the simulator (WeCom API), one gateway and two workers (default
+concurrency 8 each); one WeCom app bot; `limits.per_user` 1000/minute. Per round, with fresh user ids each time:
 
   baseline: 5 light users send one message each (at once);
   flood:    a heavy user sends 30 messages in a row; 0.3 s after its first, 5 light users send one each.
@@ -42,9 +42,6 @@ from bench.common import (
     BOTGW,
     Broken,
     Stack,
-    botgw_config,
-    clean_env,
-    free_port,
     http_ok,
     main_async,
     ms,
@@ -53,13 +50,14 @@ from bench.common import (
     start_redis,
     table,
     wait_ready,
-    wecom_app,
     write_config,
 )
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
+from testkit.configs import botgw_config, wecom_app
+from testkit.processes import child_env, free_port
 
 BOT_ID = "app"
 NAMESPACE = "fairness"
@@ -297,11 +295,12 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     gateway_url, redis_url = f"http://127.0.0.1:{ports['gateway']}", f"redis://127.0.0.1:{ports['redis']}/0"
 
     start_redis(stack, ports["redis"])
-    stub = [sys.executable, "-m", "tests.stub_engine", "--port", str(ports["engine"]), "--delay", str(args.delay)]
+    stub = [sys.executable, "-m", "testkit.fakes.stub_engine", "--port", str(ports["engine"]),
+            "--delay", str(args.delay)]
     stack.start("engine", [*stub, "--model", MODEL])
     config = fairness_config(redis_url, engine_url, sim_url)
     cfg = ["--config", str(write_config(stack, config))]
-    env = clean_env()
+    env = child_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
     gateway_args, admin_url = serve_args(cfg, ports["gateway"])
     stack.start("gateway", gateway_args, env)

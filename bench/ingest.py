@@ -47,10 +47,7 @@ from bench.common import (
     StartupError,
     Stopped,
     Tally,
-    botgw_config,
     connect,
-    dingtalk_robot,
-    free_port,
     http_ok,
     interruptible,
     ms,
@@ -60,9 +57,10 @@ from bench.common import (
     start_redis,
     table,
     wait_ready,
-    wecom_app,
     write_config,
 )
+from testkit.configs import botgw_config, dingtalk_robot, wecom_app
+from testkit.processes import free_port
 
 BOT_ID = "app"
 DINGTALK_BOT_ID = "ding"

@@ -18,9 +18,9 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from testkit.redis_servers import start_redis
 from tests.model.run import generate, report, run_moves, shrink
 from tests.model.world import Services
-from tests.procs import start_redis
 
 
 async def main(args: argparse.Namespace) -> int:

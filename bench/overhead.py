@@ -57,10 +57,7 @@ from bench.common import (
     Broken,
     CpuMeter,
     Stack,
-    botgw_config,
-    clean_env,
     closed_loop,
-    free_port,
     http_ok,
     main_async,
     ms,
@@ -70,7 +67,6 @@ from bench.common import (
     table,
     vllm_histograms,
     wait_ready,
-    wecom_app,
     write_config,
 )
 from bots.base import InboundMessage
@@ -79,6 +75,8 @@ from engine.client import sse_lines
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom_callback import WeComCallbackSigner
+from testkit.configs import botgw_config, wecom_app
+from testkit.processes import child_env, free_port
 
 try:
     import psutil
@@ -845,7 +843,7 @@ async def _benchmark(
     stack.start("engine", [*taskset, *BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
     config = stack_config(redis_url, engine_url, sim_url, args.max_tokens, slots)
     cfg = ["--config", str(write_config(stack, config))]
-    env = clean_env()
+    env = child_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
     gateway_args, admin_url = serve_args(cfg, ports["gateway"])
     stack.start("gateway", gateway_args, env)

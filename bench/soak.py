@@ -75,21 +75,15 @@ from bench.common import (
     Broken,
     Child,
     Stack,
-    botgw_config,
-    clean_env,
-    dingtalk_robot,
-    free_port,
     http_ok,
     main_async,
     ms,
     percentile,
-    random_aes_key,
     serve_args,
     start_engine,
     start_redis,
     table,
     wait_ready,
-    wecom_app,
     write_config,
 )
 from bots.base import InboundMessage
@@ -104,6 +98,8 @@ from simulator.dingtalk_user import robot_payload
 from simulator.replies import dingtalk_messages, wecom_messages
 from simulator.wecom_ai import WeComAIBotUser
 from simulator.wecom_callback import WeComCallbackSigner
+from testkit.configs import botgw_config, dingtalk_robot, random_aes_key, wecom_app
+from testkit.processes import child_env, free_port
 
 NAMESPACE = "soak"
 MODEL = "ernie-tiny"
@@ -827,7 +823,7 @@ class Soak:
         redis_url = f"redis://127.0.0.1:{self.ports['redis']}/0"
         self.config = soak_config(redis_url, self.engine_urls, self.sim_url, args.max_tokens)
         self.cfg = ["--config", str(write_config(stack, self.config))]
-        self.env = clean_env()
+        self.env = child_env()
         self.keys = Keys(NAMESPACE)
         self.redis = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.faults = Faults(self)
@@ -1360,6 +1356,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16, help="engine.max_tokens (16)")
     parser.add_argument("--time-limit", type=float, default=None, help="stop and fail after this many seconds")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs and config")
+    parser.add_argument("--log-dir", default=None, help="the processes' logs and config here (kept), not in a temp dir")
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile]
     for name in ("messages", "duration_s", "users", "drain_s"):

@@ -49,11 +49,7 @@ from bench.common import (
     HttpConnection,
     Stack,
     Tally,
-    botgw_config,
-    clean_env,
     connect,
-    dingtalk_robot,
-    free_port,
     http_ok,
     main_async,
     percentile,
@@ -65,6 +61,8 @@ from bench.common import (
 from bots.dingtalk.config import DingTalkBotConfig
 from gateway.state.keys import Keys
 from simulator.dingtalk_user import robot_payload
+from testkit.configs import botgw_config, dingtalk_robot
+from testkit.processes import child_env, free_port
 
 NAMESPACE = "streambench"
 BOT_ID = "ding-stream"
@@ -322,7 +320,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     start_redis(stack, redis_port)
     config = stream_config(redis_url, sim_url)
     cfg = ["--config", str(write_config(stack, config))]
-    env = clean_env()
+    env = child_env()
     stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(sim_port)], env)
     bot = DingTalkBotConfig(**config["bots"][0])
     redis = Redis.from_url(redis_url)

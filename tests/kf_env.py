@@ -23,17 +23,11 @@ from gateway.queue.scheduler import Scheduler
 from gateway.state.keys import Keys
 from simulator.replies import kf_sent
 from simulator.wecom_kf import WeComKfCallbackSigner
-from tests.conftest import Stack, random_aes_key, stack_config
-from tests.procs import (
-    BOTGW,
-    Proc,
-    free_port,
-    start_gateway,
-    start_worker,
-    wait_http,
-    wait_replies,
-    write_config,
-)
+from testkit.configs import random_aes_key, stack_config, write_config
+from testkit.probes import wait_replies
+from testkit.processes import BOTGW, Proc, free_port, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack
 
 KFID = "wk-test-support"
 HANDOFF_NOTICE = "正在为您转接人工客服，请稍候。"

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.browser.chromium import CHROMIUM, chromium_browser
-from tests.conftest import ARTIFACTS, ENGINE_MODEL, SYSTEM_PROMPT, Stack
-from tests.holding_proxy import HoldingProxy
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
+from testkit.browser import CHROMIUM, chromium_browser
+from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
+from testkit.fakes.holding_proxy import HoldingProxy
+from testkit.processes import BOTGW, Proc, free_port, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack
+from tests.conftest import ARTIFACTS
 
 WEB_KEY = "test-web-key-" + secrets.token_hex(4)
 PASSWORD = "correct horse battery staple"

@@ -22,9 +22,11 @@ import httpx
 import pytest
 
 from bots.web.config import WebBotConfig, hash_password
-from tests.browser.chromium import chromium_browser
-from tests.conftest import stack_config, start_stub_engine
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_http, write_config
+from testkit.browser import chromium_browser
+from testkit.configs import stack_config, write_config
+from testkit.processes import BOTGW, Proc, free_port, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import start_stub_engine
 
 PASSWORD = "correct horse battery staple"
 PROXY_SECRET = "proxy-secret-0123456789abcdef"

@@ -3,7 +3,7 @@ login pages (simulator/web_login.py): each platform signs a member in; a forged 
 used before, a declined sign-in and someone outside the organisation are refused with a page that says why; and a
 person signed in through WeCom is that WeCom member, with the memory the WeCom app keeps for them.
 
-A stub engine (tests/stub_engine.py) answers and records every request, so the test can see what the page's
+A stub engine (testkit/fakes/stub_engine.py) answers and records every request, so the test can see what the page's
 question reached the engine with; no vLLM is needed."""
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from tests.browser.chromium import CHROMIUM, chromium_browser
+from testkit.browser import CHROMIUM, chromium_browser
+from testkit.configs import write_config
+from testkit.processes import BOTGW, Proc, free_port, wait_for, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack, start_stub_engine, stub_requests
 from tests.browser.test_web import send
-from tests.conftest import Stack, start_stub_engine, stub_requests
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
 
 WEB_KEY = "test-login-key-" + secrets.token_hex(6)
 PASSWORD = "login-test-" + secrets.token_hex(8)
@@ -259,7 +261,7 @@ def test_web_login_names_a_bot_of_the_right_kind() -> None:
     from bots.dingtalk.config import DingTalkBotConfig
     from bots.web.config import WebBotConfig
     from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
-    from tests.conftest import random_aes_key
+    from testkit.configs import random_aes_key
     from webchat.sso import web_login_problems
 
     secret = secrets.token_urlsafe(24)

@@ -28,8 +28,8 @@ from bots.web.config import WebBotConfig, hash_password, hash_problem
 from gateway.config import ConfigError, load_settings
 from gateway.pipeline.commands import parse_command
 from gateway.texts import HELP_TEXT
-from tests.browser.chromium import CHROMIUM, chromium_browser
-from tests.procs import BOTGW, ROOT, child_env, free_port, wait_http
+from testkit.browser import CHROMIUM, chromium_browser
+from testkit.processes import BOTGW, ROOT, child_env, free_port, wait_http
 from webchat.page import README, toml_string, write_app_root
 from webchat.passwords import PasswordSignIn
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import ENGINE_MODEL
-from tests.procs import BOTGW, ROOT, Proc, free_port, wait_http
+from testkit.configs import ENGINE_MODEL
+from testkit.processes import BOTGW, ROOT, Proc, free_port, wait_http
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES = sorted((PROMETHEUS / "rules").glob("*.yml"))

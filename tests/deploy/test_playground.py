@@ -31,8 +31,8 @@ import pytest
 import redis
 import yaml
 
+from testkit.processes import BOTGW, ROOT, child_env, free_port
 from tests.conftest import ARTIFACTS
-from tests.procs import BOTGW, ROOT, child_env, free_port
 
 PORTS = ("REDIS", "ENGINE", "GATEWAY", "ADMIN", "SIM", "WEB")
 LOCAL_PORTS = {"REDIS": 6390, "ENGINE": 8000, "GATEWAY": 8080, "ADMIN": 8081, "SIM": 8090, "WEB": 8100}

@@ -182,7 +182,7 @@ class _CutStream(httpx.AsyncByteStream):
 
 
 class EngineTransport(httpx.AsyncBaseTransport):
-    """The stub engine (tests/stub_engine.py) in process; a chat request may fail before it is sent or be cut
+    """The stub engine (testkit/fakes/stub_engine.py) in process; a chat request may fail before it is sent or be cut
     after a few streamed chunks. Health and model polls are not faulted (the pool's own failover is not the
     answer path)."""
 

@@ -34,7 +34,10 @@ from gateway.worker.loop import Worker
 from simulator.dingtalk_user import DingTalkUser
 from simulator.wecom_callback import WeComCallbackSigner
 from simulator.wecom_kf import WeComKfCallbackSigner
-from tests.conftest import dingtalk_bot, random_aes_key, stack_config
+from testkit.configs import dingtalk_bot, random_aes_key, stack_config, write_config
+from testkit.fakes.stub_engine import create_app
+from testkit.processes import Proc, free_port
+from testkit.services import start_gateway, start_simulator
 from tests.model.faults import (
     EngineTransport,
     FaultContext,
@@ -44,8 +47,6 @@ from tests.model.faults import (
     Killed,
     faulty_redis,
 )
-from tests.procs import Proc, free_port, start_gateway, start_simulator, write_config
-from tests.stub_engine import create_app
 
 KFID = "wk-model"
 LIMIT = 6  # messages a person may send a minute (per_user)

@@ -171,7 +171,7 @@ def test_a_redis_that_never_answers_at_start_is_one_clear_line_with_its_address_
     import asyncio
 
     from gateway.state.redis_client import RedisUnavailable, check_redis, open_redis
-    from tests.procs import free_port
+    from testkit.processes import free_port
 
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
 
@@ -194,7 +194,7 @@ def test_a_redis_that_refuses_the_password_is_one_clear_line_at_once(tmp_path: P
 
     import redis as redis_py
 
-    from tests.procs import free_port
+    from testkit.processes import free_port
 
     port = free_port()
     binary = shutil.which("redis-server") or "redis-server"

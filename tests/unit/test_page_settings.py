@@ -14,7 +14,7 @@ import yaml
 from bots.web.config import WebBotConfig
 from bots.wecom.config import WeComAppConfig
 from gateway.config import ConfigError, load_settings
-from tests.procs import ROOT, child_env
+from testkit.processes import ROOT, child_env
 from webchat.bot_settings import load_page_settings
 
 AES = "kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR"

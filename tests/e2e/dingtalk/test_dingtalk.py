@@ -17,19 +17,12 @@ from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
 from gateway import texts
 from simulator.dingtalk_user import DingTalkUser, robot_payload
-from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
-from tests.holding_proxy import HoldingProxy
-from tests.procs import (
-    BOTGW,
-    Listener,
-    Proc,
-    free_port,
-    metric,
-    start_gateway,
-    start_worker,
-    wait_for,
-    write_config,
-)
+from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
+from testkit.fakes.holding_proxy import HoldingProxy
+from testkit.probes import Listener, metric
+from testkit.processes import BOTGW, Proc, free_port, wait_for
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack
 
 
 def bot(stack: Stack, bot_id: str) -> DingTalkBotConfig:

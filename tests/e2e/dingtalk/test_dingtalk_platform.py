@@ -16,10 +16,10 @@ import pytest
 from bots.dingtalk.adapter import SESSION_TRIES
 from gateway import texts
 from simulator.dingtalk_user import robot_payload
-from tests.conftest import Cluster, Stack
+from testkit.fakes.stub_engine import answer_for
+from testkit.processes import wait_for
+from testkit.stacks import Cluster, Stack
 from tests.e2e.dingtalk.test_dingtalk import bot, replies_to, send, session_posts, signed_post
-from tests.procs import wait_for
-from tests.stub_engine import answer_for
 
 
 def sim(stack: Stack, path: str, body: dict | None = None) -> dict:

@@ -8,8 +8,9 @@ import json
 import httpx
 
 from gateway.state.keys import Keys
-from tests.conftest import ENGINE_MODEL, SYSTEM_PROMPT, Stack
-from tests.stub_engine import answer_for
+from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT
+from testkit.fakes.stub_engine import answer_for
+from testkit.stacks import Stack
 
 
 def engine_answer(engine_url: str, messages: list[dict[str, str]], max_tokens: int) -> str:

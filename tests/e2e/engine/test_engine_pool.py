@@ -1,7 +1,7 @@
-"""Readiness with warm-up (the real engine behind a holding proxy), and, with stub engines (tests/stub_engine.py)
-whose load and answers the test controls: waiting for an engine that is not up yet, least-loaded routing,
-failover when an engine is killed mid-request, and an answer that continues when its engine is killed
-mid-stream."""
+"""Readiness with warm-up (the real engine behind a holding proxy), and, with stub engines
+(testkit/fakes/stub_engine.py) whose load and answers the test controls: waiting for an engine that is not up
+yet, least-loaded routing, failover when an engine is killed mid-request, and an answer that continues when its
+engine is killed mid-stream."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ import pytest
 from bots.wecom.config import WeComAIBotConfig
 from gateway import texts
 from simulator.wecom_ai import WeComAIBotUser
-from tests.conftest import Cluster, Stack
-from tests.holding_proxy import HoldingProxy
-from tests.procs import Proc, free_port, metric, start_gateway, start_worker, wait_for, wait_http, write_config
-from tests.stub_engine import answer_for
+from testkit.configs import write_config
+from testkit.fakes.holding_proxy import HoldingProxy
+from testkit.fakes.stub_engine import answer_for
+from testkit.probes import metric
+from testkit.processes import Proc, free_port, wait_for, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Cluster, Stack
 
 
 class Isolated:
@@ -89,7 +92,7 @@ def test_engine_down_at_start_message_waits_notice_once_then_answer(
     notice = iso.stack.wait_delivered(user, 1, timeout=30, settle=3.0)
     assert [item["content"] for item in notice] == [texts.ENGINE_STARTING_TEXT]
     engine = Proc(
-        [sys.executable, "-m", "tests.stub_engine", "--port", str(port), "--delay", "0.2"],
+        [sys.executable, "-m", "testkit.fakes.stub_engine", "--port", str(port), "--delay", "0.2"],
         stack.log_dir / f"stub-late-{iso.namespace}.log",
     )
     iso.stack.procs["engine-late"] = engine

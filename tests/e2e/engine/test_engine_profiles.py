@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from engine import launcher
 from engine.observability import expert_usage, export_eplb, format_expert_trace, parse_eplb_line
 from engine.pool import parse_vllm_metrics
-from tests.procs import ROOT
+from testkit.processes import ROOT
 
 ENGINE_PYTHON = launcher.default_engine_python()
 

@@ -31,8 +31,10 @@ from bots.wecom.crypto import WeComCrypto, decode_aes_key
 from bots.wecom.crypto import sign as wecom_sign
 from gateway.state.keys import Keys
 from simulator.wecom_callback import SignedCallback, WeComCallbackSigner, event_xml, text_message_xml
-from tests.conftest import Stack
-from tests.procs import free_port, start_gateway, write_config
+from testkit.configs import write_config
+from testkit.processes import free_port
+from testkit.services import start_gateway
+from testkit.stacks import Stack
 
 MAX_BODY = 64 * 1024
 WEB_KEY = "web-key-" + secrets.token_hex(8)

@@ -17,7 +17,8 @@ import pytest
 import redis as redis_py
 
 from gateway.cli import build_parser, main
-from tests.procs import ROOT, child_env, free_port, write_config
+from testkit.configs import write_config
+from testkit.processes import ROOT, child_env, free_port
 
 PASSWORD = "right-pw-cli-errors"
 WRONG = "wrong-pw-cli-errors"

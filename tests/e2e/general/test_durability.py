@@ -3,7 +3,7 @@ ran, the same callback at two gateways at once, a message held longer than a lea
 workers refetching one token, a configuration error reaching the alert robot, Redis restarted during traffic.
 
 Each test runs its own gateways and workers in a namespace of their own (same Redis and simulator) with a stub
-engine (tests/stub_engine.py) whose answers the test knows exactly, so that it controls which workers are alive
+engine (testkit/fakes/stub_engine.py) whose answers the test knows exactly, so that it controls which workers are alive
 and can check every answer to the byte.
 """
 
@@ -24,9 +24,9 @@ from bots.base import InboundMessage, ReplyTarget
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.text import utf8_len
 from gateway import texts
-from tests.conftest import Cluster, Stack
-from tests.procs import Proc, free_port, wait_for
-from tests.stub_engine import answer_for
+from testkit.fakes.stub_engine import answer_for
+from testkit.processes import Proc, free_port, wait_for
+from testkit.stacks import Cluster, Stack
 
 
 def enqueue_notice(stack: Stack, user: str, text: str) -> None:

@@ -47,8 +47,10 @@ from bots.wecom.models import parse_app_message
 from bots.xml import parse_flat_xml
 from gateway.config import Settings
 from gateway.edge.app import create_app
-from tests.conftest import Stack, random_aes_key
-from tests.procs import free_port, start_gateway, write_config
+from testkit.configs import random_aes_key, write_config
+from testkit.processes import free_port
+from testkit.services import start_gateway
+from testkit.stacks import Stack
 
 EXAMPLES = int(os.environ.get("BOTGW_FUZZ_EXAMPLES", "200"))
 API_EXAMPLES = max(10, EXAMPLES // 8)  # schemathesis's examples cost a request and ~20 ms of generation each

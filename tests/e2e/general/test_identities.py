@@ -18,8 +18,9 @@ import yaml
 
 from gateway.state.keys import Keys
 from simulator.wecom_callback import SignedCallback
-from tests.conftest import Cluster, stack_config
-from tests.procs import BOTGW, write_config
+from testkit.configs import stack_config, write_config
+from testkit.processes import BOTGW
+from testkit.stacks import Cluster
 
 WEB_KEY = "web-key-" + secrets.token_hex(8)
 ADMIN_TOKEN = "admin-" + secrets.token_hex(16)

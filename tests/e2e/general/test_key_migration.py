@@ -7,9 +7,9 @@ import json
 import subprocess
 from collections.abc import Callable
 
-from tests.conftest import Cluster, stub_requests
-from tests.procs import BOTGW, wait_for
-from tests.stub_engine import answer_for
+from testkit.fakes.stub_engine import answer_for
+from testkit.processes import BOTGW, wait_for
+from testkit.stacks import Cluster, stub_requests
 
 
 def _back_to_old_names(c: Cluster) -> int:

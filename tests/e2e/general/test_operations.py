@@ -13,8 +13,10 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from tests.conftest import Stack
-from tests.procs import BOTGW, Proc, free_port, start_gateway, wait_for, write_config
+from testkit.configs import write_config
+from testkit.processes import BOTGW, Proc, free_port, wait_for
+from testkit.services import start_gateway
+from testkit.stacks import Stack
 
 ADMIN_TOKEN = "adm-" + secrets.token_hex(12)
 

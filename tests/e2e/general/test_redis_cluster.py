@@ -18,7 +18,11 @@ import pytest
 from redis.cluster import key_slot
 
 from gateway.state.keys import Keys
-from tests.conftest import Cluster, Stack, stub_requests
+from testkit.configs import write_config
+from testkit.fakes.stub_engine import answer_for
+from testkit.processes import BOTGW
+from testkit.redis_servers import SentinelSetup
+from testkit.stacks import Cluster, Stack, stub_requests
 from tests.e2e.general.test_durability import (  # noqa: F401 - collected here again, on the cluster
     test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer,
     test_worker_killed_while_generating_reply_delivered_once,
@@ -28,9 +32,6 @@ from tests.e2e.general.test_worker import (  # noqa: F401
     test_over_limit_ai_bot_streams_are_finished_with_the_notice,
 )
 from tests.e2e.wecom.test_wecom_ai import test_duplicate_first_callback_one_stream_one_engine_call  # noqa: F401
-from tests.procs import BOTGW, write_config
-from tests.redis_cluster import SentinelSetup
-from tests.stub_engine import answer_for
 
 
 @pytest.fixture

@@ -28,8 +28,10 @@ import pytest
 import redis
 
 from simulator.wecom_callback import SignedCallback
-from tests.conftest import Stack, stack_config
-from tests.procs import free_port, start_gateway, write_config
+from testkit.configs import stack_config, write_config
+from testkit.processes import free_port
+from testkit.services import start_gateway
+from testkit.stacks import Stack
 
 MB = 1 << 20
 LIMIT = 64 * 1024

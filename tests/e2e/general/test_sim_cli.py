@@ -15,8 +15,8 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from tests.conftest import random_aes_key, stack_config
-from tests.procs import BOTGW, ROOT, child_env, write_config
+from testkit.configs import random_aes_key, stack_config, write_config
+from testkit.processes import BOTGW, ROOT, child_env
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):

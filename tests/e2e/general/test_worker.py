@@ -1,6 +1,6 @@
 """The worker as several processes see it: fair turns, groups per user or shared, leases under SIGSTOP and
 SIGTERM, budgets across two gateways and two workers. The engine is a stub with a fixed answer time
-(tests/stub_engine.py), so that the times measured are the scheduler's, not generation's."""
+(testkit/fakes/stub_engine.py), so that the times measured are the scheduler's, not generation's."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from bots.dingtalk.config import DingTalkBotConfig
 from bots.wecom.config import WeComAIBotConfig
 from simulator.dingtalk_user import DingTalkUser
 from simulator.wecom_ai import WeComAIBotUser
-from tests.conftest import Cluster, Stack
-from tests.procs import wait_for
+from testkit.processes import wait_for
+from testkit.stacks import Cluster, Stack
 
 
 def arrival_times(stack: Stack, user: str, count: int, timeout: float) -> list[tuple[float, str]]:

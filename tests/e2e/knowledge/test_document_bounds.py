@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.configs import write_config
+from testkit.processes import BOTGW, ROOT, child_env
 from tests.e2e.knowledge.test_knowledge_admin import RETURNS, start_admin
-from tests.procs import BOTGW, ROOT, child_env, write_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
 MB = 1024 * 1024

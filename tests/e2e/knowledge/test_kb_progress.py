@@ -9,7 +9,8 @@ from pathlib import Path
 
 from knowledge.ingest import Found, Outcome
 from knowledge.progress import AddProgress
-from tests.procs import BOTGW, ROOT, child_env, write_config
+from testkit.configs import write_config
+from testkit.processes import BOTGW, ROOT, child_env
 
 
 class Clock:

@@ -25,7 +25,8 @@ from knowledge.lexical import terms
 from knowledge.retrieval import Retriever
 from knowledge.service import Knowledge
 from knowledge.store import KnowledgeStore
-from tests.procs import BOTGW, ROOT, child_env, write_config
+from testkit.configs import write_config
+from testkit.processes import BOTGW, ROOT, child_env
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"
 LABELS = yaml.safe_load((FIXTURES / "labels.yaml").read_text(encoding="utf-8"))

@@ -17,8 +17,9 @@ import pytest
 
 from knowledge.config import StoreSettings
 from knowledge.store import KnowledgeStore
-from tests.conftest import stack_config
-from tests.procs import ROOT, Proc, free_port, start_gateway, write_config
+from testkit.configs import stack_config, write_config
+from testkit.processes import ROOT, Proc, free_port
+from testkit.services import start_gateway
 from tests.unit.test_knowledge_served import EmbeddingsStub
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kb"

@@ -16,11 +16,14 @@ from pathlib import Path
 
 from gateway.state.keys import Keys
 from knowledge.config import DEFAULT_NO_ANSWER
+from testkit.configs import ENGINE_MODEL, stack_config, write_config
+from testkit.fakes.holding_proxy import HoldingProxy
+from testkit.processes import BOTGW, ROOT, Proc, child_env, free_port, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Cluster, Stack, start_stub_engine, stub_requests
 from tests.browser import test_web
 from tests.browser.test_web import send, sign_in
-from tests.conftest import ARTIFACTS, ENGINE_MODEL, Cluster, Stack, stack_config, start_stub_engine, stub_requests
-from tests.holding_proxy import HoldingProxy
-from tests.procs import BOTGW, ROOT, Proc, child_env, free_port, start_gateway, start_worker, wait_http, write_config
+from tests.conftest import ARTIFACTS
 
 browser = test_web.browser  # the fixture: Debian's Chromium under Playwright
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from knowledge.config import StoreSettings
 from knowledge.store import KnowledgeStore
-from tests.procs import BOTGW, ROOT, child_env, write_config
+from testkit.configs import write_config
+from testkit.processes import BOTGW, ROOT, child_env
 
 TOPICS = ["退货", "换货", "保修", "发票", "配送", "积分", "会员", "停车", "报销", "年假", "加班", "门禁"]
 PROGRESS = re.compile(r"^\[(\d+)/(\d+)\] (\S+): (\w+) \(")

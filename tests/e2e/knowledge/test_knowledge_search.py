@@ -17,8 +17,8 @@ from knowledge.lexical import LEXICAL_SCHEME, terms
 from knowledge.search import Hit, fuse, per_document
 from knowledge.service import Knowledge
 from knowledge.store import META_ID
+from testkit.configs import write_config
 from tests.e2e.knowledge.test_knowledge import FIXTURES, LABELS, botgw
-from tests.procs import write_config
 
 SIMPLIFIED = """# 信用卡挂失
 

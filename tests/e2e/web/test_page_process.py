@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from bots.web.config import hash_password
-from tests.procs import BOTGW, Proc, child_env, free_port, wait_http
+from testkit.processes import BOTGW, Proc, child_env, free_port, wait_http
 from tests.unit.test_page_settings import UNSET, page_config
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from bots.wecom.crypto import WeComCrypto
 from simulator.wecom_callback import SignedCallback, text_message_xml
-from tests.conftest import Stack
+from testkit.stacks import Stack
 
 BILLION_LAUGHS = b"""<?xml version="1.0"?>
 <!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.delivery.presenters import UNIQUE_MARKS
-from tests.conftest import Stack
+from testkit.stacks import Stack
 
 
 def test_every_piece_is_flagged_and_a_repeated_answer_still_arrives(stack: Stack, user: str) -> None:

@@ -7,8 +7,9 @@ import time
 
 from bots.base import InboundMessage, ReplyTarget
 from bots.text import utf8_len
-from tests.conftest import MEMBER_BURST, Stack
-from tests.procs import wait_for
+from testkit.processes import wait_for
+from testkit.stacks import Stack
+from tests.conftest import MEMBER_BURST
 
 
 def enqueue_notice(stack: Stack, user: str, text: str) -> None:

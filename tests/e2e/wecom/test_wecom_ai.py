@@ -17,10 +17,14 @@ from bots.wecom.aibot import RESPONSE_URL_MARGIN_S, RESPONSE_URL_TTL_S, stream_i
 from bots.wecom.config import WeComAIBotConfig
 from gateway import texts
 from simulator.wecom_ai import StreamView, WeComAIBotUser
-from tests.conftest import ENGINE_MODEL, ROBOT_BURST, SYSTEM_PROMPT, Stack
-from tests.holding_proxy import HoldingProxy
-from tests.procs import Listener, Proc, free_port, metric, start_gateway, start_worker, wait_for, write_config
-from tests.stub_engine import answer_for
+from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
+from testkit.fakes.holding_proxy import HoldingProxy
+from testkit.fakes.stub_engine import answer_for
+from testkit.probes import Listener, metric
+from testkit.processes import Proc, free_port, wait_for
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack
+from tests.conftest import ROBOT_BURST
 
 
 def ai_bot(stack: Stack) -> WeComAIBotConfig:

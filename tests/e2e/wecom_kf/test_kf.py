@@ -16,9 +16,11 @@ import pytest
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import texts
 from gateway.state.keys import Keys
-from tests.conftest import Stack, random_aes_key, stack_config
+from testkit.configs import random_aes_key, stack_config, write_config
+from testkit.processes import BOTGW, Proc, free_port, wait_for, wait_http
+from testkit.services import start_gateway, start_worker
+from testkit.stacks import Stack
 from tests.kf_env import HANDOFF_NOTICE, KFID, Kf, customer
-from tests.procs import BOTGW, Proc, free_port, start_gateway, start_worker, wait_for, wait_http, write_config
 
 
 def test_the_same_callback_three_times_is_one_pull_and_one_answer(kf: Kf) -> None:

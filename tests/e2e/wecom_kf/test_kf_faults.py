@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from gateway import texts
+from testkit.processes import wait_for
 from tests.kf_env import HANDOFF_NOTICE, KFID, Kf, customer
-from tests.procs import wait_for
 
 BUSY = {"errcode": -1, "errmsg": "system busy"}  # WeCom's documented transient answer, retried by botgw
 

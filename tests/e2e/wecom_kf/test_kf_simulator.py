@@ -37,7 +37,7 @@ from simulator import state_file, wecom_kf
 from simulator.server import create_simulator_app
 from simulator.state_file import StateFileError
 from simulator.wecom_kf import WeComKfCallbackSigner
-from tests.procs import BOTGW, ROOT, child_env, free_port
+from testkit.processes import BOTGW, ROOT, child_env, free_port
 
 CORP, SECRET = "wwkfcorp", "kf-secret"
 KF_A, KF_B, KF_C = "wkAAAA", "wkBBBB", "wkCCCC"

@@ -12,7 +12,8 @@ be told to report extra load or to answer slower (POST /__stub__/load {"running"
 A user message containing `fail-once` is refused with HTTP 503 the first time that exact text arrives
 (an engine restarting under a retry), and answered after that.
 
-    python -m tests.stub_engine --port 8011 --delay 1.0 [--chunk-delay 0] [--model ernie-tiny] [--max-model-len 2048]
+    python -m testkit.fakes.stub_engine --port 8011 --delay 1.0 [--chunk-delay 0] [--model ernie-tiny] \
+        [--max-model-len 2048]
 """
 
 from __future__ import annotations

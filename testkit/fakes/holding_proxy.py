@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
 from engine.client import sse_lines
-from tests.procs import free_port
+from testkit.processes import free_port
 
 
 class HoldingProxy:

@@ -1,6 +1,6 @@
-"""Real Redis topologies on loopback for the tests: a Redis Cluster (three masters in cluster mode, joined
-with `redis-cli --cluster create`), a primary with a replica watched by Sentinel, and a synchronous client
-for every kind of `redis_url`."""
+"""Real Redis on loopback for the tests: a redis-server of a test's own, a Redis Cluster (three masters in cluster
+mode, joined with `redis-cli --cluster create`), a primary with a replica watched by Sentinel, and a synchronous
+client for every kind of `redis_url`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,26 @@ from urllib.parse import urlsplit
 import redis
 import redis.sentinel
 
-from tests.procs import Proc, free_port
+from testkit.processes import Proc, free_port
+
+
+def start_redis(log_dir: Path, name: str = "model-redis") -> tuple[Proc, str]:
+    """A redis-server of our own on a free port (the tests' session fixture, bench/model_test.py)."""
+    binary = shutil.which("redis-server")
+    if not binary:
+        raise RuntimeError("redis-server is not installed: run `make install`")
+    port = free_port()
+    proc = Proc([binary, "--port", str(port), "--save", "", "--appendonly", "no"], log_dir / f"{name}.log")
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{proc.tail()}") from None
+            time.sleep(0.1)
 
 
 def sync_client(url: str) -> redis.Redis:
