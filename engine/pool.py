@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import aiohttp
 import httpx
 
 from engine.client import Completion, DeltaCallback, EngineClient, EngineError
@@ -110,11 +111,14 @@ class Endpoint:
 class EnginePool:
     """The engines one process uses; start() begins watching them."""
 
-    def __init__(self, settings: EngineSettings, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self, settings: EngineSettings, http: httpx.AsyncClient, session: aiohttp.ClientSession | None = None
+    ) -> None:
+        """`session`: where whole answers are asked when given (engine/client.py: EngineClient._post)."""
         self._settings = settings
         self._http = http
         self.endpoints = [
-            Endpoint(url, EngineClient(settings, http, base_url=url), asyncio.Semaphore(settings.max_in_flight))
+            Endpoint(url, EngineClient(settings, http, url, session), asyncio.Semaphore(settings.max_in_flight))
             for url in settings.urls()
         ]
         self._changed = asyncio.Condition()
