@@ -23,7 +23,7 @@ A head not complete HEAD_TIMEOUT_S after the connection opened (or its last answ
 closed: a client sending nothing, or dripping bytes, would hold the connection for ever (uvicorn arms its
 keep-alive timeout only after an answer, and any byte cancels it).
 
-The admin listener is served by the same uvicorn server (gateway/cli.py `_serve`), so it has the same bound.
+The admin listener is served by the same uvicorn server (gateway/cli/processes.py `_serve`), so it has the same bound.
 """
 
 from __future__ import annotations
