@@ -300,7 +300,7 @@ def _plain(value: Any) -> Any:
     return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
-def _expand_env(value: Any) -> Any:
+def expand_env(value: Any) -> Any:
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
@@ -311,9 +311,9 @@ def _expand_env(value: Any) -> Any:
 
         return _ENV_REF.sub(substitute, value)
     if isinstance(value, dict):
-        return {key: _expand_env(item) for key, item in value.items()}
+        return {key: expand_env(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_expand_env(item) for item in value]
+        return [expand_env(item) for item in value]
     return value
 
 
@@ -335,7 +335,7 @@ def load_settings(path: str | Path | None) -> Settings:
     data: dict[str, Any] = {}
     if path:
         file = Path(path)
-        data = _expand_env(read_config_file(file))
+        data = expand_env(read_config_file(file))
     odd = [key for key in data if not isinstance(key, str)]
     if odd:
         raise ConfigError(f"top-level keys are names: {str(odd[0])[:40]!r} is not one (a key without quotes that "

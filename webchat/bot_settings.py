@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bots.web.config import WebBotConfig
-from gateway.config import BotConfig, ConfigError, _expand_env, describe_errors, read_config_file
+from gateway.config import BotConfig, ConfigError, describe_errors, expand_env, read_config_file
 
 
 class _PageBots(BaseModel):
@@ -58,7 +58,7 @@ def load_page_settings(path: str | Path, bot_id: str) -> PageSettings:
     logins = entry.get("web_login") if isinstance(entry.get("web_login"), dict) else {}
     named = [login.get("bot") for login in logins.values() if isinstance(login, dict)]
     picked = [entry, *(by_id[name] for name in dict.fromkeys(named) if name in by_id and name != bot_id)]
-    expanded = _expand_env(picked)
+    expanded = expand_env(picked)
     try:
         bots = _PageBots(bots=expanded).bots
     except ValidationError as exc:
