@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -108,6 +108,19 @@ class Identity:
 def qualified(family: str, tenant: str, user: str) -> str:
     """`<family>:<tenant>:<user>`: an identity that names its platform family and organisation."""
     return f"{family}:{tenant}:{user}"
+
+
+class BotSettings(BaseModel):
+    """What every platform's bot configuration is: a pydantic model that may check itself against the others."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    platform: str  # a Literal in each platform's model: the key of its row in bots/registry.py
+
+    def check_peers(self, bots: Sequence[BotSettings]) -> None:
+        """Check (and complete) this bot's settings against the other configured bots: a name that must resolve,
+        a secret that must match. ValueError says what is wrong, as `bots.<id>.<key>: …`."""
 
 
 class CallbackRejected(Exception):

@@ -141,24 +141,11 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _kefu_apps_exist(self) -> Settings:
-        """A 微信客服 bot's `app` names the `wecom` bot whose callback URL receives its callbacks."""
-        by_id = {bot.id: bot for bot in self.bots}
-        served: dict[str, str] = {}
+    def _bots_agree(self) -> Settings:
+        """What one bot's settings say of another's (a 微信客服 bot's app, a page's logins, an AI bot's corporation):
+        each platform checks its own bots against the others (`check_peers`, in bots/<platform>/config.py)."""
         for bot in self.bots:
-            app = getattr(bot, "app", None)
-            if app is None:
-                continue
-            if getattr(by_id.get(app), "platform", None) != "wecom":
-                found = f"a {by_id[app].platform!r} bot" if app in by_id else "no such bot"
-                raise ValueError(f"bots.{bot.id}.app must name a bot of platform 'wecom' (found {found} {app!r})")
-            if app in served:
-                raise ValueError(f"bots.{bot.id}.app: {app!r} already serves bots.{served[app]} (one Kefu bot an app)")
-            served[app] = bot.id
-            # The app's URL verifies and decrypts the Kefu callbacks, and its secret calls the Kefu API.
-            for key in ("corp_id", "secret", "token", "encoding_aes_key"):
-                if _plain(getattr(bot, key)) != _plain(getattr(by_id[app], key)):
-                    raise ValueError(f"bots.{bot.id}.{key} must be the app's own (bots.{app}.{key}): one app for both")
+            bot.check_peers(self.bots)
         return self
 
     @model_validator(mode="after")
@@ -175,19 +162,6 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _ai_bots_know_their_corp(self) -> Settings:
-        """An AI bot's members are its corporation's: without a corp_id it takes the one WeCom corporation
-        configured (so that the app, the AI bot and the page name a member alike); with several, say which."""
-        corps = sorted({bot.corp_id for bot in self.bots if bot.platform in ("wecom", "wecom-kf")})
-        for bot in self.bots:
-            if bot.platform == "wecom-ai" and not bot.corp_id:
-                if len(corps) > 1:
-                    raise ValueError(f"bots.{bot.id}.corp_id: several WeCom corporations are configured "
-                                     f"({', '.join(corps)}): say which the AI bot belongs to")
-                bot.corp_id = corps[0] if corps else ""
-        return self
-
-    @model_validator(mode="after")
     def _limits_name_qualified_identities(self) -> Settings:
         """`limits.users` and `limits.groups` keys name a person as every limit counts them: qualified."""
         tenants = tenants_by_family(self.bots)
@@ -200,27 +174,6 @@ class Settings(BaseSettings):
                 except IdentityError as exc:
                     raise ValueError(f"limits.{field}: {exc}") from None
             setattr(self.limits, field, full)
-        return self
-
-    @model_validator(mode="after")
-    def _web_logins_exist(self) -> Settings:
-        """A page's `web_login` names a bot whose credentials sign people in: a WeCom app (an AI bot has no
-        secret to call auth/getuserinfo with), or a DingTalk bot with its corp_id (a staffId is the corp's)."""
-        by_id = {bot.id: bot for bot in self.bots}
-        for bot in self.bots:
-            login = getattr(bot, "web_login", None)
-            for via, platform in (("wecom", "wecom"), ("dingtalk", "dingtalk")):
-                through = getattr(login, via, None)
-                if through is None:
-                    continue
-                named = by_id.get(through.bot)
-                if named is None or named.platform != platform:
-                    found = f"a {named.platform!r} bot" if named else "no such bot"
-                    raise ValueError(f"bots.{bot.id}.web_login.{via}.bot must name a {platform!r} bot "
-                                     f"(found {found} {through.bot!r})")
-                if via == "dingtalk" and not named.corp_id:
-                    raise ValueError(f"bots.{bot.id}.web_login.dingtalk: bots.{named.id}.corp_id must be set "
-                                     "(a staffId names a person only within its organisation)")
         return self
 
     @model_validator(mode="after")
@@ -293,11 +246,6 @@ def _secrets(model: BaseModel) -> Iterator[tuple[str, SecretStr]]:
 def _knowledge_uses(model: BaseModel, where: str) -> Iterator[tuple[str, KnowledgeUse]]:
     """Every `knowledge:` a bot's settings hold (its own, and per account where a platform has them)."""
     return _found_in(model, KnowledgeUse, where)
-
-
-def _plain(value: Any) -> Any:
-    """A setting's value, a secret's revealed for comparing (never for printing)."""
-    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
 def expand_env(value: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from bots.base import Identity
+from bots.base import BotSettings, Identity
 from knowledge.config import KnowledgeUse
 
 DINGTALK_API_BASE = "https://api.dingtalk.com"
@@ -26,10 +26,8 @@ class AICardSettings(BaseModel):
     updates_per_second: float = Field(default=3.0, gt=0, le=10)
 
 
-class DingTalkBotConfig(BaseModel):
+class DingTalkBotConfig(BotSettings):
     """An enterprise robot: HTTP mode (DingTalk posts to us) or Stream mode (we hold a WebSocket)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     platform: Literal["dingtalk"] = "dingtalk"

@@ -10,11 +10,12 @@ import hmac
 import ipaddress
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from bots.base import Identity
+from bots.base import BotSettings, Identity
 from knowledge.config import KnowledgeUse
 
 PRESETS = {"code and documents": 0.1, "creative writing": 0.7, "logic and maths": 0.0}
@@ -162,10 +163,8 @@ def _network(value: str) -> str:
     return value.strip()
 
 
-class WebBotConfig(BaseModel):
+class WebBotConfig(BotSettings):
     """The chat page (Chainlit), talking to the gateway's /web endpoints with `api_key`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     platform: Literal["web"] = "web"
@@ -188,6 +187,23 @@ class WebBotConfig(BaseModel):
     auth_secret: SecretStr | None = Field(default=None, description="Chainlit's session signing secret")
     answer_timeout_s: float = Field(default=300.0, gt=0)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
+
+    def check_peers(self, bots: Sequence[BotSettings]) -> None:
+        """`web_login` names a bot whose credentials sign people in: a WeCom app (an AI bot has no secret to
+        call auth/getuserinfo with), or a DingTalk bot with its corp_id (a staffId is the corp's)."""
+        by_id = {bot.id: bot for bot in bots}
+        for via in ("wecom", "dingtalk"):  # the login's field, and the platform of the bot it names
+            through = getattr(self.web_login, via)
+            if through is None:
+                continue
+            named = by_id.get(through.bot)
+            if named is None or named.platform != via:
+                found = f"a {named.platform!r} bot" if named else "no such bot"
+                raise ValueError(f"bots.{self.id}.web_login.{via}.bot must name a {via!r} bot "
+                                 f"(found {found} {through.bot!r})")
+            if via == "dingtalk" and not getattr(named, "corp_id", ""):
+                raise ValueError(f"bots.{self.id}.web_login.dingtalk: bots.{named.id}.corp_id must be set "
+                                 "(a staffId names a person only within its organisation)")
 
     @field_validator("title")
     @classmethod

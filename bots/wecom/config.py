@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
-from bots.base import Identity
+from bots.base import BotSettings, Identity
 from bots.wecom.crypto import decode_aes_key
 from knowledge.config import KnowledgeUse
 
@@ -15,12 +16,11 @@ WECOM_API_BASE = "https://qyapi.weixin.qq.com"
 WECOM_LOGIN_BASE = "https://login.work.weixin.qq.com"
 BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 FAMILY = "wecom"  # the members of a corporation: `wecom:<corp_id>:<userid>`
+CORP_PLATFORMS = ("wecom", "wecom-kf")  # bots configured with their corporation's id
 
 
-class _CallbackSecrets(BaseModel):
+class _CallbackSecrets(BotSettings):
     """What every WeCom callback receiver shares: the token and AES key, and the replay window."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=BOT_ID_PATTERN)
     token: SecretStr
@@ -80,11 +80,20 @@ class WeComAIBotConfig(_CallbackSecrets):
         """The corporation's members, as in its apps (the bot's own id stands in while no corp id is known)."""
         return Identity(FAMILY, self.corp_id or self.id, memory_by_person=True)
 
+    def check_peers(self, bots: Sequence[BotSettings]) -> None:
+        """An AI bot's members are its corporation's: without a corp_id it takes the one WeCom corporation
+        configured (so that the app, the AI bot and the page name a member alike); with several, say which."""
+        if self.corp_id:
+            return
+        corps = sorted({str(getattr(bot, "corp_id", "")) for bot in bots if bot.platform in CORP_PLATFORMS})
+        if len(corps) > 1:
+            raise ValueError(f"bots.{self.id}.corp_id: several WeCom corporations are configured "
+                             f"({', '.join(corps)}): say which the AI bot belongs to")
+        self.corp_id = corps[0] if corps else ""
 
-class WeComWebhookConfig(BaseModel):
+
+class WeComWebhookConfig(BotSettings):
     """A WeCom group robot (群机器人) used to push notifications and operators' alerts (send only)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=BOT_ID_PATTERN)
     platform: Literal["wecom-webhook"] = "wecom-webhook"

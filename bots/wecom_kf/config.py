@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from bots.base import Identity
-from bots.wecom.config import WECOM_API_BASE, _CallbackSecrets, _strip_slash
+from bots.base import BotSettings, Identity
+from bots.wecom.config import WECOM_API_BASE, WeComAppConfig, _CallbackSecrets, _strip_slash
 from knowledge.config import KnowledgeUse
 
 DEFAULT_HANDOFF_KEYWORDS = ["人工", "转人工", "人工客服"]
@@ -79,3 +80,23 @@ class WeComKfConfig(_CallbackSecrets):
         """WeChat customers of the corporation (`wecom-kf:<corp_id>:<external_userid>`), never its members; each
         account's conversation keeps its own memory (the platform's session and quota are per account)."""
         return Identity("wecom-kf", self.corp_id)
+
+    def check_peers(self, bots: Sequence[BotSettings]) -> None:
+        """`app` names the `wecom` bot whose callback URL receives this bot's callbacks: that app verifies and
+        decrypts them and its secret calls the Kefu API, so they are one app's credentials; one Kefu bot an app."""
+        if self.app is None:
+            return
+        app = next((bot for bot in bots if bot.id == self.app), None)
+        if not isinstance(app, WeComAppConfig):
+            found = f"a {app.platform!r} bot" if app is not None else "no such bot"
+            raise ValueError(f"bots.{self.id}.app must name a bot of platform 'wecom' (found {found} {self.app!r})")
+        first = next(bot for bot in bots if isinstance(bot, WeComKfConfig) and bot.app == self.app)
+        if first is not self:
+            raise ValueError(f"bots.{self.id}.app: {self.app!r} already serves bots.{first.id} (one Kefu bot an app)")
+        for key in ("corp_id", "secret", "token", "encoding_aes_key"):
+            if _plain(getattr(self, key)) != _plain(getattr(app, key)):
+                raise ValueError(f"bots.{self.id}.{key} must be the app's own (bots.{app.id}.{key}): one app for both")
+
+
+def _plain(value: object) -> object:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
