@@ -122,6 +122,12 @@ class BotSettings(BaseModel):
         """Check (and complete) this bot's settings against the other configured bots: a name that must resolve,
         a secret that must match. ValueError says what is wrong, as `bots.<id>.<key>: …`."""
 
+    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
+        """An operator's handoff of `person` (in `account`, where the bot serves several) to a human (`servicer`,
+        else the queue), as the message a worker carries out; ValueError says what is wrong with the request.
+        Only a platform with human agents has handoffs."""
+        raise ValueError(f"bot {self.id!r} is a {self.platform} bot: it has no human agents to hand over to")
+
 
 class CallbackRejected(Exception):
     """A callback that must not be processed: bad signature, replay, malformed body.

@@ -35,7 +35,7 @@ from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
 from bots.wecom_kf.crypto import kf_crypto
 from bots.wecom_kf.exceptions import refused_as_repeat
-from bots.wecom_kf.models import PLATFORM, handoff_for, number_or_zero, parse_item, parse_pull_callback
+from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pull_callback
 
 log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
@@ -93,7 +93,7 @@ class KfSessions:
 
     def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
         """An operator's handoff as the message the worker carries out (ValueError: what is wrong with it)."""
-        return handoff_for(self._config, account, person, servicer)
+        return self._config.handoff_request(account, person, servicer)
 
     async def is_open(self, target: ReplyTarget) -> bool:
         return await self._api.has_session(target.chat_id, target.user_id)

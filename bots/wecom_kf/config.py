@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from bots.base import BotSettings, Identity
+from bots.base import BotSettings, Identity, InboundMessage
 from bots.wecom.config import WECOM_API_BASE, WeComAppConfig, _CallbackSecrets, _strip_slash
 from knowledge.config import KnowledgeUse
 
@@ -80,6 +80,11 @@ class WeComKfConfig(_CallbackSecrets):
         """WeChat customers of the corporation (`wecom-kf:<corp_id>:<external_userid>`), never its members; each
         account's conversation keeps its own memory (the platform's session and quota are per account)."""
         return Identity("wecom-kf", self.corp_id)
+
+    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
+        from bots.wecom_kf.models import handoff_for  # models needs this module's USERID_PATTERN
+
+        return handoff_for(self, account, person, servicer)
 
     def check_peers(self, bots: Sequence[BotSettings]) -> None:
         """`app` names the `wecom` bot whose callback URL receives this bot's callbacks: that app verifies and

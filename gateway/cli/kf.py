@@ -27,13 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _kf_handoff(args: argparse.Namespace) -> int:
     """`botgw kf handoff`: hand a 微信客服 customer to a human (a named agent, else the queue).
 
-    The platform is asked for the customer's session first (kf/service_state/get, with the bot's own client and the
-    token cache the workers share): a customer with no session (state 4, or 95013) cannot be handed to anyone, and
-    queueing the move anyway only had the worker dead-letter it later while this command said "queued". The session
-    can still end between this check and the worker's move; the worker then dead-letters it with 95013."""
+    The platform is asked for the customer's session first (its adapter, with the token cache the workers share):
+    a customer with no session cannot be handed to anyone, and queueing the move anyway only had the worker
+    dead-letter it later while this command said "queued". The session can still end between this check and the
+    worker's move; the worker then dead-letters it."""
     from bots.base import SendError
-    from bots.wecom_kf.client import KfApiClient
-    from bots.wecom_kf.models import handoff_for
+    from bots.registry import build_adapter
     from gateway.queue.push import enqueue_handoff
     from gateway.queue.scheduler import Scheduler
     from gateway.state.keys import Keys
@@ -42,19 +41,19 @@ def _kf_handoff(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     try:
         bot = settings.bot(args.bot)
-        message = handoff_for(bot, args.open_kfid, args.customer, args.servicer)
+        message = bot.handoff_request(args.open_kfid, args.customer, args.servicer)
     except (ValueError, ConfigError) as exc:
         print(f"botgw kf handoff: {exc}", file=sys.stderr)
         return 2
-    open_kfid = message.reply_to.chat_id
+    account = message.reply_to.chat_id
 
     async def main() -> int | None:
         """The place in the conversation's lane, or None when the customer has no session."""
         keys = Keys(settings.namespace)
         async with redis_for(settings) as redis:
             async with httpx.AsyncClient(timeout=10) as http:
-                api = KfApiClient(bot, http, RedisTokenStore(redis, keys))  # type: ignore[arg-type]
-                if not await api.has_session(open_kfid, args.customer):
+                sessions = build_adapter(bot, http, RedisTokenStore(redis, keys)).sessions
+                if sessions is None or not await sessions.is_open(message.reply_to):
                     return None
             scheduler = Scheduler(redis, keys)
             await scheduler.load_scripts()
@@ -63,12 +62,12 @@ def _kf_handoff(args: argparse.Namespace) -> int:
     try:
         place = asyncio.run(main())
     except SendError as exc:  # the platform refused or was unreachable: its words (no token, no secret in them)
-        asked = f"{args.customer}'s session at {open_kfid}"
-        print(f"botgw kf handoff: cannot ask WeCom for {asked}: {exc}", file=sys.stderr)
+        print(f"botgw kf handoff: cannot ask the platform for {args.customer}'s session at {account}: {exc}",
+              file=sys.stderr)  # fmt: skip
         return 3
     if place is None:
         print(
-            f"botgw kf handoff: {args.customer} has no open session with {open_kfid} (ended, or never started): "
+            f"botgw kf handoff: {args.customer} has no open session with {account} (ended, or never started): "
             "nothing to hand off until they write again",
             file=sys.stderr,
         )
