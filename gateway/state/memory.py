@@ -21,14 +21,15 @@ GroupMemory = Literal["per_user", "shared"]
 ADOPTED_MEMO_SIZE = 100_000  # sessions remembered as adopted; past that the memo starts over (Redis still knows)
 
 # KEYS: the adopted mark, the old name, the name now; ARGV: the mark's TTL (s). The old memory moves only the
-# first time, and only if there is one and the name now holds none.
+# first time, and only if there is one and the name now holds none. Returns 1 when it moved, else 0.
 _ADOPT_ONCE = """
 if redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then
   if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
     redis.call('RENAME', KEYS[2], KEYS[3])
+    return 1
   end
 end
-return 1
+return 0
 """
 
 
@@ -100,18 +101,18 @@ class ConversationMemory:
         what they cleared (the old memory of another bot they wrote to is not adopted at all: it expires within
         `ttl_s`, as the mark does, so no old name outlives the mark). All three keys are in the core slot.
         Asked once per session and process (a memo as long-lived as the mark): it ran on every message before.
-        True when Redis was asked (the memory may have moved)."""
+        True when the old memory moved (what was read under the name now is out of date)."""
         if not old_name or old_name == session_key:
             return False
         now = time.monotonic()
         if self._adopted.get(session_key, 0.0) > now:
             return False  # this process set or saw the mark, which lives as long: Redis would do nothing
         keys = [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
-        await self._adopt_once(keys=keys, args=[self._ttl_s])
+        moved = int(await self._adopt_once(keys=keys, args=[self._ttl_s]))
         if len(self._adopted) >= ADOPTED_MEMO_SIZE:
             self._adopted.clear()
         self._adopted[session_key] = now + self._ttl_s
-        return True
+        return bool(moved)
 
     async def load(self, session_key: str) -> list[Turn]:
         return turns_of(await self._redis.lrange(self._keys.memory(session_key), 0, -1))
