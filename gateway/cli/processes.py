@@ -108,7 +108,7 @@ def listen(host: str, port: int, hint: str = "") -> socket.socket:
 
 def _worker(args: argparse.Namespace) -> int:
     from gateway.base_check import check_bases
-    from gateway.runtime import open_runtime
+    from gateway.runtime import open_runtime, use_uvloop
     from gateway.worker.loop import Worker
 
     settings = load_settings(args.config)
@@ -124,6 +124,7 @@ def _worker(args: argparse.Namespace) -> int:
         async with open_runtime(settings) as runtime:
             await Worker(runtime, consumer).run(stop)
 
+    use_uvloop()  # as uvicorn does for the gateway: a quarter of plain asyncio's loop cost per message
     return until_signal(work)
 
 
