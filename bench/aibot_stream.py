@@ -6,7 +6,7 @@ picks. These two numbers are what the user feels; this measures both with everyt
 
 What: redis-server, the tiny ERNIE-4.5 MoE on the vLLM CPU build (streaming, `--max-tokens`, temperature 0), the
 simulator, TWO gateway processes and one worker. `--questions` questions, each from a fresh user, at `--concurrency`,
-are asked the way WeCom does it (`simulator.wecom_ai.WeComAIBotUser.ask`): the encrypted first callback, then a
+are asked the way WeCom does it (`simulator.wecom.ai_user.WeComAIBotUser.ask`): the encrypted first callback, then a
 refresh callback every `--interval` seconds, alternating between the two gateways, until the stream finishes.
 - time to first visible text: from sending the first callback to the first answer (first callback or refresh)
   with non-empty text; the response_url is fetched from the simulator before the clock starts;
@@ -56,7 +56,7 @@ from bench.common import (
 )
 from bench.overhead import MODEL, PROMPTS, SYSTEM_PROMPT, engine_config
 from bots.wecom.config import WeComAIBotConfig
-from simulator.wecom_ai import StreamView, WeComAIBotUser
+from simulator.wecom.ai_user import StreamView, WeComAIBotUser
 from testkit.configs import botgw_config, random_aes_key
 from testkit.processes import child_env, free_port
 

@@ -55,7 +55,7 @@ from bench.common import (
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
-from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
+from simulator.wecom.signer import SignedCallback, WeComCallbackSigner
 from testkit.configs import botgw_config, wecom_app
 from testkit.processes import child_env, free_port
 

@@ -113,7 +113,7 @@ class CallbackFactory:
 
     def __init__(self, bot_config: dict[str, Any], users: int) -> None:
         from bots.wecom.config import WeComAppConfig
-        from simulator.wecom_callback import WeComCallbackSigner
+        from simulator.wecom.signer import WeComCallbackSigner
 
         self._signer = WeComCallbackSigner(WeComAppConfig(**bot_config))
         self._users = users
@@ -153,7 +153,7 @@ class DingTalkCallbackFactory:
 
     def build(self, count: int) -> list[bytes]:
         from bots.dingtalk.crypto import sign
-        from simulator.dingtalk_user import robot_payload
+        from simulator.dingtalk.user import robot_payload
 
         # One (timestamp, sign) pair per message: botgw binds a pair to the first msgId it came with and refuses it
         # with any other (403), as a replayed signature. Milliseconds counted back from now stay in the 1 h window.

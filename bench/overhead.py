@@ -74,7 +74,7 @@ from bots.wecom.config import WeComAppConfig
 from engine.client import sse_lines
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
-from simulator.wecom_callback import WeComCallbackSigner
+from simulator.wecom.signer import WeComCallbackSigner
 from testkit.configs import botgw_config, wecom_app
 from testkit.processes import child_env, free_port
 

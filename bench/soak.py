@@ -94,10 +94,10 @@ from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
 from gateway import texts
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
-from simulator.dingtalk_user import robot_payload
+from simulator.dingtalk.user import robot_payload
 from simulator.replies import dingtalk_messages, wecom_messages
-from simulator.wecom_ai import WeComAIBotUser
-from simulator.wecom_callback import WeComCallbackSigner
+from simulator.wecom.ai_user import WeComAIBotUser
+from simulator.wecom.signer import WeComCallbackSigner
 from testkit.configs import botgw_config, dingtalk_robot, random_aes_key, wecom_app
 from testkit.processes import child_env, free_port
 

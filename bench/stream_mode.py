@@ -60,7 +60,7 @@ from bench.common import (
 )
 from bots.dingtalk.config import DingTalkBotConfig
 from gateway.state.keys import Keys
-from simulator.dingtalk_user import robot_payload
+from simulator.dingtalk.user import robot_payload
 from testkit.configs import botgw_config, dingtalk_robot
 from testkit.processes import child_env, free_port
 

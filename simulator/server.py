@@ -14,12 +14,20 @@ from fastapi.responses import JSONResponse
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.wecom.config import WeComAppConfig
 from bots.wecom_kf.config import WeComKfConfig
-from simulator.dingtalk import DingTalkState, FreezableRelay, deliver_stream_frames, dingtalk_router
+from simulator.dingtalk.api import dingtalk_api_router
+from simulator.dingtalk.cards import cards_router
+from simulator.dingtalk.control import dingtalk_control_router
+from simulator.dingtalk.state import DingTalkState
+from simulator.dingtalk.stream import FreezableRelay, deliver_stream_frames, stream_router
 from simulator.state_file import StateFile, StateFileError, changes_kf_state
 from simulator.web_login import LoginState, web_login_router
-from simulator.wecom_api import WeComApiState, wecom_api_router
-from simulator.wecom_kf import KfState, kf_router
-from simulator.wecom_robots import RobotState, robots_router
+from simulator.wecom.api import wecom_api_router
+from simulator.wecom.control import robots_control_router, wecom_control_router
+from simulator.wecom.robots import RobotState, robots_router
+from simulator.wecom.state import WeComApiState
+from simulator.wecom_kf.api import kf_router
+from simulator.wecom_kf.control import kf_control_router
+from simulator.wecom_kf.state import KfState
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +70,17 @@ def create_simulator_app(bots: Sequence[object], port: int, state_path: Path | N
     app = FastAPI(title="botgw platform simulator", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.wecom = wecom
     app.state.kf = kf
+    # Each platform: its API, then the simulator's control routes (/__sim__/<platform>/...).
     app.include_router(wecom_api_router(wecom))
+    app.include_router(wecom_control_router(wecom))
     app.include_router(kf_router(kf, wecom))
+    app.include_router(kf_control_router(kf))
     app.include_router(robots_router(robots))
-    app.include_router(dingtalk_router(dingtalk, relay))
+    app.include_router(robots_control_router(robots))
+    app.include_router(dingtalk_api_router(dingtalk))
+    app.include_router(cards_router(dingtalk))
+    app.include_router(stream_router(dingtalk, relay))
+    app.include_router(dingtalk_control_router(dingtalk, relay))
     app.include_router(web_login_router(LoginState(), wecom, dingtalk))  # the pages' sign-in
 
     if state_file is not None:

@@ -11,7 +11,7 @@ gateway was given is on disk before the gateway can save it; a SIGKILL loses not
 temporary file (mode 600: it holds the Tokens and codes handed out), fsynced, then renamed over the file; it runs in
 a thread (the event loop keeps serving) while the request that asked for it waits, one write at a time, and is
 skipped when the state reads as it was last written. A file that cannot be used is refused at start with one line
-(`StateFileError`): its shape is checked whole (wecom_kf.KfSnapshot) before any of it is taken.
+(`StateFileError`): its shape is checked whole (simulator/wecom_kf/snapshot.py) before any of it is taken.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from simulator.wecom_kf import KfSnapshot, KfState
+from simulator.wecom_kf.snapshot import KfSnapshot
+from simulator.wecom_kf.state import KfState
 
 FORMAT = 1
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from simulator.dingtalk import TOKEN_REFUSED, DingTalkState
-from simulator.wecom_api import WeComApiState
+from simulator.dingtalk.state import TOKEN_REFUSED, DingTalkState
+from simulator.wecom.state import WeComApiState
 
 CODE_LIFETIME_S = 300.0
 USER_TOKEN_LIFETIME_S = 7200.0
@@ -159,7 +159,7 @@ def web_login_router(login: LoginState, wecom: WeComApiState, dingtalk: DingTalk
 
     @router.get("/cgi-bin/auth/getuserinfo")
     async def getuserinfo(access_token: str = "", code: str = "") -> JSONResponse:
-        fault = wecom.next_fault("getuserinfo")
+        fault = wecom.faults.take("getuserinfo")
         if fault and fault.errcode is not None:
             return JSONResponse({"errcode": fault.errcode, "errmsg": fault.errmsg or "simulated"})
         expires_at = wecom.tokens.get(access_token)

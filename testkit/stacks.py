@@ -16,7 +16,7 @@ import redis
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
-from simulator.wecom_callback import SignedCallback, WeComCallbackSigner
+from simulator.wecom.signer import SignedCallback, WeComCallbackSigner
 from testkit.configs import stack_config, write_config
 from testkit.probes import wait_replies
 from testkit.processes import Proc, free_port, wait_for, wait_http

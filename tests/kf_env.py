@@ -22,7 +22,7 @@ from gateway.queue.push import enqueue_notice
 from gateway.queue.scheduler import Scheduler
 from gateway.state.keys import Keys
 from simulator.replies import kf_sent
-from simulator.wecom_kf import WeComKfCallbackSigner
+from simulator.wecom_kf.signer import WeComKfCallbackSigner
 from testkit.configs import random_aes_key, stack_config, write_config
 from testkit.probes import wait_replies
 from testkit.processes import BOTGW, Proc, free_port, wait_http

@@ -120,7 +120,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def wecom(args: argparse.Namespace) -> int:
     from bots.wecom.config import WeComAppConfig
-    from simulator.wecom_callback import WeComCallbackSigner
+    from simulator.wecom.signer import WeComCallbackSigner
 
     bot = _chosen_bot(args, "wecom", WeComAppConfig)
     if bot is None:
@@ -142,7 +142,7 @@ def wecom(args: argparse.Namespace) -> int:
 
 def wecom_ai(args: argparse.Namespace) -> int:
     from bots.wecom.config import WeComAIBotConfig
-    from simulator.wecom_ai import WeComAIBotUser
+    from simulator.wecom.ai_user import WeComAIBotUser
 
     bot = _chosen_bot(args, "wecom-ai", WeComAIBotConfig)
     if bot is None:
@@ -166,7 +166,7 @@ def wecom_ai(args: argparse.Namespace) -> int:
 
 def dingtalk(args: argparse.Namespace) -> int:
     from bots.dingtalk.config import DingTalkBotConfig
-    from simulator.dingtalk_user import DingTalkUser
+    from simulator.dingtalk.user import DingTalkUser
     from simulator.replies import wait_until_quiet
 
     bot = _chosen_bot(args, "dingtalk", DingTalkBotConfig)
@@ -205,7 +205,7 @@ def wecom_kf(args: argparse.Namespace) -> int:
     once botgw has pulled the message instead of waiting out --timeout."""
     from bots.wecom_kf.config import WeComKfConfig
     from simulator.replies import kf_sent, wait_until_quiet
-    from simulator.wecom_kf import WeComKfCallbackSigner
+    from simulator.wecom_kf.signer import WeComKfCallbackSigner
 
     bot = _chosen_bot(args, "wecom-kf", WeComKfConfig)
     if bot is None:

@@ -31,9 +31,9 @@ from gateway.runtime import HTTP_TIMEOUT, Runtime
 from gateway.state.keys import Keys
 from gateway.state.tokens import RedisTokenStore
 from gateway.worker.loop import Worker
-from simulator.dingtalk_user import DingTalkUser
-from simulator.wecom_callback import WeComCallbackSigner
-from simulator.wecom_kf import WeComKfCallbackSigner
+from simulator.dingtalk.user import DingTalkUser
+from simulator.wecom.signer import WeComCallbackSigner
+from simulator.wecom_kf.signer import WeComKfCallbackSigner
 from testkit.configs import dingtalk_bot, random_aes_key, stack_config, write_config
 from testkit.fakes.stub_engine import create_app
 from testkit.processes import Proc, free_port

@@ -5,14 +5,18 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
-from simulator.wecom_api import WeComApiState, wecom_api_router
+from simulator.wecom.api import wecom_api_router
+from simulator.wecom.control import wecom_control_router
+from simulator.wecom.state import WeComApiState
 
 APP_A, APP_B = ("wwcorp", "secret-a"), ("wwcorp", "secret-b")
 
 
 def client() -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(wecom_api_router(WeComApiState(apps={APP_A, APP_B}, agents={1: APP_A, 2: APP_B})))
+    state = WeComApiState(apps={APP_A, APP_B}, agents={1: APP_A, 2: APP_B})
+    app.include_router(wecom_api_router(state))
+    app.include_router(wecom_control_router(state))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wecom")
 
 

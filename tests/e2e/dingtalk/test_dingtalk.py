@@ -16,7 +16,7 @@ import pytest
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
 from gateway import texts
-from simulator.dingtalk_user import DingTalkUser, robot_payload
+from simulator.dingtalk.user import DingTalkUser, robot_payload
 from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
 from testkit.fakes.holding_proxy import HoldingProxy
 from testkit.probes import Listener, metric

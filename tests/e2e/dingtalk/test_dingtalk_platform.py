@@ -15,7 +15,7 @@ import pytest
 
 from bots.dingtalk.adapter import SESSION_TRIES
 from gateway import texts
-from simulator.dingtalk_user import robot_payload
+from simulator.dingtalk.user import robot_payload
 from testkit.fakes.stub_engine import answer_for
 from testkit.processes import wait_for
 from testkit.stacks import Cluster, Stack

@@ -17,7 +17,7 @@ import pytest
 
 from bots.wecom.config import WeComAIBotConfig
 from gateway import texts
-from simulator.wecom_ai import WeComAIBotUser
+from simulator.wecom.ai_user import WeComAIBotUser
 from testkit.configs import write_config
 from testkit.fakes.holding_proxy import HoldingProxy
 from testkit.fakes.stub_engine import answer_for

@@ -30,7 +30,7 @@ from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
 from bots.wecom.crypto import WeComCrypto, decode_aes_key
 from bots.wecom.crypto import sign as wecom_sign
 from gateway.state.keys import Keys
-from simulator.wecom_callback import SignedCallback, WeComCallbackSigner, event_xml, text_message_xml
+from simulator.wecom.signer import SignedCallback, WeComCallbackSigner, event_xml, text_message_xml
 from testkit.configs import write_config
 from testkit.processes import free_port
 from testkit.services import start_gateway

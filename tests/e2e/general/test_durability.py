@@ -185,7 +185,7 @@ def test_the_same_callback_at_two_gateways_at_once_is_one_entry_and_one_answer(
             webhook = (await http.post(f"{stack.sim_url}/__sim__/dingtalk/session", json={
                 "conversation": f"cid-{user}", "user": user, "group": False, "ttl_s": 3600})).json()
         from bots.dingtalk.crypto import sign
-        from simulator.dingtalk_user import robot_payload
+        from simulator.dingtalk.user import robot_payload
 
         payload = robot_payload(robot, user, "asked twice at once", conversation=f"cid-{user}", group=False,
                                 webhook=webhook)

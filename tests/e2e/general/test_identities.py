@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gateway.state.keys import Keys
-from simulator.wecom_callback import SignedCallback
+from simulator.wecom.signer import SignedCallback
 from testkit.configs import stack_config, write_config
 from testkit.processes import BOTGW
 from testkit.stacks import Cluster

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from simulator.wecom_callback import SignedCallback
+from simulator.wecom.signer import SignedCallback
 from testkit.configs import stack_config, write_config
 from testkit.processes import free_port
 from testkit.services import start_gateway

@@ -16,8 +16,8 @@ import pytest
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.wecom.config import WeComAIBotConfig
-from simulator.dingtalk_user import DingTalkUser
-from simulator.wecom_ai import WeComAIBotUser
+from simulator.dingtalk.user import DingTalkUser
+from simulator.wecom.ai_user import WeComAIBotUser
 from testkit.processes import wait_for
 from testkit.stacks import Cluster, Stack
 

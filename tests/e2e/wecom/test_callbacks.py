@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bots.wecom.crypto import WeComCrypto
-from simulator.wecom_callback import SignedCallback, text_message_xml
+from simulator.wecom.signer import SignedCallback, text_message_xml
 from testkit.stacks import Stack
 
 BILLION_LAUGHS = b"""<?xml version="1.0"?>
@@ -44,7 +44,7 @@ def test_valid_callback_acked_with_empty_body(stack: Stack, user: str) -> None:
 
 
 def test_event_acked_and_ignored(stack: Stack, user: str) -> None:
-    from simulator.wecom_callback import event_xml
+    from simulator.wecom.signer import event_xml
 
     before = stack.entries_added()
     callback = stack.signer().sign_plaintext(event_xml(stack.bot, user, "enter_agent", int(time.time())))

@@ -16,7 +16,7 @@ from bots.text import utf8_len, utf8_prefix
 from bots.wecom.aibot import RESPONSE_URL_MARGIN_S, RESPONSE_URL_TTL_S, stream_id_for
 from bots.wecom.config import WeComAIBotConfig
 from gateway import texts
-from simulator.wecom_ai import StreamView, WeComAIBotUser
+from simulator.wecom.ai_user import StreamView, WeComAIBotUser
 from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
 from testkit.fakes.holding_proxy import HoldingProxy
 from testkit.fakes.stub_engine import answer_for

@@ -136,7 +136,7 @@ def test_a_kefu_callback_at_the_shared_apps_url_is_pulled_and_answered(kf: Kf) -
 
 
 def test_a_kefu_callback_for_an_account_not_served_is_acknowledged_at_the_apps_url_not_refused(kf: Kf) -> None:
-    from simulator.wecom_kf import WeComKfCallbackSigner
+    from simulator.wecom_kf.signer import WeComKfCallbackSigner
 
     signed = WeComKfCallbackSigner(kf.bot).kf_msg_or_event("some-token", "wk-another-account")
     answer = httpx.post(f"{kf.gateway_url}/callback/staff", params=signed.params, content=signed.body, timeout=10)

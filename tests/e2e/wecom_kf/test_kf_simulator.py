@@ -33,10 +33,11 @@ from bots.wecom.crypto import WeComCrypto
 from bots.wecom_kf.config import WeComKfConfig
 from gateway import cli
 from gateway.cli import sim
-from simulator import state_file, wecom_kf
+from simulator import state_file
 from simulator.server import create_simulator_app
 from simulator.state_file import StateFileError
-from simulator.wecom_kf import WeComKfCallbackSigner
+from simulator.wecom_kf.rules import ERR_MSGID_REPEATED
+from simulator.wecom_kf.signer import WeComKfCallbackSigner
 from testkit.processes import BOTGW, ROOT, child_env, free_port
 
 CORP, SECRET = "wwkfcorp", "kf-secret"
@@ -280,14 +281,14 @@ def test_msgid_optional_checked_and_never_twice(kf: Kf) -> None:
     generated = kf.send(user)["msgid"]
     assert generated and len(generated.encode()) <= 32
     assert kf.send(user, msgid="turn-42_piece-0")["msgid"] == "turn-42_piece-0"
-    assert kf.send(user, "retry", msgid="turn-42_piece-0")["errcode"] == wecom_kf.ERR_MSGID_REPEATED
-    assert kf.send(user, "retry", msgid=generated)["errcode"] == wecom_kf.ERR_MSGID_REPEATED
+    assert kf.send(user, "retry", msgid="turn-42_piece-0")["errcode"] == ERR_MSGID_REPEATED
+    assert kf.send(user, "retry", msgid=generated)["errcode"] == ERR_MSGID_REPEATED
     assert kf.send(user, msgid="has space")["errcode"] == 40058
     assert kf.send(user, msgid="x" * 33)["errcode"] == 40058
     assert kf.send(user, msgid="x" * 32)["errcode"] == 0
     assert [item["msgid"] for item in kf.sent(user)] == [generated, "turn-42_piece-0", "x" * 32]
     code = kf.event(user, "session_status_change", change_type=3)["code"]  # a msg_code, from the session's end
-    assert kf.send_on_event(code, msgid="turn-42_piece-0")["errcode"] == wecom_kf.ERR_MSGID_REPEATED
+    assert kf.send_on_event(code, msgid="turn-42_piece-0")["errcode"] == ERR_MSGID_REPEATED
 
 
 def test_text_over_2048_bytes_is_refused_whole(kf: Kf) -> None:
@@ -468,7 +469,7 @@ def test_send_faults_and_a_lost_answer(kf: Kf) -> None:
     )
     assert lost.status_code == 502
     assert [item["msgid"] for item in kf.sent(user)] == ["t1-p0"], "delivered although the answer was lost"
-    assert kf.send(user, "x", msgid="t1-p0")["errcode"] == wecom_kf.ERR_MSGID_REPEATED, "so the retry is refused"
+    assert kf.send(user, "x", msgid="t1-p0")["errcode"] == ERR_MSGID_REPEATED, "so the retry is refused"
     kf.fault(endpoint="send_msg", errcode=42001)
     assert kf.send(user)["errcode"] == 42001
     assert kf.send(user)["errcode"] == 40014, "the token the fault expired stays expired"

@@ -3,12 +3,13 @@
 Group robots: WeCom accepts 20 messages a minute per robot and refuses the rest (45009);
 text is capped at 2048 bytes, markdown at 4096. An AI bot's response_url takes one message
 within an hour of being issued (a second post, or one after the hour, is refused; the errcodes
-are UNCONFIRMED), markdown up to 20,480 bytes. Both record what a user would have seen.
+are UNCONFIRMED), markdown up to 20,480 bytes. Both record what a user would have seen. (The response URL itself
+is the simulator's own, under /__sim__/wecom-ai/response/; the routes that issue one and read what was posted are
+in simulator/wecom/control.py.)
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,14 +66,6 @@ def robots_router(state: RobotState) -> APIRouter:
         state.pushed.append({"key": key, "msgtype": msgtype, "content": content, "at": now})
         return JSONResponse({"errcode": 0, "errmsg": "ok"})
 
-    @router.post("/__sim__/wecom-ai/response-url")
-    async def issue_response_url(request: Request) -> dict[str, str]:
-        """A fresh response_url, as WeCom puts one in each AI-bot message callback."""
-        token = secrets.token_hex(12)
-        body = await request.json() if await request.body() else {}
-        state.response_urls_issued[token] = time.time() + float(body.get("ttl_s", RESPONSE_URL_LIFETIME_S))
-        return {"response_url": f"{request.base_url}__sim__/wecom-ai/response/{token}"}
-
     @router.post("/__sim__/wecom-ai/response/{token}")
     async def response_url(token: str, request: Request) -> JSONResponse:
         if token not in state.response_urls_issued:
@@ -90,13 +83,5 @@ def robots_router(state: RobotState) -> APIRouter:
             return _error(40058, "content exceed max length")
         state.responses[token] = {"msgtype": body.get("msgtype"), "content": content, "at": time.time()}
         return JSONResponse({"errcode": 0, "errmsg": "ok"})
-
-    @router.get("/__sim__/wecom/webhook")
-    async def pushed(key: str = "") -> dict[str, Any]:
-        return {"messages": [m for m in state.pushed if not key or m["key"] == key], "refused": state.refused}
-
-    @router.get("/__sim__/wecom-ai/responses")
-    async def responses() -> dict[str, Any]:
-        return state.responses
 
     return router

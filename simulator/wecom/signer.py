@@ -1,4 +1,5 @@
-"""WeCom's callback side: builds the signed, encrypted requests WeCom sends to a bot's URL."""
+"""WeCom's callback side: builds the signed, encrypted requests WeCom sends to a bot's URL (an app's; 微信客服's
+signer, on the same envelope: simulator/wecom_kf/signer.py)."""
 
 from __future__ import annotations
 
@@ -19,25 +20,25 @@ class SignedCallback:
     body: bytes
 
 
-def _cdata(value: str) -> str:
+def cdata(value: str) -> str:
     return "<![CDATA[" + value.replace("]]>", "]]]]><![CDATA[>") + "]]>"
 
 
 def text_message_xml(bot: WeComAppConfig, user: str, text: str, msg_id: str, create_time: int) -> str:
     """The inner XML of a text message from `user` to the app."""
     return (
-        f"<xml><ToUserName>{_cdata(bot.corp_id)}</ToUserName><FromUserName>{_cdata(user)}</FromUserName>"
-        f"<CreateTime>{create_time}</CreateTime><MsgType>{_cdata('text')}</MsgType>"
-        f"<Content>{_cdata(text)}</Content><MsgId>{escape(msg_id)}</MsgId><AgentID>{bot.agent_id}</AgentID></xml>"
+        f"<xml><ToUserName>{cdata(bot.corp_id)}</ToUserName><FromUserName>{cdata(user)}</FromUserName>"
+        f"<CreateTime>{create_time}</CreateTime><MsgType>{cdata('text')}</MsgType>"
+        f"<Content>{cdata(text)}</Content><MsgId>{escape(msg_id)}</MsgId><AgentID>{bot.agent_id}</AgentID></xml>"
     )
 
 
 def event_xml(bot: WeComAppConfig, user: str, event: str, create_time: int) -> str:
     """The inner XML of an event such as enter_agent."""
     return (
-        f"<xml><ToUserName>{_cdata(bot.corp_id)}</ToUserName><FromUserName>{_cdata(user)}</FromUserName>"
-        f"<CreateTime>{create_time}</CreateTime><MsgType>{_cdata('event')}</MsgType>"
-        f"<Event>{_cdata(event)}</Event><AgentID>{bot.agent_id}</AgentID></xml>"
+        f"<xml><ToUserName>{cdata(bot.corp_id)}</ToUserName><FromUserName>{cdata(user)}</FromUserName>"
+        f"<CreateTime>{create_time}</CreateTime><MsgType>{cdata('event')}</MsgType>"
+        f"<Event>{cdata(event)}</Event><AgentID>{bot.agent_id}</AgentID></xml>"
     )
 
 
@@ -54,9 +55,9 @@ class EnvelopeSigner:
         ts = str(timestamp if timestamp is not None else int(time.time()))
         nonce = nonce or str(secrets.randbelow(10**9))
         encrypted, signature = self.crypto.signed_envelope(plaintext, ts, nonce)
-        agent = "" if self._agent_id is None else f"<AgentID>{_cdata(str(self._agent_id))}</AgentID>"
-        to_user = f"<ToUserName>{_cdata(self._corp_id)}</ToUserName>"
-        body = f"<xml>{to_user}{agent}<Encrypt>{_cdata(encrypted)}</Encrypt></xml>"
+        agent = "" if self._agent_id is None else f"<AgentID>{cdata(str(self._agent_id))}</AgentID>"
+        to_user = f"<ToUserName>{cdata(self._corp_id)}</ToUserName>"
+        body = f"<xml>{to_user}{agent}<Encrypt>{cdata(encrypted)}</Encrypt></xml>"
         params = {"msg_signature": signature, "timestamp": ts, "nonce": nonce}
         return SignedCallback(params, body.encode("utf-8"))
 

@@ -2,9 +2,9 @@
 
 It answers like WeCom (errcodes, token expiry, the 2048-byte cut, enable_duplicate_check, the
 per-member allowance of 30 messages a minute and 1,000 an hour, past which WeCom drops what an
-app sends), records every message it "delivers", and takes faults on demand, so that tests,
-benchmarks and the local playground can drive every path of a real deployment.
-Control endpoints live under /__sim__/wecom/.
+app sends), records every message it "delivers", and takes faults on demand (simulator/faults.py), so that
+tests, benchmarks and the local playground can drive every path of a real deployment.
+Control endpoints live under /__sim__/wecom/ (simulator/wecom/control.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+
+from simulator.wecom.state import Delivered, WeComApiState
 
 TEXT_CUT_BYTES = 2048
 TOKEN_LIFETIME_S = 7200
@@ -28,89 +28,18 @@ TOKEN_LIFETIME_S = 7200
 MEMBER_ALLOWANCES = ((60.0, 30), (3600.0, 1000))
 
 
-class Fault(BaseModel):
-    """What the next `times` send (or gettoken) calls answer instead of success."""
-
-    errcode: int | None = None
-    errmsg: str = ""
-    http_status: int | None = None
-    hold: bool = False
-    delay_s: float = 0.0  # slow: the call waits this long, then answers as the rest of the fault says (or succeeds)
-    times: int = 1
-    endpoint: str = "send"
-    after: int = 0  # let this many calls of the endpoint through first (hold the second send: after=1)
-
-
-
-def next_fault(faults: list, endpoint: str):  # type: ignore[no-untyped-def]
-    """The fault that applies to this call of `endpoint`, if any: the first pending one, once its `after` calls
-    have passed; it is used up after `times` calls."""
-    for fault in faults:
-        if fault.endpoint == endpoint:
-            if fault.after > 0:
-                fault.after -= 1
-                return None
-            fault.times -= 1
-            if fault.times <= 0:
-                faults.remove(fault)
-            return fault
-    return None
-
-@dataclass
-class Delivered:
-    """A message WeCom would have shown to the user."""
-
-    msgid: str
-    agentid: int
-    touser: str
-    content: str
-    at: float
-    truncated: bool
-    duplicate_check: bool = False  # the send asked for enable_duplicate_check
-
-
-@dataclass
-class WeComApiState:
-    """Everything the simulated WeCom remembers: apps, tokens, deliveries, pending faults."""
-
-    apps: set[tuple[str, str]] = field(default_factory=set)  # (corpid, secret)
-    tokens: dict[str, float] = field(default_factory=dict)  # token -> expires_at
-    token_apps: dict[str, tuple[str, str]] = field(default_factory=dict)  # token -> the (corpid, secret) it is for
-    agents: dict[int, tuple[str, str]] = field(default_factory=dict)  # agentid -> its app's (corpid, secret)
-    unknown_users: set[str] = field(default_factory=set)  # userids that are not (or no longer) members
-    delivered: list[Delivered] = field(default_factory=list)
-    faults: list[Fault] = field(default_factory=list)
-    gettoken_calls: int = 0
-    send_calls: int = 0
-    duplicates_dropped: int = 0
-    dropped_over_rate: int = 0  # sends past a member's allowance: answered ok, never shown
-    held: int = 0
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def reset(self) -> None:
-        self.tokens.clear()
-        self.delivered.clear()
-        self.faults.clear()
-        self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = self.dropped_over_rate = 0
-        self.release.set()
-        self.release = asyncio.Event()
-
-    def next_fault(self, endpoint: str) -> Fault | None:
-        return next_fault(self.faults, endpoint)
-
-
 def _error(errcode: int, errmsg: str) -> JSONResponse:
     return JSONResponse({"errcode": errcode, "errmsg": errmsg})
 
 
 def wecom_api_router(state: WeComApiState) -> APIRouter:
-    """WeCom's API routes plus the simulator's control routes, over one shared state."""
+    """WeCom's API routes over the shared state (the control routes: simulator/wecom/control.py)."""
     router = APIRouter()
 
     @router.get("/cgi-bin/gettoken")
     async def gettoken(corpid: str = "", corpsecret: str = "") -> JSONResponse:
         state.gettoken_calls += 1
-        fault = state.next_fault("gettoken")
+        fault = state.faults.take("gettoken")
         if fault and fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault and fault.errcode is not None:
@@ -125,7 +54,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     @router.post("/cgi-bin/message/send")
     async def message_send(request: Request, access_token: str = "") -> JSONResponse:
         state.send_calls += 1
-        fault = state.next_fault("send")
+        fault = state.faults.take("send")
         if fault and fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault and fault.hold:
@@ -184,54 +113,5 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             )
         )
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
-
-    @router.post("/__sim__/wecom/unknown-user")
-    async def unknown_user(request: Request) -> dict[str, Any]:
-        """A member leaves the company (or never was one): message/send lists them as `invaliduser`."""
-        state.unknown_users.add(str((await request.json()).get("userid", "")))
-        return {"unknown_users": sorted(state.unknown_users)}
-
-    @router.get("/__sim__/wecom/messages")
-    async def messages(touser: str = "", since: float = 0.0) -> list[dict[str, Any]]:
-        return [
-            vars(item)
-            for item in state.delivered
-            if (not touser or item.touser == touser) and item.at >= since
-        ]
-
-    @router.post("/__sim__/wecom/faults")
-    async def add_fault(fault: Fault) -> dict[str, int]:
-        state.faults.append(fault)
-        return {"pending_faults": len(state.faults)}
-
-    @router.post("/__sim__/wecom/release")
-    async def release() -> dict[str, int]:
-        held = state.held
-        state.release.set()
-        state.release = asyncio.Event()
-        return {"released": held}
-
-    @router.post("/__sim__/wecom/expire-tokens")
-    async def expire_tokens() -> dict[str, int]:
-        for token in state.tokens:
-            state.tokens[token] = 0.0
-        return {"expired": len(state.tokens)}
-
-    @router.get("/__sim__/wecom/stats")
-    async def stats() -> dict[str, int]:
-        return {
-            "gettoken_calls": state.gettoken_calls,
-            "send_calls": state.send_calls,
-            "delivered": len(state.delivered),
-            "duplicates_dropped": state.duplicates_dropped,
-            "dropped_over_rate": state.dropped_over_rate,
-            "held": state.held,
-            "pending_faults": len(state.faults),
-        }
-
-    @router.post("/__sim__/reset")
-    async def reset() -> dict[str, str]:
-        state.reset()
-        return {"status": "reset"}
 
     return router

@@ -1,0 +1,71 @@
+"""What the simulated DingTalk knows and has shown, and the refusal of a token it would not take (api.py, cards.py,
+stream.py and control.py play over it)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request, WebSocket
+from fastapi.responses import JSONResponse
+
+from simulator.faults import FaultQueue
+
+THROTTLE_S = 600.0
+
+
+@dataclass
+class PendingFrame:
+    client_id: str
+    message_id: str
+    frame: str
+    sent_at: float = 0.0
+    deliveries: int = 0
+    socket: Any = None  # a copy for this one connection (to_all); None: any live connection
+
+
+@dataclass
+class DingTalkState:
+    """What the simulated DingTalk knows and has shown."""
+
+    apps: set[tuple[str, str]] = field(default_factory=set)
+    tokens: dict[str, float] = field(default_factory=dict)
+    token_apps: dict[str, str] = field(default_factory=dict)  # app token -> its app's key (appKey)
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    cards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, card.<op>
+    tickets: dict[str, tuple[str, float]] = field(default_factory=dict)
+    connections: dict[str, list[WebSocket]] = field(default_factory=dict)
+    pending: dict[str, PendingFrame] = field(default_factory=dict)
+    acked: list[str] = field(default_factory=list)
+    opened: int = 0
+    dropped_offline: int = 0  # robot messages pushed while the app had no live connection
+    robots: set[str] = field(default_factory=set)  # robotCodes of the configured apps
+    sends: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # conversation -> delivery times
+    throttled_until: dict[tuple[str, str], float] = field(default_factory=dict)
+    throttle_s: float = THROTTLE_S
+    throttled: int = 0  # sends refused with 130101 by the throttle
+    session_posts: dict[str, list[int]] = field(default_factory=dict)  # session -> [posts, refused]
+    delivered_cards: set[str] = field(default_factory=set)
+    staff_status: dict[str, str] = field(default_factory=dict)  # userId -> "invalid" | "filtered" (test controls)
+    not_delivered: int = 0  # batchSend recipients listed as not delivered to
+    system_ping_s: float = 10.0
+    pings: dict[str, str] = field(default_factory=dict)  # ping frame id -> its data, until acked
+    pings_sent: int = 0
+    pings_acked: int = 0
+    disconnects_sent: int = 0
+
+
+def error(errcode: int, errmsg: str) -> JSONResponse:
+    return JSONResponse({"errcode": errcode, "errmsg": errmsg})
+
+
+TOKEN_REFUSED = {"code": "InvalidAuthentication", "message": "不合法的access_token"}
+
+
+def token_refusal(state: DingTalkState, request: Request) -> JSONResponse | None:
+    """HTTP 400 InvalidAuthentication for a token DingTalk never issued, that expired or was revoked."""
+    expires = state.tokens.get(request.headers.get("x-acs-dingtalk-access-token", ""))
+    return None if expires and expires > time.time() else JSONResponse(TOKEN_REFUSED, 400)
