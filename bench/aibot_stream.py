@@ -38,27 +38,24 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
     Broken,
     CpuMeter,
-    Stack,
     closed_loop,
     http_ok,
     main_async,
     ms,
     percentile,
-    serve_args,
-    start_redis,
     table,
     vllm_histograms,
     wait_ready,
-    write_config,
 )
 from bench.overhead import MODEL, PROMPTS, SYSTEM_PROMPT, engine_config
 from bots.wecom.config import WeComAIBotConfig
 from simulator.wecom.ai_user import StreamView, WeComAIBotUser
 from testkit.configs import botgw_config, random_aes_key
-from testkit.processes import child_env, free_port
+from testkit.processes import free_port
+from testkit.services import gateway_args, simulator_args, worker_args
+from testkit.stacks import Stack
 
 NAMESPACE = "aibench"
 BOT_ID = "ai"
@@ -250,18 +247,17 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     gateway_urls = [f"http://127.0.0.1:{ports[name]}" for name in GATEWAYS]
     redis_url = f"redis://127.0.0.1:{ports['redis']}/0"
 
-    start_redis(stack, ports["redis"])
-    stack.start("engine", [*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])])
+    stack.start_redis(ports["redis"])
+    stack.start_engine(ports["engine"])
     config = aibot_config(redis_url, engine_url, args.concurrency, args.max_tokens)
-    cfg = ["--config", str(write_config(stack, config))]
-    env = child_env()
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
+    path = stack.write_config(config)
+    stack.start("simulator", simulator_args(path, ports["simulator"]))
     admin_urls = []
     for name in GATEWAYS:
-        gateway_args, admin_url = serve_args(cfg, ports[name])
-        stack.start(name, gateway_args, env)
+        serve, admin_url = gateway_args(path, ports[name])
+        stack.start(name, serve)
         admin_urls.append(admin_url)
-    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
+    stack.start("worker", worker_args(path, "bench-worker"))
 
     bot = WeComAIBotConfig(**config["bots"][0])
     redis = Redis.from_url(redis_url)
@@ -272,7 +268,7 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
             def ok(url: str) -> Awaitable[bool]:
                 return http_ok(http, url)
 
-            children = stack.children
+            children = stack.procs
             await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
             await wait_ready(stack, children["simulator"], lambda: ok(f"{sim_url}/__sim__/healthz"), SERVER_START_S)
             for name, url in zip(GATEWAYS, gateway_urls, strict=True):

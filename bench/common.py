@@ -1,4 +1,4 @@
-"""What every benchmark in bench/ needs: its child processes, readiness, CPU meters, a lean HTTP client, run control.
+"""What every benchmark in bench/ needs beside testkit's stack: readiness, CPU meters, a lean HTTP client, run control,
 
 One copy, so that a fix to how a benchmark starts, measures or stops its processes reaches all of them.
 Only the standard library is imported at module level: `bench/ingest.py --bare-server` imports this module in the
@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
+import json
 import math
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,22 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from testkit import configs
-from testkit.processes import BOTGW, ROOT, child_env, free_port
+from testkit.processes import CLK_TCK, Broken, Proc, stat_fields
 
 if TYPE_CHECKING:
     import httpx
 
+    from testkit.stacks import Stack
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-PR_SET_PDEATHSIG = 1
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-STOP_TIMEOUT_S = 20.0
 READY_POLL_S = 0.1
 T = TypeVar("T")
-
-
-class Broken(RuntimeError):
-    """Something failed that makes the numbers meaningless (a process died, too many errors)."""
 
 
 class StartupError(Broken):
@@ -49,151 +42,11 @@ class StartupError(Broken):
 
 
 # --------------------------------------------------------------------------- processes
+# The processes themselves are testkit's: `Stack` (testkit/stacks.py) starts, pins, stops and checks them, `Proc`
+# (testkit/processes.py) is one of them.
 
 
-
-
-def serve_args(cfg: list[str], port: int) -> tuple[list[str], str]:
-    """`botgw serve` on `port` with its admin listener on a free port; returns (args, admin URL for /readyz)."""
-    admin_port = free_port()
-    args = [*BOTGW, "serve", *cfg, "--port", str(port), "--admin-port", str(admin_port)]
-    return args, f"http://127.0.0.1:{admin_port}"
-
-
-
-
-
-
-
-
-def start_engine(stack: Stack, name: str, port: int, profile: str = "tiny") -> Child:
-    """`botgw engine serve --profile PROFILE --port PORT` (vLLM), without the caller's BOTGW_* settings but for
-    where the engine venv and the tiny model live. Wait for `<url>/health` yourself: a CPU engine takes a minute."""
-    return stack.start(name, [*BOTGW, "engine", "serve", "--profile", profile, "--port", str(port)], child_env())
-
-
-def _die_with_parent() -> None:
-    """Children get SIGKILL if the benchmark itself is killed hard, so nothing (no engine) is left running."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _stat_fields(stat: str) -> list[str]:
-    """The fields of a /proc/<pid>/stat line after the command name (which may hold spaces and parentheses).
-
-    Index 3 is the session, 11 and 12 are utime and stime in clock ticks.
-    """
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-class Child:
-    """A server in its own session (so that its whole tree is signalled and measured), output to a log file."""
-
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.args = args  # kept, so that a benchmark can start the same server again after killing it
-        self.env = env
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("ab")  # closed in wait()
-        self.popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        """Signal the whole session's process group (vLLM, for one, runs several processes)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-    def wait(self, timeout: float) -> None:
-        """Wait for the exit after `signal(SIGTERM)`; SIGKILL the group if it takes longer."""
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(5)
-        self.signal(signal.SIGKILL)  # stragglers of the session, e.g. vLLM's engine core
-        self._log.close()
-
-    def tail(self, lines: int = 30) -> str:
-        """The end of the log, for error messages: why did it not start, why did it die."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def cpu_seconds(self) -> float:
-        """utime + stime of this process alone so far, from /proc (Linux); nan once it is gone."""
-        try:
-            fields = _stat_fields(Path(f"/proc/{self.pid}/stat").read_text())
-        except OSError:
-            return math.nan
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-@dataclass
-class Stack:
-    """The processes of one run, stopped together (TERM to all, then wait) however the run ends."""
-
-    log_dir: Path
-    children: dict[str, Child] = field(default_factory=dict)
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
-        """Start a child (environment: this one, unless `env`); its log is `<log_dir>/<name>.log`."""
-        child = Child(name, args, self.log_dir, env)
-        self.children[name] = child
-        return child
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """TERM to every child at once (the last started first), then SIGKILL what is still up after `timeout`."""
-        children = list(reversed(self.children.values()))
-        for child in children:
-            if child.alive():
-                child.signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for child in children:
-            child.wait(max(0.5, deadline - time.monotonic()))
-
-    def check_alive(self) -> None:
-        """Raise Broken if any child has exited: numbers taken without it would mean nothing."""
-        for child in self.children.values():
-            if not child.alive():
-                raise Broken(f"{child.name} exited with {child.popen.returncode}:\n{child.tail()}")
-
-
-def start_redis(stack: Stack, port: int, *extra: str) -> Child:
-    """redis-server on 127.0.0.1 without persistence (the benchmarks measure botgw, not the disk), named `redis`."""
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *extra]
-    return stack.start("redis", args)
-
-
-def write_config(stack: Stack, config: dict[str, Any], name: str = "botgw.yaml") -> Path:
-    """The run's botgw config as YAML in the log directory, so that it is kept with the logs of a failed run."""
-    return configs.write_config(stack.log_dir / name, config)
-
-
-
-
-
-
-
-
-async def wait_ready(stack: Stack, child: Child, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
+async def wait_ready(stack: Stack, child: Proc, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
     """Poll `probe` until it answers True; raise StartupError after `timeout` or as soon as any child has died.
 
     Any exception from the probe means "not up yet" (connection refused, a half-started server).
@@ -230,7 +83,7 @@ def usage_by_session() -> dict[int, tuple[float, float]]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = _stat_fields(Path(entry.path, "stat").read_text())
+            fields = stat_fields(Path(entry.path, "stat").read_text())
             total = totals[int(fields[3])]
             total[0] += (int(fields[11]) + int(fields[12])) / CLK_TCK
             for task in os.scandir(Path(entry.path, "task")):
@@ -250,8 +103,8 @@ class CpuMeter:
         """`name` -> CPU seconds, `name wait` -> run-queue wait seconds, so far."""
         sessions = usage_by_session()
         used: dict[str, float] = {}
-        for name, child in self._stack.children.items():
-            used[name], used[f"{name} wait"] = sessions.get(child.pid, (math.nan, math.nan))
+        for name, proc in self._stack.procs.items():
+            used[name], used[f"{name} wait"] = sessions.get(proc.pid, (math.nan, math.nan))
         # This process's session also holds the shell that started it, so count this process alone.
         used["bench"] = time.process_time()
         used["bench wait"] = math.nan
@@ -264,6 +117,54 @@ class CpuMeter:
         """What each process used since `before` (an earlier `sample()`)."""
         after = self.sample()
         return {name: after[name] - value for name, value in before.items()}
+
+
+# --------------------------------------------------------------------------- Redis round trips
+
+TRIPS_HOOK = Path(__file__).resolve().parent / "trips_hook"  # its sitecustomize.py counts a child's round trips
+
+
+class RoundTrips:
+    """Redis round trips of botgw processes between two samples, counted in the processes themselves by
+    bench/trips_hook/sitecustomize.py (redis-py's asyncio sends), which answers on a Unix socket per process.
+
+    `env(name, root)` is the environment of a child to count; `commands` also names the commands sent (some CPU)."""
+
+    def __init__(self, directory: Path, commands: bool = False) -> None:
+        self._directory = directory
+        self._commands = commands
+        self.names: list[str] = []
+
+    def env(self, name: str, root: Path) -> dict[str, str]:
+        """For the child `name` running botgw from `root`: the hook first on its path, then the tree."""
+        self.names.append(name)
+        env = {"PYTHONPATH": f"{TRIPS_HOOK}{os.pathsep}{root}", "BENCH_TRIPS_SOCKET": str(self._socket(name))}
+        return {**env, "BENCH_TRIPS_COMMANDS": "1"} if self._commands else env
+
+    def _socket(self, name: str) -> Path:
+        return self._directory / f"trips-{name}.sock"
+
+    async def sample(self) -> dict[str, dict[str, Any]]:
+        """`name` -> {"sends": round trips so far, "commands": {command: sends}}; absent if it does not answer."""
+        counts: dict[str, dict[str, Any]] = {}
+        for name in self.names:
+            with contextlib.suppress(OSError, ValueError):
+                reader, writer = await asyncio.open_unix_connection(str(self._socket(name)))
+                counts[name] = json.loads(await reader.read())
+                writer.close()
+        return counts
+
+    async def since(self, before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Round trips (and commands) of each process since `before`; a process missing in either sample is left out."""
+        after = await self.sample()
+        used = {}
+        for name, then in before.items():
+            if name in after:
+                now = after[name]
+                commands = Counter(now["commands"])
+                commands.subtract(then["commands"])
+                used[name] = {"sends": now["sends"] - then["sends"], "commands": +commands}
+        return used
 
 
 # --------------------------------------------------------------------------- lean HTTP/1.1 client
@@ -473,15 +374,27 @@ async def run_benchmark(
         return 1
 
 
-def run_in_stack(prefix: str, keep_logs: bool, run: Callable[[Stack], int], log_dir: str | None = None) -> int:
+def run_in_stack(
+    prefix: str,
+    keep_logs: bool,
+    run: Callable[[Stack], int],
+    log_dir: str | None = None,
+    root: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
     """`run(stack)` with a fresh stack whose processes are stopped however it ends; logs are removed only on success,
-    and never from a `log_dir` the caller named (the tests', which are read after the run).
+    and never from a `log_dir` the caller named (the tests', which are read after the run). The stack runs botgw
+    from the tree at `root` (default this one), with `env` added to its children's environment.
 
     A failed run keeps its logs and config (their directory is printed), which is where its reason is.
     """
+    from testkit.processes import ROOT
+    from testkit.stacks import Stack  # not at module level: the bare server of bench/ingest.py imports this module
+
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-    stack = Stack(Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=prefix)))
+    path = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=prefix))
+    stack = Stack(log_dir=path, root=root or ROOT, env=dict(env or {}))
     code = 1
     try:
         code = run(stack)
@@ -499,10 +412,13 @@ def main_async(
     prefix: str,
     benchmark: Callable[[argparse.Namespace, Stack], Coroutine[Any, Any, bool]],
     failures: tuple[type[Exception], ...] = (),
+    root: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
-    """`main` of a benchmark with an async `benchmark(args, stack)` and the options --time-limit and --keep-logs."""
+    """`main` of a benchmark with an async `benchmark(args, stack)` and the options --time-limit and --keep-logs;
+    `root` and `env` as for `run_in_stack`."""
 
     def run(stack: Stack) -> int:
         return asyncio.run(run_benchmark(benchmark(args, stack), args.time_limit, failures))
 
-    return run_in_stack(prefix, args.keep_logs, run, getattr(args, "log_dir", None))
+    return run_in_stack(prefix, args.keep_logs, run, getattr(args, "log_dir", None), root, env)

@@ -39,25 +39,22 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
     Broken,
-    Stack,
     http_ok,
     main_async,
     ms,
     percentile,
-    serve_args,
-    start_redis,
     table,
     wait_ready,
-    write_config,
 )
 from bots.wecom.config import WeComAppConfig
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom.signer import SignedCallback, WeComCallbackSigner
 from testkit.configs import botgw_config, wecom_app
-from testkit.processes import child_env, free_port
+from testkit.processes import free_port
+from testkit.services import gateway_args, simulator_args, worker_args
+from testkit.stacks import Stack
 
 BOT_ID = "app"
 NAMESPACE = "fairness"
@@ -294,25 +291,23 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     engine_url, sim_url = f"http://127.0.0.1:{ports['engine']}", f"http://127.0.0.1:{ports['simulator']}"
     gateway_url, redis_url = f"http://127.0.0.1:{ports['gateway']}", f"redis://127.0.0.1:{ports['redis']}/0"
 
-    start_redis(stack, ports["redis"])
-    stub = [sys.executable, "-m", "testkit.fakes.stub_engine", "--port", str(ports["engine"]),
-            "--delay", str(args.delay)]
-    stack.start("engine", [*stub, "--model", MODEL])
+    stack.start_redis(ports["redis"])
+    stub = [sys.executable, "-m", "testkit.fakes.stub_engine", "--port", str(ports["engine"])]
+    stack.start("engine", [*stub, "--delay", str(args.delay), "--model", MODEL])
     config = fairness_config(redis_url, engine_url, sim_url)
-    cfg = ["--config", str(write_config(stack, config))]
-    env = child_env()
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
-    gateway_args, admin_url = serve_args(cfg, ports["gateway"])
-    stack.start("gateway", gateway_args, env)
-    worker_env = {**env, "BOTGW_LOG_LEVEL": "INFO"}  # for "worker started" in its log; one line per message
+    path = stack.write_config(config)
+    stack.start("simulator", simulator_args(path, ports["simulator"]))
+    serve, admin_url = gateway_args(path, ports["gateway"])
+    stack.start("gateway", serve)
+    worker_env = {"BOTGW_LOG_LEVEL": "INFO"}  # for "worker started" in its log; one line per message
     workers = [f"worker-{number}" for number in range(1, WORKERS + 1)]
     for name in workers:
-        stack.start(name, [*BOTGW, "worker", *cfg, "--name", f"bench-{name}"], worker_env)
+        stack.start(name, worker_args(path, f"bench-{name}"), worker_env)
 
     redis = Redis.from_url(redis_url)
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
-            children = stack.children
+            children = stack.procs
             await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
             await wait_ready(stack, children["engine"], lambda: http_ok(http, f"{engine_url}/health"), SERVER_START_S)
             await wait_ready(

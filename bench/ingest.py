@@ -41,9 +41,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    Child,
     HttpConnection,
-    Stack,
     StartupError,
     Stopped,
     Tally,
@@ -53,14 +51,13 @@ from bench.common import (
     ms,
     percentile,
     run_in_stack,
-    serve_args,
-    start_redis,
     table,
     wait_ready,
-    write_config,
 )
 from testkit.configs import botgw_config, dingtalk_robot, wecom_app
-from testkit.processes import free_port
+from testkit.processes import Proc, free_port
+from testkit.services import gateway_args
+from testkit.stacks import Stack
 
 BOT_ID = "app"
 DINGTALK_BOT_ID = "ding"
@@ -311,7 +308,7 @@ async def _open_loop(
 class Meter:
     """CPU seconds used by the servers and by this load generator over one timed window."""
 
-    def __init__(self, children: dict[str, Child]) -> None:
+    def __init__(self, children: dict[str, Proc]) -> None:
         self._children = children
         self._start: dict[str, float] = {}
         self._wall = 0.0
@@ -438,7 +435,7 @@ async def start_servers(stack: Stack) -> tuple[int, str, int, dict[str, Any], An
     import redis
 
     redis_port, gateway_port, bare_port = free_port(), free_port(), free_port()
-    redis_child = start_redis(stack, redis_port)
+    redis_child = stack.start_redis(redis_port)
     client = redis.Redis(port=redis_port)
 
     async def redis_up() -> bool:
@@ -446,9 +443,9 @@ async def start_servers(stack: Stack) -> tuple[int, str, int, dict[str, Any], An
 
     await wait_ready(stack, redis_child, redis_up, START_TIMEOUT_S)
     config = gateway_config(f"redis://127.0.0.1:{redis_port}/0")
-    config_path = write_config(stack, config, "gateway.yaml")
-    gateway_args, admin_url = serve_args(["--config", str(config_path)], gateway_port)
-    gateway = stack.start("gateway", gateway_args)
+    config_path = stack.write_config(config, "gateway.yaml")
+    serve, admin_url = gateway_args(config_path, gateway_port)
+    gateway = stack.start("gateway", serve)
     bare = stack.start("bare", [sys.executable, str(Path(__file__).resolve()), "--bare-server", str(bare_port)])
     async with httpx.AsyncClient() as http:
         for child, port in ((gateway, gateway_port), (bare, bare_port)):
@@ -472,7 +469,7 @@ def benchmark(args: argparse.Namespace, stack: Stack) -> int:
     gateway_port, admin_url, bare_port, config, redis_client = asyncio.run(start_servers(stack))
     ports = {"bare": bare_port, "gateway": gateway_port}
     meters = {
-        name: Meter({"server": stack.children[server], "redis": stack.children["redis"]})
+        name: Meter({"server": stack.procs[server], "redis": stack.procs["redis"]})
         for name, (server, _) in TARGETS.items()
     }
     factories: dict[str, CallbackFactory | DingTalkCallbackFactory] = {

@@ -36,7 +36,9 @@ import math
 import os
 import secrets
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Coroutine
@@ -52,22 +54,17 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
-    CLK_TCK,
     Broken,
     CpuMeter,
-    Stack,
+    RoundTrips,
     closed_loop,
     http_ok,
     main_async,
     ms,
     percentile,
-    serve_args,
-    start_redis,
     table,
     vllm_histograms,
     wait_ready,
-    write_config,
 )
 from bots.base import InboundMessage
 from bots.wecom.config import WeComAppConfig
@@ -76,7 +73,9 @@ from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom.signer import WeComCallbackSigner
 from testkit.configs import botgw_config, wecom_app
-from testkit.processes import child_env, free_port
+from testkit.processes import CLK_TCK, ROOT, free_port
+from testkit.services import gateway_args, simulator_args, worker_args
+from testkit.stacks import Stack
 
 try:
     import psutil
@@ -116,6 +115,7 @@ SAME_WORK_REPLIES = 0.9  # at least this share of botgw replies must equal the d
 PROCESSES = ("engine", "gateway", "worker", "simulator", "redis", "bench")
 BOTGW_SIDE = ("gateway", "worker", "simulator", "redis")
 BOTGW_PROCS = ("gateway", "worker")  # botgw's own processes, for CPU per answered message
+TRIPS_GOAL = 5  # Redis round trips per answered message (issue #22)
 ENGINE_CORE, OTHERS_CORE = 0, 1  # --pin: the engine alone on core 0, everything else on core 1
 
 
@@ -166,6 +166,8 @@ class Run:
     engine_requests: float = 0.0  # requests vLLM finished during the run
     cpu: dict[str, float] = field(default_factory=dict)
     tree_cpu: dict[str, float] = field(default_factory=dict)  # user+sys of each process and its children
+    trips: dict[str, int] = field(default_factory=dict)  # Redis round trips of each botgw process
+    commands: Counter[str] = field(default_factory=Counter)  # what they sent (--trips-commands)
     vllm_e2e: tuple[float, float] = (0.0, 0.0)  # sum of seconds, count
 
     def error(self, text: str) -> None:
@@ -464,7 +466,7 @@ class TreeCpuMeter:
         self._stack = stack
 
     def sample(self) -> dict[str, float]:
-        roots = {name: child.pid for name, child in self._stack.children.items()}
+        roots = {name: proc.pid for name, proc in self._stack.procs.items()}
         return _psutil_tree_cpu(roots) if psutil is not None else _proc_tree_cpu(roots)
 
     def since(self, before: dict[str, float]) -> dict[str, float]:
@@ -479,16 +481,22 @@ async def measured(
     stack: Stack,
     http: httpx.AsyncClient,
     engine_url: str,
+    trips: RoundTrips | None = None,
 ) -> Run:
-    """Run one closed loop with CPU and vLLM's e2e counters sampled around it."""
+    """Run one closed loop with CPU, Redis round trips and vLLM's e2e counters sampled around it."""
     tree = TreeCpuMeter(stack)
     e2e_before = await vllm_e2e(http, engine_url)
     tokens_before = await vllm_histograms(http, engine_url, "request_generation_tokens")
+    trips_before = await trips.sample() if trips else {}
     cpu_before = meter.sample()
     tree_before = tree.sample()
     await body
     run.tree_cpu = tree.since(tree_before)
     run.cpu = meter.since(cpu_before)
+    if trips:
+        for name, used in (await trips.since(trips_before)).items():
+            run.trips[name] = used["sends"]
+            run.commands.update(used["commands"])
     e2e_after = await vllm_e2e(http, engine_url)
     tokens_after = await vllm_histograms(http, engine_url, "request_generation_tokens")
     run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
@@ -541,6 +549,14 @@ class Totals:
 
     def tree_cpu(self, name: str) -> float:
         return sum(run.tree_cpu.get(name, math.nan) for run in self.runs)
+
+    def trips_per_answer(self, *names: str) -> float:
+        """Redis round trips of the named processes per answered message (nan if not counted)."""
+        sends = sum(run.trips.get(name, math.nan) for run in self.runs for name in names)
+        return sends / self.completed if self.completed else math.nan
+
+    def commands(self) -> Counter[str]:
+        return sum((run.commands for run in self.runs), Counter())
 
     def ms_per_answer(self, *names: str) -> float:
         """CPU milliseconds of the named processes (with their children) per answered message."""
@@ -689,6 +705,7 @@ def report(
         verdict = "PASS" if added < 0.005 else "FAIL"
         print(f"goal added median latency < 5 ms at concurrency {level}: {ms(added)} ms -> {verdict}")
     print("(for reference: LiteLLM documents 3.25 ms of added latency for itself, Bifrost 0.44 ms)")
+    print_trips(args, results)
 
     print()
     errors = [
@@ -741,6 +758,34 @@ def report(
     return broken
 
 
+def print_trips(args: argparse.Namespace, results: dict[int, dict[str, Totals]]) -> None:
+    """Redis round trips per answered message, per botgw process and in all (the goal: at most TRIPS_GOAL)."""
+    if not args.trips:
+        return
+    print()
+    print(
+        "Redis round trips per answered message (botgw mode; counted in the processes: one per request written, a "
+        "pipeline or MULTI/EXEC one; background work such as leases and heartbeats included)"
+    )
+    rows = []
+    for level, modes in results.items():
+        via = modes["botgw"]
+        counts = [via.trips_per_answer(name) for name in BOTGW_PROCS]
+        rows.append([str(level), str(via.completed), *(f"{value:.2f}" for value in counts), f"{sum(counts):.2f}"])
+    header = ["concurrency", "answered", *(f"{name} trips/answer" for name in BOTGW_PROCS), "botgw trips/answer"]
+    print(table(header, rows))
+    for level, modes in results.items():
+        total = modes["botgw"].trips_per_answer(*BOTGW_PROCS)
+        verdict = "PASS" if total <= TRIPS_GOAL else "FAIL"
+        print(f"goal Redis round trips per answer <= {TRIPS_GOAL} at concurrency {level}: {total:.2f} -> {verdict}")
+    if args.trips_commands:
+        commands = sum((modes["botgw"].commands() for modes in results.values()), Counter())
+        answered = sum(modes["botgw"].completed for modes in results.values())
+        print(f"commands sent most (gateway + worker, all levels), per answered message of {answered}:")
+        for name, count in commands.most_common(args.trips_commands):
+            print(f"  {count / max(1, answered):7.2f}  {name}")
+
+
 def affinities(stack: Stack) -> str:
     """The cores each child (its session's processes, e.g. vLLM's engine core) and this process may run on."""
     sessions: dict[int, set[int]] = defaultdict(set)
@@ -751,7 +796,7 @@ def affinities(stack: Stack) -> str:
             stat = Path(entry.path, "stat").read_text()
             session = int(stat[stat.rindex(")") + 2 :].split()[3])
             sessions[session] |= os.sched_getaffinity(int(entry.name))
-    parts = [f"{name} {sorted(sessions.get(child.pid, set()))}" for name, child in stack.children.items()]
+    parts = [f"{name} {sorted(sessions.get(proc.pid, set()))}" for name, proc in stack.procs.items()]
     return ", ".join([*parts, f"bench {sorted(os.sched_getaffinity(0))}"])
 
 
@@ -837,17 +882,17 @@ async def _benchmark(
     engine_url, sim_url = f"http://127.0.0.1:{ports['engine']}", f"http://127.0.0.1:{ports['simulator']}"
     gateway_url, redis_url = f"http://127.0.0.1:{ports['gateway']}", f"redis://127.0.0.1:{ports['redis']}/0"
 
-    start_redis(stack, ports["redis"], "--notify-keyspace-events", "Kh")
-    engine_args = ["engine", "serve", "--profile", "tiny", "--port", str(ports["engine"])]
-    taskset = ["taskset", "-c", str(ENGINE_CORE)] if pinned else []  # the others inherit core 1 from this process
-    stack.start("engine", [*taskset, *BOTGW, *engine_args, *(["--", *args.engine_arg] if args.engine_arg else [])])
+    stack.start_redis(ports["redis"], "--notify-keyspace-events", "Kh")
+    # The others inherit core 1 from this process.
+    stack.start_engine(ports["engine"], cores=str(ENGINE_CORE) if pinned else "", vllm_args=tuple(args.engine_arg))
     config = stack_config(redis_url, engine_url, sim_url, args.max_tokens, slots)
-    cfg = ["--config", str(write_config(stack, config))]
-    env = child_env()
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
-    gateway_args, admin_url = serve_args(cfg, ports["gateway"])
-    stack.start("gateway", gateway_args, env)
-    stack.start("worker", [*BOTGW, "worker", *cfg, "--name", "bench-worker"], env)
+    path = stack.write_config(config)
+    tree = {"PYTHONPATH": str(stack.root)}  # botgw from the stack's tree (another revision's, with --compare)
+    stack.start("simulator", simulator_args(path, ports["simulator"]), tree)
+    serve, admin_url = gateway_args(path, ports["gateway"])
+    round_trips = RoundTrips(stack.log_dir, commands=args.trips_commands > 0)
+    for name, command in (("gateway", serve), ("worker", worker_args(path, "bench-worker"))):
+        stack.start(name, command, round_trips.env(name, stack.root) if args.trips else tree)
 
     # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under us (a ReadError).
     limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8, keepalive_expiry=2.0)
@@ -861,8 +906,7 @@ async def _benchmark(
         def ok(url: str) -> Awaitable[bool]:
             return http_ok(botgw_http, url)
 
-        children = stack.children
-        await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
+        children = stack.procs
         await wait_ready(stack, children["simulator"], lambda: ok(f"{sim_url}/__sim__/healthz"), SERVER_START_S)
         await wait_ready(stack, children["gateway"], lambda: ok(f"{gateway_url}/healthz"), SERVER_START_S)
         print(f"servers up; waiting for the engine (logs in {stack.log_dir}) ...", flush=True)
@@ -876,6 +920,7 @@ async def _benchmark(
         botgw = Botgw(botgw_http, redis, gateway_url, sim_url, config["bots"][0])
         await botgw.start()
         meter = CpuMeter(stack)
+        trips = round_trips if args.trips else None
         try:
             warm = max(levels)
             print(f"warm-up: {args.warmup} requests per mode at concurrency {warm} ...", flush=True)
@@ -895,7 +940,7 @@ async def _benchmark(
                     order = [("direct", direct), ("botgw", botgw)]
                     for mode, client in order if round_no % 2 else order[::-1]:
                         run = Run(mode, level)
-                        await measured(run, client.run(run, total), meter, stack, engine_http, engine_url)
+                        await measured(run, client.run(run, total), meter, stack, engine_http, engine_url, trips)
                         results[level][mode].runs.append(run)
                         print(
                             f"  concurrency {level:>2}, round {round_no}, {mode:6}: {run.answered}/{total} in "
@@ -928,7 +973,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"on: the engine on core {ENGINE_CORE}, everything else on core {OTHERS_CORE}; both: a run of each",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs and config")
+    parser.add_argument(
+        "--no-trips",
+        dest="trips",
+        action="store_false",
+        help="do not count Redis round trips in the gateway and the worker (bench/trips_hook/sitecustomize.py)",
+    )
+    parser.add_argument(
+        "--trips-commands", type=int, default=0, metavar="N", help="also print the N commands sent most (some CPU)"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="run the benchmark against botgw at git revision REV (exported to a temporary directory), then against "
+        "this tree, and print the two side by side",
+    )
     args = parser.parse_args(argv)
+    if args.compare and args.pin == "both":
+        parser.error("--compare runs one placement: --pin off or on")
     if args.pin != "off":
         if not shutil.which("taskset"):
             parser.error("--pin needs taskset (util-linux)")
@@ -946,25 +1008,118 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_once(
+    args: argparse.Namespace, pinned: bool, outcomes: dict[bool, dict[int, dict[str, Totals]]], root: Path | None = None
+) -> int:
+    """One whole run on a fresh stack (botgw's processes from the tree at `root`, default this one)."""
+
+    def run(args: argparse.Namespace, stack: Stack) -> Coroutine[Any, Any, bool]:
+        return benchmark(args, stack, pinned, outcomes)
+
+    return main_async(args, "botgw-overhead-", run, root=root)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare:
+        return compare_revisions(args)
     placements = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     outcomes: dict[bool, dict[int, dict[str, Totals]]] = {}
     code = 0
     for pinned in placements:
         if len(placements) > 1:
             print(f"=== {placement(pinned)} ===", flush=True)
-
-        def run(args: argparse.Namespace, stack: Stack, pinned: bool = pinned) -> Coroutine[Any, Any, bool]:
-            return benchmark(args, stack, pinned, outcomes)
-
-        result = main_async(args, "botgw-overhead-", run)
+        result = run_once(args, pinned, outcomes)
         code = max(code, result)
         if result >= 128:  # stopped by a signal: no second run
             return result
     if len(outcomes) == 2:
         compare(outcomes)
     return code
+
+
+# --------------------------------------------------------------------------- --compare REV
+
+
+def export_tree(rev: str, into: Path) -> str:
+    """botgw as committed at `rev`, extracted into `into` (`git archive`); the revision's short hash."""
+    git = ["git", "-C", str(ROOT)]
+    parsed = subprocess.run([*git, "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if parsed.returncode:
+        raise SystemExit(f"bench: --compare {rev}: {parsed.stderr.strip()}")
+    sha = parsed.stdout.strip()
+    archive = subprocess.run([*git, "archive", "--format=tar", sha], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return sha
+
+
+def compare_revisions(args: argparse.Namespace) -> int:
+    """`--compare REV`: the same benchmark against botgw at REV, then against this tree; both side by side.
+
+    REV's gateway, worker and simulator run from its exported tree (`python -m gateway.cli` there, the same venv);
+    the engine, Redis and this client are this tree's for both runs."""
+    pinned = args.pin == "on"
+    runs: dict[str, dict[int, dict[str, Totals]]] = {}
+    code = 0
+    with tempfile.TemporaryDirectory(prefix="botgw-rev-") as tmp:
+        tree = Path(tmp)
+        sha = export_tree(args.compare, tree)
+        for label, root in ((f"{args.compare} ({sha})", tree), ("working tree", ROOT)):
+            print(f"=== botgw at {label}: {root} ===", flush=True)
+            outcomes: dict[bool, dict[int, dict[str, Totals]]] = {}
+            result = run_once(args, pinned, outcomes, root)
+            code = max(code, result)
+            if result >= 128:
+                return result
+            if pinned in outcomes:
+                runs[label] = outcomes[pinned]
+    if len(runs) == 2:
+        print_comparison(runs)
+    return code
+
+
+def print_comparison(runs: dict[str, dict[int, dict[str, Totals]]]) -> None:
+    """Before and after, per concurrency level: botgw's CPU and round trips per answer, added p50, throughput."""
+    (before_label, before), (after_label, after) = runs.items()
+
+    def cell(value: float, digits: int) -> str:
+        return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+
+    metrics: list[tuple[str, int, Any]] = [
+        ("gateway CPU ms/answer", 2, lambda m: m["botgw"].ms_per_answer("gateway")),
+        ("worker CPU ms/answer", 2, lambda m: m["botgw"].ms_per_answer("worker")),
+        ("botgw CPU ms/answer", 2, lambda m: m["botgw"].ms_per_answer(*BOTGW_PROCS)),
+        ("gateway Redis trips/answer", 2, lambda m: m["botgw"].trips_per_answer("gateway")),
+        ("worker Redis trips/answer", 2, lambda m: m["botgw"].trips_per_answer("worker")),
+        ("botgw Redis trips/answer", 2, lambda m: m["botgw"].trips_per_answer(*BOTGW_PROCS)),
+        (
+            "added p50 ms",
+            1,
+            lambda m: (percentile(m["botgw"].latencies, 50) - percentile(m["direct"].latencies, 50)) * 1000,
+        ),
+        ("throughput ratio", 3, _ratio),
+    ]
+    rows = []
+    for level in before:
+        if level not in after:
+            continue
+        for name, digits, metric in metrics:
+            old, new = metric(before[level]), metric(after[level])
+            change = "n/a" if math.isnan(old) or math.isnan(new) or old == 0 else f"{(new / old - 1) * 100:+.0f}%"
+            rows.append([str(level), name, cell(old, digits), cell(new, digits), change])
+    print()
+    print(f"before: botgw at {before_label}; after: botgw in the {after_label} (the same engine, client and settings)")
+    print(table(["concurrency", "per answered message", "before", "after", "change"], rows))
+    print()
+    for label, results in ((before_label, before), (after_label, after)):
+        parts = [f"added p50 at concurrency 1: {cell(added_p50(results[1]), 1)} ms"] if 1 in results else []
+        parts += [f"throughput ratio at {level}: {_ratio(results[level]):.3f}" for level in (8, 32) if level in results]
+        print(f"{label}: " + "; ".join(parts))
+
+
+def added_p50(modes: dict[str, Totals]) -> float:
+    """Added median latency (ms): botgw's p50 less direct's."""
+    return (percentile(modes["botgw"].latencies, 50) - percentile(modes["direct"].latencies, 50)) * 1000
 
 
 if __name__ == "__main__":

@@ -71,20 +71,13 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
     Broken,
-    Child,
-    Stack,
     http_ok,
     main_async,
     ms,
     percentile,
-    serve_args,
-    start_engine,
-    start_redis,
     table,
     wait_ready,
-    write_config,
 )
 from bots.base import InboundMessage
 from bots.dingtalk.config import DingTalkBotConfig
@@ -99,7 +92,9 @@ from simulator.replies import dingtalk_messages, wecom_messages
 from simulator.wecom.ai_user import WeComAIBotUser
 from simulator.wecom.signer import WeComCallbackSigner
 from testkit.configs import botgw_config, dingtalk_robot, random_aes_key, wecom_app
-from testkit.processes import child_env, free_port
+from testkit.processes import BOTGW, Proc, free_port
+from testkit.services import gateway_args, simulator_args, worker_args
+from testkit.stacks import Stack
 
 NAMESPACE = "soak"
 MODEL = "ernie-tiny"
@@ -628,29 +623,29 @@ class Faults:
         """Children that exited without being told to (not being restarted)."""
         return [
             f"{name} exited with {child.popen.returncode}:\n{child.tail()}"
-            for name, child in list(self.stack.children.items())
+            for name, child in list(self.stack.procs.items())
             if name not in self.restarting and not child.alive()
         ]
 
     # -- processes -------------------------------------------------------------------------------
 
-    def _start(self, name: str, args: list[str], env: dict[str, str] | None) -> Child:
+    def _start(self, name: str, args: list[str], env: dict[str, str] | None) -> Proc:
         """Start a child again (its log directory too, should something have removed it meanwhile)."""
         self.stack.log_dir.mkdir(parents=True, exist_ok=True)
         return self.stack.start(name, args, env)
 
-    async def _stop(self, name: str, sig: int, timeout: float) -> tuple[Child, float]:
+    async def _stop(self, name: str, sig: int, timeout: float) -> tuple[Proc, float]:
         """Signal a child's whole session and wait for it to exit (in a thread: the loop keeps running)."""
-        child = self.stack.children[name]
+        child = self.stack.procs[name]
         started = time.monotonic()
-        child.signal(sig)
+        child.kill(sig)
         await asyncio.to_thread(child.wait, timeout)
         return child, time.monotonic() - started
 
     def worker_args(self, name: str) -> list[str]:
         """A worker's command line, with a new consumer name for each incarnation (easier to follow in logs)."""
         self.incarnations[name] += 1
-        return [*BOTGW, "worker", *self.soak.cfg, "--name", self.consumer(name)]
+        return worker_args(self.soak.config_path, self.consumer(name))
 
     def consumer(self, name: str) -> str:
         return f"soak-{name}-{self.incarnations[name]}"
@@ -664,7 +659,7 @@ class Faults:
                 offset = old.log_path.stat().st_size
             except OSError:  # removed meanwhile (another test session clearing test-artifacts/logs)
                 offset = 0
-            child = self._start(name, self.worker_args(name), self.soak.env)
+            child = self._start(name, self.worker_args(name), None)
             up = await self.soak.wait_log(child, "worker started", RESTART_READY_S, offset)
         finally:
             self.restarting.discard(name)
@@ -822,8 +817,7 @@ class Soak:
         self.sim_url = f"http://127.0.0.1:{self.ports['simulator']}"
         redis_url = f"redis://127.0.0.1:{self.ports['redis']}/0"
         self.config = soak_config(redis_url, self.engine_urls, self.sim_url, args.max_tokens)
-        self.cfg = ["--config", str(write_config(stack, self.config))]
-        self.env = child_env()
+        self.config_path = stack.write_config(self.config)
         self.keys = Keys(NAMESPACE)
         self.redis = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.faults = Faults(self)
@@ -860,22 +854,22 @@ class Soak:
     # -- start-up --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        stack, env, cfg, ports = self.stack, self.env, self.cfg, self.ports
+        stack, path, ports = self.stack, self.config_path, self.ports
         data = stack.log_dir / "redis-data"
         data.mkdir(exist_ok=True)
-        start_redis(stack, ports["redis"], "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data))
+        stack.start_redis(ports["redis"], "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data))
         for name in ENGINES:
-            start_engine(stack, name, ports[name])
-        stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(ports["simulator"])], env)
+            stack.start_engine(ports[name], name)
+        stack.start("simulator", simulator_args(path, ports["simulator"]))
         for name in GATEWAYS:
-            gateway_args, admin_url = serve_args(cfg, ports[name])
-            stack.start(name, gateway_args, env)
+            serve, admin_url = gateway_args(path, ports[name])
+            stack.start(name, serve)
             self.admin_urls.append(admin_url)
         for name in WORKERS:
-            stack.start(name, self.faults.worker_args(name), env)
-        stack.start("stream", [*BOTGW, "dingtalk-stream", *cfg], env)
+            stack.start(name, self.faults.worker_args(name))
+        stack.start("stream", [*BOTGW, "dingtalk-stream", "--config", str(path)])
 
-        children, http = stack.children, self.http
+        children, http = stack.procs, self.http
         await wait_ready(stack, children["redis"], self.redis.ping, SERVER_START_S)
         await wait_ready(stack, children["simulator"], lambda: http_ok(http, f"{self.sim_url}/__sim__/healthz"), 60)
         for name, url in zip(GATEWAYS, self.gateway_urls, strict=True):
@@ -883,7 +877,7 @@ class Soak:
         for name in WORKERS:
             child = children[name]
 
-            async def started(child: Child = child) -> bool:
+            async def started(child: Proc = child) -> bool:
                 return b"worker started" in child.log_path.read_bytes()
 
             await wait_ready(stack, child, started, SERVER_START_S)
@@ -900,7 +894,7 @@ class Soak:
         for name, url in zip(GATEWAYS, self.admin_urls, strict=True):
             await wait_ready(stack, children[name], lambda url=url: http_ok(http, f"{url}/readyz"), SERVER_START_S)
 
-    async def wait_up(self, child: Child, probe: Callable[[], Awaitable[Any]], timeout: float) -> None:
+    async def wait_up(self, child: Proc, probe: Callable[[], Awaitable[Any]], timeout: float) -> None:
         """Like bench.common.wait_ready, for a restarted child while others may be down for a fault."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -912,7 +906,7 @@ class Soak:
             await asyncio.sleep(0.1)
         raise Broken(f"{child.name} not up {timeout:.0f} s after a restart:\n{child.tail()}")
 
-    async def wait_log(self, child: Child, text: str, timeout: float, offset: int = 0) -> float:
+    async def wait_log(self, child: Proc, text: str, timeout: float, offset: int = 0) -> float:
         """Until `text` shows up in the child's log after `offset` (where this incarnation's part begins); seconds."""
         started = time.monotonic()
 
@@ -1301,9 +1295,11 @@ def report(args: argparse.Namespace, results: Results) -> bool:
         "faults that failed": len(failed_faults),
     }
     broken = any(problems.values())
-    print("checks: " + ", ".join(f"{name} {count}" for name, count in problems.items()) + (
-        " -> BROKEN" if broken else " -> OK"
-    ))
+    print(
+        "checks: "
+        + ", ".join(f"{name} {count}" for name, count in problems.items())
+        + (" -> BROKEN" if broken else " -> OK")
+    )
     for message in messages:
         if message.outcome in ("twice", "lost", "refused", "apart") or message.error:
             print(f"  {describe(message)}")
@@ -1322,9 +1318,9 @@ def describe(message: Message) -> str:
         f"sent at t={message.at:.1f} s" + (f", retried {message.retry}" if message.retry else ""),
         f"200s {message.acks}, failovers {message.failovers}" if message.http else f"queued {message.queued}",
         f"record {message.record_state or 'none'}",
-        f"deliveries {len(message.deliveries)}" if message.channel != "wecom-ai" else (
-            f"streams {len(message.stream_ids)}, finished {message.finished_at is not None}, busy {message.busy}"
-        ),
+        f"deliveries {len(message.deliveries)}"
+        if message.channel != "wecom-ai"
+        else (f"streams {len(message.stream_ids)}, finished {message.finished_at is not None}, busy {message.busy}"),
         f"refused {message.refusal}" if message.refusal else "",
         "gave up" if message.gave_up else "",
         f"error {message.error}" if message.error else "",

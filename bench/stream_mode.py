@@ -43,26 +43,24 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    BOTGW,
     Broken,
     CpuMeter,
     HttpConnection,
-    Stack,
     Tally,
     connect,
     http_ok,
     main_async,
     percentile,
-    start_redis,
     table,
     wait_ready,
-    write_config,
 )
 from bots.dingtalk.config import DingTalkBotConfig
 from gateway.state.keys import Keys
 from simulator.dingtalk.user import robot_payload
 from testkit.configs import botgw_config, dingtalk_robot
-from testkit.processes import child_env, free_port
+from testkit.processes import BOTGW, free_port
+from testkit.services import simulator_args
+from testkit.stacks import Stack
 
 NAMESPACE = "streambench"
 BOT_ID = "ding-stream"
@@ -246,8 +244,9 @@ def report(
     intake: dict[int, float] = {}  # botgw's own pace: entries per second between the first and last enqueue time
     for number, batch in enumerate(batches, 1):
         # a message never queued stays in the figures as the worst latency, never dropped from them
-        latencies = sorted(queued[msg_id][0] - pushed if msg_id in queued else math.inf
-                           for msg_id, pushed in batch.pushed_at.items())
+        latencies = sorted(
+            queued[msg_id][0] - pushed if msg_id in queued else math.inf for msg_id, pushed in batch.pushed_at.items()
+        )
         latencies_all += latencies
         wall = batch.done_s
         enqueued = [queued[msg_id][0] for msg_id in batch.pushed_at if msg_id in queued]
@@ -317,11 +316,10 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
     began = time.perf_counter()
     redis_port, sim_port = free_port(), free_port()
     redis_url, sim_url = f"redis://127.0.0.1:{redis_port}/0", f"http://127.0.0.1:{sim_port}"
-    start_redis(stack, redis_port)
+    stack.start_redis(redis_port)
     config = stream_config(redis_url, sim_url)
-    cfg = ["--config", str(write_config(stack, config))]
-    env = child_env()
-    stack.start("simulator", [*BOTGW, "sim", "serve", *cfg, "--port", str(sim_port)], env)
+    path = stack.write_config(config)
+    stack.start("simulator", simulator_args(path, sim_port))
     bot = DingTalkBotConfig(**config["bots"][0])
     redis = Redis.from_url(redis_url)
     try:
@@ -334,10 +332,10 @@ async def benchmark(args: argparse.Namespace, stack: Stack) -> bool:
                 stats = (await http.get(f"{sim_url}/__sim__/dingtalk/stream/stats", timeout=2)).json()
                 return int(stats["live"].get(bot.app_key, 0)) >= 1
 
-            children = stack.children
+            children = stack.procs
             await wait_ready(stack, children["redis"], lambda: redis.ping(), SERVER_START_S)
             await wait_ready(stack, children["simulator"], lambda: ok(f"{sim_url}/__sim__/healthz"), SERVER_START_S)
-            stack.start("dingtalk-stream", [*BOTGW, "dingtalk-stream", *cfg], env)
+            stack.start("dingtalk-stream", [*BOTGW, "dingtalk-stream", "--config", str(path)])
             await wait_ready(stack, children["dingtalk-stream"], connected, CONNECT_S)
             print(f"stream connected after {time.perf_counter() - began:.1f} s (logs in {stack.log_dir})", flush=True)
 

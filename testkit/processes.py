@@ -7,6 +7,8 @@ module, and should carry nothing it does not need."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import math
 import os
 import signal
 import socket
@@ -21,6 +23,10 @@ BOTGW = [sys.executable, "-m", "gateway.cli"]
 
 # Where the engine and its model live: machine facts, not configuration, so children keep them.
 MACHINE_VARS = frozenset({"BOTGW_ENGINE_VENV", "BOTGW_ENGINE_PYTHON", "BOTGW_TINY_MODEL_DIR", "BOTGW_VLLM_PACKAGE"})
+
+
+class Broken(RuntimeError):
+    """Something failed that makes a run meaningless: a child that should be running has exited, too many errors."""
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -38,48 +44,102 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Proc:
-    """A child process in its own session, with its output in a log file."""
+PR_SET_PDEATHSIG = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+
+def _die_with_parent() -> None:
+    """The child gets SIGKILL when the thread that started it dies (a benchmark killed hard leaves no engine)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat line after the command name (which may hold spaces and parentheses).
+
+    Index 1 is the parent, 3 the session, 11 and 12 are utime and stime in clock ticks, 13 and 14 those of reaped
+    children."""
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+class Proc:
+    """A child process in its own session (so that its whole tree is signalled and measured), its output in a log
+    file. `env` is added to `child_env()` and kept with `args`, so that the same process can be started again;
+    `cwd` is the tree it runs botgw from (`python -m gateway.cli` imports from there); `die_with_parent` for a
+    benchmark's children (only from a thread that lives as long as they do)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *,
+        name: str = "",
+        cwd: Path = ROOT,
+        die_with_parent: bool = False,
+    ) -> None:
         self.args = args
+        self.env = env
+        self.name = name or log_path.stem
         self.admin_url = ""  # a gateway's admin listener, set by start_gateway
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         self.popen = subprocess.Popen(
             args,
+            stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=cwd,
             env=child_env(env),
             start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (vLLM has children)."""
-        if self.popen.poll() is None:
+        if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
 
-    def stop(self, timeout: float = 20.0) -> None:
-        self.kill(signal.SIGTERM)
+    def wait(self, timeout: float) -> None:
+        """Wait for the exit (after a SIGTERM); SIGKILL the group if it takes longer, and its stragglers (vLLM's
+        engine core) in any case."""
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill(signal.SIGKILL)
-            self.popen.wait(5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
         self._log.close()
 
+    def stop(self, timeout: float = 20.0) -> None:
+        self.kill(signal.SIGTERM)
+        self.wait(timeout)
+
     def tail(self, lines: int = 40) -> str:
+        """The end of the log, for error messages: why did it not start, why did it die."""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of this process alone so far, from /proc (Linux); nan once it is gone."""
+        try:
+            fields = stat_fields(Path(f"/proc/{self.pid}/stat").read_text())
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def wait_http(url: str, timeout: float, proc: Proc | None = None, expect: int = 200) -> None:

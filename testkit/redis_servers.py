@@ -18,23 +18,35 @@ import redis.sentinel
 from testkit.processes import Proc, free_port
 
 
-def start_redis(log_dir: Path, name: str = "model-redis") -> tuple[Proc, str]:
-    """A redis-server of our own on a free port (the tests' session fixture, bench/model_test.py)."""
+def redis_args(port: int, *extra: str) -> list[str]:
+    """redis-server on 127.0.0.1:`port` without persistence (runs measure and test botgw, not the disk)."""
     binary = shutil.which("redis-server")
     if not binary:
         raise RuntimeError("redis-server is not installed: run `make install`")
-    port = free_port()
-    proc = Proc([binary, "--port", str(port), "--save", "", "--appendonly", "no"], log_dir / f"{name}.log")
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *extra]
+
+
+def wait_redis(proc: Proc, port: int, timeout: float = 20) -> str:
+    """Wait until the redis-server `proc` on `port` answers PING; its URL."""
     client = redis.Redis(port=port)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + timeout
     while True:
         try:
             client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
+            return f"redis://127.0.0.1:{port}/0"
         except redis.ConnectionError:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or not proc.alive():
                 raise RuntimeError(f"redis-server did not start:\n{proc.tail()}") from None
             time.sleep(0.1)
+        finally:
+            client.close()
+
+
+def start_redis(log_dir: Path, name: str = "model-redis") -> tuple[Proc, str]:
+    """A redis-server of our own on a free port (the tests' session fixture, bench/model_test.py)."""
+    port = free_port()
+    proc = Proc(redis_args(port), log_dir / f"{name}.log")
+    return proc, wait_redis(proc, port)
 
 
 def sync_client(url: str) -> redis.Redis:

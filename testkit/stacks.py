@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,27 +20,76 @@ from simulator.replies import wecom_messages
 from simulator.wecom.signer import SignedCallback, WeComCallbackSigner
 from testkit.configs import stack_config, write_config
 from testkit.probes import wait_replies
-from testkit.processes import Proc, free_port, wait_for, wait_http
-from testkit.redis_servers import sync_client
-from testkit.services import start_gateway, start_worker
+from testkit.processes import ROOT, Broken, Proc, free_port, wait_for, wait_http
+from testkit.redis_servers import redis_args, sync_client, wait_redis
+from testkit.services import engine_args, start_gateway, start_worker
 
 
 @dataclass
 class Stack:
-    """A running botgw: config, addresses and clients for the tests to talk to it."""
+    """A running botgw: its processes, config, addresses and clients for the tests to talk to it.
 
-    config: dict
-    config_path: Path
-    gateway_url: str
-    sim_url: str
-    redis: redis.Redis
-    namespace: str
-    log_dir: Path
+    A benchmark starts with `Stack(log_dir=...)` and fills it: `start` runs a child of the stack (from the tree at
+    `root`, with `env` added to its environment: another revision's botgw, a counting hook), `stop` stops them
+    all, `check_alive` fails once one has died; `procs` are what its CPU meters sample."""
+
+    config: dict = field(default_factory=dict)
+    config_path: Path = Path()
+    gateway_url: str = ""
+    sim_url: str = ""
+    redis: redis.Redis = None  # type: ignore[assignment]  # set by every test's stack; a benchmark has its own
+    namespace: str = ""
+    log_dir: Path = Path()
     procs: dict[str, Proc] = field(default_factory=dict)
     engine_url: str = ""
     robot_burst_at: float = 0.0
     member_burst_at: float = 0.0
     member_burst_user: str = ""
+    root: Path = ROOT
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, cores: str = "", cwd: Path | None = None
+    ) -> Proc:
+        """Start `procs[name]`, its log `<log_dir>/<name>.log`, from `cwd` (default `root`), with `env` added to
+        the stack's; with `cores`, pinned to them (`taskset -c`). It dies with this process."""
+        pinned = ["taskset", "-c", cores] if cores else []
+        extra = {**self.env, **(env or {})}
+        log_path = self.log_dir / f"{name}.log"
+        proc = Proc([*pinned, *args], log_path, extra, name=name, cwd=cwd or self.root, die_with_parent=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_redis(self, port: int, *extra: str) -> Proc:
+        """`procs["redis"]`: redis-server on `port` without persistence (but for `extra`), once it answers."""
+        proc = self.start("redis", redis_args(port, *extra), cwd=ROOT)
+        wait_redis(proc, port)
+        return proc
+
+    def start_engine(self, port: int, name: str = "engine", cores: str = "", vllm_args: tuple[str, ...] = ()) -> Proc:
+        """`procs[name]`: the tiny model on vLLM (this tree's launcher whatever `root` is: the same engine for every
+        revision measured). Wait for `/health` yourself: a CPU engine takes a minute or two."""
+        return self.start(name, engine_args(port, "tiny", *vllm_args), cores=cores, cwd=ROOT)
+
+    def write_config(self, config: dict, name: str = "botgw.yaml") -> Path:
+        """The stack's config, as YAML in the log directory (kept with the logs of a failed run)."""
+        self.config, self.config_path = config, write_config(self.log_dir / name, config)
+        return self.config_path
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM to every child at once (the last started first), then SIGKILL what is still up after `timeout`."""
+        procs = list(reversed(self.procs.values()))
+        for proc in procs:
+            proc.kill(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(max(0.5, deadline - time.monotonic()))
+
+    def check_alive(self) -> None:
+        """Raise Broken if a child has exited: numbers taken, or a test run, without it would mean nothing."""
+        for name, proc in self.procs.items():
+            if not proc.alive():
+                raise Broken(f"{name} exited with {proc.popen.returncode}:\n{proc.tail()}")
 
     @property
     def keys(self) -> Keys:

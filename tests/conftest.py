@@ -25,9 +25,9 @@ import redis
 
 from gateway.state.keys import Keys
 from testkit.configs import stack_config, write_config
-from testkit.processes import BOTGW, ROOT, Proc, free_port, wait_for, wait_http
+from testkit.processes import ROOT, Proc, free_port, wait_for, wait_http
 from testkit.redis_servers import SentinelSetup, start_redis, start_redis_cluster, start_sentinel
-from testkit.services import start_gateway, start_simulator, start_worker
+from testkit.services import engine_args, start_gateway, start_simulator, start_worker
 from testkit.stacks import Cluster, Stack
 
 ARTIFACTS = Path(os.environ.get("BOTGW_TEST_ARTIFACTS") or ROOT / "test-artifacts")
@@ -84,7 +84,7 @@ def redis_sentinel(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 def engine_proc(log_dir: Path) -> Iterator[tuple[Proc, int]]:
     """The vLLM engine process, started (not waited for) on first use."""
     port = free_port()
-    proc = Proc([*BOTGW, "engine", "serve", "--profile", "tiny", "--port", str(port)], log_dir / "engine.log")
+    proc = Proc(engine_args(port), log_dir / "engine.log")
     yield proc, port
     proc.stop(timeout=30)
 
@@ -112,8 +112,7 @@ def stack(redis_url: str, log_dir: Path, request: pytest.FixtureRequest) -> Iter
     if _wanted(request, "member_burst"):
         start_member_burst(made)
     yield made
-    for proc in procs.values():
-        proc.stop()
+    made.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,79 @@
+"""Counts the Redis round trips of a botgw process, for bench/overhead.py; no part of botgw.
+
+bench/overhead.py puts this directory first on the PYTHONPATH of the gateway and the worker it starts, with
+BENCH_TRIPS_SOCKET naming a Unix socket: Python imports this module at start-up, which wraps redis-py's asyncio
+`send_packed_command` (one call writes one request and waits for its answer: a command, a pipeline, a MULTI/EXEC
+block, each one round trip) and answers on the socket, to whoever connects, the counts so far as one JSON object
+({"sends": n, "commands": {name: n}}). With BENCH_TRIPS_COMMANDS=1 it also names the commands of each send
+("HGET", "EVALSHA", a pipeline as "PIPELINE[HSET+XADD]"), which costs some CPU in the process measured.
+Without BENCH_TRIPS_SOCKET it does nothing."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import socket
+import threading
+
+SOCKET = os.environ.get("BENCH_TRIPS_SOCKET", "")
+NAMES = os.environ.get("BENCH_TRIPS_COMMANDS") == "1"
+sends = 0
+commands: collections.Counter[str] = collections.Counter()
+
+
+def _names(command: object) -> str:
+    """The command names in one packed send (RESP arrays), e.g. "HGET" or "PIPELINE[HSET+XADD]"."""
+    if isinstance(command, str):
+        data = command.encode()
+    elif isinstance(command, bytes | bytearray | memoryview):
+        data = bytes(command)
+    else:
+        data = b"".join(bytes(part) for part in command)  # type: ignore[attr-defined]
+    names, i = [], 0
+    while data[i : i + 1] == b"*":
+        end = data.index(b"\r\n", i)
+        count, i = int(data[i + 1 : end]), end + 2
+        for k in range(count):
+            end = data.index(b"\r\n", i)
+            length, i = int(data[i + 1 : end]), end + 2
+            if k == 0:
+                names.append(data[i : i + length].decode(errors="replace").upper())
+            i += length + 2
+    if len(names) == 1:
+        return names[0]
+    return "PIPELINE[" + "+".join(sorted(set(names))) + "]"
+
+
+def _install() -> None:
+    from redis.asyncio.connection import AbstractConnection
+
+    original = AbstractConnection.send_packed_command
+
+    async def send_packed_command(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        global sends
+        sends += 1  # the event loop's thread alone sends: no lock needed for a count read now and then
+        if NAMES:
+            with contextlib.suppress(Exception):
+                commands[_names(command)] += 1
+        return await original(self, command, *args, **kwargs)
+
+    AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
+
+
+def _serve() -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SOCKET)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(SOCKET)
+    server.listen(4)
+    while True:
+        conn, _ = server.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"sends": sends, "commands": dict(commands)}).encode())
+
+
+if SOCKET:
+    _install()
+    threading.Thread(target=_serve, name="bench-trips", daemon=True).start()
