@@ -238,7 +238,7 @@ class WeComKfAdapter(ChannelDefaults):
         try:
             data = await self.api.sync_msg(channel, cursor, hint)
         except PermanentSendError as exc:
-            # 40058 is the invalid-parameter answer (the table in simulator/wecom_kf.py); with our own request
+            # 40058 is the invalid-parameter answer (the table in simulator/wecom_kf/rules.py); with our own request
             # well-formed, the one parameter that can have gone bad is a saved cursor the platform no longer knows
             # (UNCONFIRMED: the documents give no code of its own for a stale cursor).
             if cursor and exc.code == INVALID_PARAMETER:

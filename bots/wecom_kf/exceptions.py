@@ -8,7 +8,7 @@ from bots.wecom.exceptions import error_for as wecom_error_for
 
 SESSION_NOT_OURS = 95018  # "send msg session status invalid": a human (or the queue for one) holds the session
 # The session has ended (or never started): service_state/trans and the state-bound calls refuse a customer who is
-# in state 4 (the NetCoreTemp WXKF C# client, around service_state/trans; simulator/wecom_kf.py plays it).
+# in state 4 (the NetCoreTemp WXKF C# client, around service_state/trans; simulator/wecom_kf/rules.py plays it).
 SESSION_ENDED = 95013
 QUOTA_CODES = frozenset({95001, 95002})  # 5 messages since the customer's last one; 48 h passed since it
 # A repeated msgid is refused, but the documents give no errcode for it (wecom-kf.md §4: "an error is returned"),
