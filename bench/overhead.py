@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import secrets
@@ -68,7 +67,7 @@ from bench.common import (
 )
 from bots.base import InboundMessage
 from bots.wecom.config import WeComAppConfig
-from engine.client import sse_lines
+from engine.client import sse_chunks
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom.signer import WeComCallbackSigner
@@ -215,13 +214,7 @@ class Direct:
                     if response.status_code != 200:
                         run.failed(f"engine answered HTTP {response.status_code}")
                         return
-                    async for line in sse_lines(response):
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        chunk = json.loads(data)
+                    async for chunk in sse_chunks(response):
                         if chunk.get("usage"):
                             run.tokens += int(chunk["usage"].get("completion_tokens", 0))
                         for choice in chunk.get("choices", []):

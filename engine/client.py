@@ -40,6 +40,17 @@ async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
         yield buffer.removesuffix("\r")
 
 
+async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON chunks of an OpenAI-style stream, up to its `data: [DONE]`."""
+    async for line in sse_lines(response):
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
 class EngineError(Exception):
     """The engine could not answer; `retryable` says whether asking again may help."""
 
@@ -146,13 +157,7 @@ class EngineClient:
             try:
                 # One deadline for the first token, lifted when it comes (no task per line, as wait_for made).
                 async with asyncio.timeout(self._settings.first_token_timeout_s) as first_token:
-                    async for line in sse_lines(response):
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        chunk = json.loads(data)
+                    async for chunk in sse_chunks(response):
                         if chunk.get("usage"):
                             usage = chunk["usage"]
                         for choice in chunk.get("choices", []):

@@ -21,6 +21,20 @@ DEFAULT_GATEWAY_URL = "http://127.0.0.1:8080"
 HUMAN_KF_STATES = (2, 3)  # 微信客服 service_state: the queue for a human, a human agent (wecom-kf.md §6)
 
 
+def _player(
+    sub: argparse._SubParsersAction, name: str, help_text: str, person: tuple[str, str | None] = ("--user", None)
+) -> argparse.ArgumentParser:
+    """A `botgw sim` command that plays a person writing to a bot through the gateway, then waits for the answer."""
+    player = sub.add_parser(name, help=help_text)
+    player.add_argument("--config", required=True)
+    player.add_argument("--bot", required=True)
+    player.add_argument(person[0], required=True, help=person[1])
+    player.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
+    player.add_argument("--timeout", type=float, default=120.0)
+    player.add_argument("text")
+    return player
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("sim", help="the platform simulator (local playground)")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
@@ -39,32 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "does (the playground's); without it everything is in memory",
     )
     sim_serve.set_defaults(run=serve)
-    sim_wecom = sim_sub.add_parser("wecom", help="send a message as a WeCom user and print the bot's reply")
-    sim_wecom.add_argument("--config", required=True)
-    sim_wecom.add_argument("--bot", required=True)
-    sim_wecom.add_argument("--user", required=True)
-    sim_wecom.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
-    sim_wecom.add_argument("--timeout", type=float, default=120.0)
-    sim_wecom.add_argument("text")
+    sim_wecom = _player(sim_sub, "wecom", "send a message as a WeCom user and print the bot's reply")
     sim_wecom.set_defaults(run=wecom)
-    sim_dt = sim_sub.add_parser("dingtalk", help="write to a DingTalk robot (HTTP or Stream mode), print its answer")
-    sim_dt.add_argument("--config", required=True)
-    sim_dt.add_argument("--bot", required=True)
-    sim_dt.add_argument("--user", required=True)
+    sim_dt = _player(sim_sub, "dingtalk", "write to a DingTalk robot (HTTP or Stream mode), print its answer")
     sim_dt.add_argument("--group", default=None, help="a group conversation id: the robot is @-mentioned there")
-    sim_dt.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
     sim_dt.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
-    sim_dt.add_argument("--timeout", type=float, default=120.0)
-    sim_dt.add_argument("text")
     sim_dt.set_defaults(run=dingtalk)
-    sim_kf = sim_sub.add_parser("wecom-kf", help="write to a 微信客服 account as a WeChat customer, print the answer")
-    sim_kf.add_argument("--config", required=True)
-    sim_kf.add_argument("--bot", required=True)
-    sim_kf.add_argument("--customer", required=True, help="the customer's external_userid")
+    sim_kf = _player(sim_sub, "wecom-kf", "write to a 微信客服 account as a WeChat customer, print the answer",
+                     person=("--customer", "the customer's external_userid"))  # fmt: skip
     sim_kf.add_argument("--open-kfid", default=None, help="the account (default: the bot's first)")
-    sim_kf.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
-    sim_kf.add_argument("--timeout", type=float, default=120.0)
-    sim_kf.add_argument("text")
     sim_kf.set_defaults(run=wecom_kf)
     sim_ai = sim_sub.add_parser("wecom-ai", help="talk to a WeCom AI bot and watch the streamed answer grow")
     sim_ai.add_argument("--config", required=True)
