@@ -17,11 +17,11 @@ from gateway.config import Settings
 from gateway.delivery.presenters import Delivery, Presenter
 from gateway.queue.entry import QueueEntry
 from gateway.queue.scheduler import Lease, Scheduler
+from gateway.state.conversations import Conversations
 from gateway.state.keys import Keys
 from gateway.state.limits import Budgets
 from gateway.state.memory import ConversationMemory, Scope, Turn
 from gateway.state.reply_record import ReplyRecord, ReplyRecords, ReplyState
-from gateway.worker.pulled import PulledWork
 from knowledge.retrieval import Retriever
 
 
@@ -89,7 +89,7 @@ class Services:
     scheduler: Scheduler
     memory: ConversationMemory
     budgets: Budgets
-    pulled: PulledWork
+    conversations: Conversations  # who holds a conversation, reply quotas, handoffs (platforms with humans)
     delivery: Delivery
     records: ReplyRecords
     http: httpx.AsyncClient  # the process's client (the embedding engine for knowledge)
@@ -97,7 +97,7 @@ class Services:
     retriever: Retriever | None = None  # opened on the first grounded question
 
     async def commit(
-        self, job: Job, text: str, exchange: tuple[Turn, Turn] | None = None, *, clear_memory: bool = False
+        self, job: Job, text: str, exchange: tuple[Turn, ...] | None = None, *, clear_memory: bool = False
     ) -> Composed:
         """Record the answer (and the exchange in memory) under the lease, before anything is sent."""
         memory = self.memory

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 from redis.asyncio import Redis
 
-from bots.base import InboundMessage, Owner, ReplyQuota
+from bots.base import InboundMessage, Owner, ReplyQuota, Sessions
 from gateway import metrics
 from gateway.state.keys import Keys
 from gateway.state.memory import GroupMemory, Scope
@@ -98,22 +99,22 @@ class Conversations:
     def _lane(self, message: InboundMessage) -> str:
         return Scope.of(message, self._group).lane
 
-    async def owner(self, adapter, message: InboundMessage, fence: Fence | None = None) -> Owner:  # type: ignore[no-untyped-def]
+    async def owner(self, sessions: Sessions, message: InboundMessage, fence: Fence | None = None) -> Owner:
         """Who holds the conversation: the cache, else the platform (then cached)."""
         key = self._keys.conversation_owner(self._lane(message))
         cached = await self._redis.get(key)
         if cached is not None:
-            return as_text(cached)  # type: ignore[return-value]
-        owner = await adapter.sessions.owner(message.reply_to)
+            return cast(Owner, as_text(cached))  # written only by set_owner
+        owner = await sessions.owner(message.reply_to)
         await self.set_owner(message, owner, fence)
         return owner
 
     async def set_owner(self, message: InboundMessage, owner: Owner, fence: Fence | None = None) -> None:
         await self._values.set(fence, self._keys.conversation_owner(self._lane(message)), owner, OWNER_CACHE_S)
 
-    async def take(self, adapter, message: InboundMessage, fence: Fence | None = None) -> None:  # type: ignore[no-untyped-def]
+    async def take(self, sessions: Sessions, message: InboundMessage, fence: Fence | None = None) -> None:
         """The bot takes a conversation nobody holds, before answering it."""
-        await adapter.sessions.take(message.reply_to)
+        await sessions.take(message.reply_to)
         await self.set_owner(message, "bot", fence)
 
     async def renew_quota(self, message: InboundMessage, quota: ReplyQuota, fence: Fence | None = None) -> None:
@@ -157,13 +158,19 @@ class Conversations:
         """The platform says messages we counted did not count (or counted more: `slots` < 0)."""
         await self._adjust(keys=[self._keys.reply_quota(self._lane(message))], args=[slots, quota.limit])
 
-    async def hand_off(self, adapter, message: InboundMessage, record: ReplyRecord, servicer: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    async def hand_off(
+        self,
+        sessions: Sessions,
+        quota: ReplyQuota | None,
+        message: InboundMessage,
+        record: ReplyRecord,
+        servicer: str | None = None,
+    ) -> str:
         """Give the conversation to a human, then send the notice with the code the move returned (in the slot
         kept for it). Returns the code ('' when the platform gave none: no notice can be sent then).
 
         Resumable: the move is marked (with its code) after it happened, the notice after it was sent, so a
         retry after a failure anywhere repeats only the step that did not happen."""
-        sessions = adapter.sessions
         state = await record.load()
         if state.handoff_code:
             code = "" if state.handoff_code == "-" else state.handoff_code
@@ -177,7 +184,6 @@ class Conversations:
             return code
         resend = bool(state.handoff_notice_started)
         if not resend:
-            quota = adapter.reply_quota
             marks: dict[str, str | int] = {"handoff_notice_started": "1"}
             if quota is None:
                 await record.mark(**marks)

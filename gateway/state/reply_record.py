@@ -263,7 +263,7 @@ class ReplyRecord:
         text: str,
         created: str,
         memory_key: str = "",
-        exchange: tuple[Turn, Turn] | None = None,
+        exchange: tuple[Turn, ...] | None = None,
         memory_ttl_s: int = 0,
         max_memory_items: int = 0,
         *,

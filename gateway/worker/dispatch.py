@@ -11,30 +11,36 @@ from gateway import metrics
 from gateway.pipeline.job import Job, Services
 from gateway.pipeline.stage import Next
 from gateway.queue.entry import EntryKind
+from gateway.worker.pulled import PulledWork
 
-Handler = Callable[[Job, Services], Awaitable[str]]
+Handler = Callable[[Job, Services, PulledWork], Awaitable[str]]
 
 
-async def _pull(job: Job, services: Services) -> str:
+async def _pull(job: Job, services: Services, pulled: PulledWork) -> str:
     if not isinstance(job.adapter, PulledChannel):  # a pull queued for a bot whose platform has no log to pull
         raise TypeError(f"bot {job.adapter.bot_id!r} has nothing to pull")
-    return await services.pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
+    return await pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
 
 
-async def _agent_turn(job: Job, services: Services) -> str:
-    return await services.pulled.agent_turn(job.message, job.record, services.keys.memory(job.scope.lane))
+async def _agent_turn(job: Job, services: Services, pulled: PulledWork) -> str:
+    return await pulled.agent_turn(job.message, job.record, services.keys.memory(job.scope.lane))
 
 
-async def _event(job: Job, services: Services) -> str:
-    return await services.pulled.event(job.adapter, job.message, job.entry.event_fields(), job.record)
+async def _event(job: Job, services: Services, pulled: PulledWork) -> str:
+    return await pulled.event(job.adapter, job.message, job.entry.event_fields(), job.record)
 
 
-async def _handoff(job: Job, services: Services) -> str:
+async def _handoff(job: Job, services: Services, pulled: PulledWork) -> str:
+    sessions = job.adapter.sessions
+    if sessions is None:  # queued for a bot whose platform has no human agents (its settings refuse to build one)
+        raise TypeError(f"bot {job.adapter.bot_id!r} has no human agents to hand over to")
     servicer = job.entry.servicer or None
-    code = await services.pulled.conversations.hand_off(job.adapter, job.message, job.record, servicer)
+    conversations = services.conversations
+    code = await conversations.hand_off(sessions, job.adapter.reply_quota, job.message, job.record, servicer)
     return f"handed off (code {'yes' if code else 'none'})"
 
 
+ANSWERED = (EntryKind.CHAT, EntryKind.NOTICE)  # through the adapter's answer pipeline
 OTHER_KINDS: dict[EntryKind, Handler] = {
     EntryKind.PULL: _pull,
     EntryKind.AGENT: _agent_turn,
@@ -43,11 +49,11 @@ OTHER_KINDS: dict[EntryKind, Handler] = {
 }
 
 
-async def run_entry(job: Job, services: Services, pipeline: Next) -> str:
-    handler = OTHER_KINDS.get(job.entry.kind)
-    if handler is not None:
-        return await handler(job, services)
-    return await answer(job, services, pipeline)
+async def run_entry(job: Job, services: Services, pulled: PulledWork, pipeline: Next) -> str:
+    kind = job.entry.kind
+    if kind in ANSWERED:
+        return await answer(job, services, pipeline)
+    return await OTHER_KINDS[kind](job, services, pulled)
 
 
 async def answer(job: Job, services: Services, pipeline: Next) -> str:
@@ -67,11 +73,12 @@ async def answer(job: Job, services: Services, pipeline: Next) -> str:
         await job.record.mark(state="done")
         return "nothing_to_send"
     platform = job.message.platform
-    if (job.no_answer or state.no_answer) and job.adapter.sessions is not None:
+    sessions = job.adapter.sessions
+    if (job.no_answer or state.no_answer) and sessions is not None:
         # Nothing in the documents: say so, then hand over; done only once the handoff happened, so that a
         # retry after a failed move still makes it.
         await job.presenter.deliver(text, state)
-        await services.pulled.conversations.hand_off(job.adapter, job.message, job.record)
+        await services.conversations.hand_off(sessions, job.adapter.reply_quota, job.message, job.record)
         await job.record.mark(state="done")
         metrics.REPLIES.labels(platform, "sent").inc()
         return "sent; handed off (no answer)"

@@ -1,5 +1,5 @@
-"""What becomes of a message that could not be answered now: withheld by the platform's rules, handed back
-with a backoff, or given up as a dead letter with the operators told."""
+"""What becomes of a message that could not be answered now: handed back with a backoff, or given up as a dead
+letter with the operators told (withheld by the platform's rules: gateway/pipeline/gate.py `withheld`)."""
 
 from __future__ import annotations
 
@@ -17,22 +17,6 @@ from gateway.state.reply_record import LeaseLost
 
 log = logging.getLogger(__name__)
 FAILURES_TTL_S = 86400
-
-
-async def withheld(services: Services, job: Job, reason: str, *, by_human: bool = False) -> None:
-    """The platform will not let the bot speak (a human holds the conversation, the quota is used up): the
-    message is done, without a retry, a dead letter or an alert. `by_human`: the platform said a human took
-    the conversation, so who holds it now is asked and remembered."""
-    metrics.WITHHELD.labels(job.message.platform, reason).inc()
-    log.info("answer withheld by the platform's rules", extra={"lane": job.lease.lane, "reason": reason})
-    sessions = job.adapter.sessions
-    if by_human and sessions is not None:
-        with contextlib.suppress(RedisError, SendError):
-            owner = await sessions.owner(job.message.reply_to)
-            holder = owner if owner != "bot" else "human"
-            await services.pulled.conversations.set_owner(job.message, holder, job.record.fence)
-    with contextlib.suppress(RedisError, LeaseLost):
-        await job.record.mark(state="done", reason=f"withheld: {reason}")
 
 
 async def failed(services: Services, job: Job, exc: Exception) -> None:

@@ -30,34 +30,35 @@ from gateway.delivery.presenters import Delivery, Paced, presenter_for
 from gateway.logs import request_id
 from gateway.pipeline.build import answer_pipeline
 from gateway.pipeline.commands import parse_command
+from gateway.pipeline.gate import withheld
 from gateway.pipeline.job import Job, Services
 from gateway.pipeline.stage import Next
 from gateway.queue.entry import EntryKind
 from gateway.queue.scheduler import Lease
 from gateway.runtime import Runtime
+from gateway.state.conversations import Conversations
 from gateway.state.limits import Budgets, MovingWindowLimiter
 from gateway.state.memory import ConversationMemory, Scope
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
-from gateway.worker.failures import failed, withheld
+from gateway.worker.failures import failed
 from gateway.worker.pulled import PulledWork
 
 log = logging.getLogger(__name__)
 
 
-def worker_services(runtime: Runtime) -> Services:
+def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
     """The collaborators every job of this process shares, opened on the runtime's Redis and clients."""
     settings, redis, keys = runtime.settings, runtime.redis, runtime.keys
     options = settings.redis_options()
-    pulled = PulledWork(redis, keys, runtime.scheduler, settings)
     delivery = Delivery(
         redis,
         keys,
         StreamStore(redis, keys),
         MovingWindowLimiter(settings.redis_url, keys.send_pace_prefix, **options),
         settings.worker,
-        pulled.conversations,
+        conversations,
     )
     return Services(
         settings=settings,
@@ -67,7 +68,7 @@ def worker_services(runtime: Runtime) -> Services:
         scheduler=runtime.scheduler,
         memory=ConversationMemory(redis, keys, settings.memory.ttl_s, settings.memory.max_turns),
         budgets=Budgets(redis, settings.redis_url, keys, settings.limits, **options),
-        pulled=pulled,
+        conversations=conversations,
         delivery=delivery,
         records=ReplyRecords(redis, keys, settings.effective_dedup_ttl_s()),
         http=runtime.http,
@@ -83,7 +84,8 @@ class Worker:
         self._cfg = runtime.settings.worker
         self._consumer = consumer
         self._scheduler = runtime.scheduler
-        self.services = worker_services(runtime)
+        self.pulled = PulledWork(runtime.redis, runtime.keys, runtime.scheduler, runtime.settings)
+        self.services = worker_services(runtime, self.pulled.conversations)
         self._pipelines: dict[str, Next] = {
             bot_id: answer_pipeline(adapter, self.services) for bot_id, adapter in runtime.adapters.items()
         }
@@ -216,7 +218,7 @@ class Worker:
         job = self._job(lease, message, adapter)  # before anything that can fail: the failure path needs it
         try:
             if await self._may_merge(job):
-                merged, wait_s = await self.services.pulled.merge(
+                merged, wait_s = await self.pulled.merge(
                     lease, message, adapter.merge_window_s, self._answered_alone(adapter)
                 )
                 if wait_s > 0:  # the person is still writing: look again when the burst is over
@@ -225,7 +227,7 @@ class Worker:
                 if merged is not None:
                     lease = dataclasses.replace(lease, entry=merged)
                     job = self._job(lease, merged.message, adapter)
-            outcome = await run_entry(job, self.services, self._pipelines[message.bot_id])
+            outcome = await run_entry(job, self.services, self.pulled, self._pipelines[message.bot_id])
             await self._scheduler.release(lease, "done", weight=weight)
             self._forget(lease)
             log.info("message handled", extra={"lane": lease.lane, "outcome": outcome})

@@ -240,8 +240,9 @@ async def test_a_redis_error_in_the_merge_is_counted_and_backed_off(world: World
 
     worker.services = SimpleNamespace(  # type: ignore[assignment]
         settings=settings, keys=world.keys, redis=world.redis, scheduler=world.scheduler, records=world.records,
-        delivery=world.delivery, pulled=SimpleNamespace(merge=merge_fails),
+        delivery=world.delivery,
     )  # fmt: skip
+    worker.pulled = SimpleNamespace(merge=merge_fails)  # type: ignore[assignment]
     worker._pipelines = {}
     await worker._handle(lease)  # before the fix: UnboundLocalError (no job yet), never counted
     assert int(await world.redis.get(world.keys.entry_failures(lease.entry_id)) or 0) == 1
@@ -336,7 +337,7 @@ async def test_a_no_answer_handoff_whose_move_fails_once_is_made_on_the_retry(wo
     adapter.sessions = FlakySessions()  # type: ignore[attr-defined]
     presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
     job = Job(lease, message, Scope.of(message, "per_user"), adapter, record, presenter)  # type: ignore[arg-type]
-    services = SimpleNamespace(pulled=SimpleNamespace(conversations=world.conversations))
+    services = SimpleNamespace(conversations=world.conversations)
     with pytest.raises(RetryableSendError):
         await answer(job, services, never_composed)  # type: ignore[arg-type]
     outcome = await answer(job, services, never_composed)  # type: ignore[arg-type]

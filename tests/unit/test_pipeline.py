@@ -144,6 +144,12 @@ def test_an_adapter_that_lacks_what_its_reply_style_needs_is_refused_at_start() 
         check_channel(Half())
 
 
+def test_every_entry_kind_has_a_handler() -> None:
+    from gateway.worker.dispatch import ANSWERED, OTHER_KINDS
+
+    assert set(ANSWERED) | set(OTHER_KINDS) == set(EntryKind) and not set(ANSWERED) & set(OTHER_KINDS)
+
+
 # -- queue entries ------------------------------------------------------------------------------------------------
 
 
