@@ -179,14 +179,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _no_empty_secrets(self) -> Settings:
         """An empty credential is no credential: `Bearer ` must never open the admin API. Named, never shown."""
-        for where, secret in _secrets(self):
-            if not secret.get_secret_value().strip():
-                raise ValueError(f"{where} is empty: set it, or remove the key to turn its feature off")
-        for bot in self.bots:  # it signs the page's sessions, company members' identities among them
-            signing = getattr(bot, "auth_secret", None)
-            if signing is not None and len(signing.get_secret_value().strip()) < MIN_SIGNING_SECRET_CHARS:
-                raise ValueError(f"bots.{bot.id}.auth_secret is shorter than {MIN_SIGNING_SECRET_CHARS} characters "
-                                 "(or leave it out: `botgw web` then makes one per start)")
+        check_secrets(self, self.bots)
         token = self.admin.token
         if token is not None and len(token.get_secret_value().strip()) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(f"admin.token is shorter than {MIN_ADMIN_TOKEN_CHARS} characters: make one with "
@@ -236,6 +229,20 @@ def _found_in(model: BaseModel, kind: type[T], where: str = "") -> Iterator[tupl
             if isinstance(item, BaseModel):
                 label = getattr(item, "id", None) or getattr(item, "name", None) or index
                 yield from _found_in(item, kind, f"{key}.{label}.")
+
+
+def check_secrets(model: BaseModel, bots: Sequence[BaseModel]) -> None:
+    """No empty credential anywhere in `model`, and no page's session-signing secret too short to keep its
+    sessions (company members' identities among them) from being forged. The gateway's settings and the page's
+    own (webchat/bot_settings.py) both run it."""
+    for where, secret in _secrets(model):
+        if not secret.get_secret_value().strip():
+            raise ValueError(f"{where} is empty: set it, or remove the key to turn its feature off")
+    for bot in bots:
+        signing = getattr(bot, "auth_secret", None)
+        if signing is not None and len(signing.get_secret_value().strip()) < MIN_SIGNING_SECRET_CHARS:
+            raise ValueError(f"bots.{getattr(bot, 'id', '?')}.auth_secret is shorter than {MIN_SIGNING_SECRET_CHARS} "
+                             "characters (or leave it out: `botgw web` then makes one per start)")
 
 
 def _secrets(model: BaseModel) -> Iterator[tuple[str, SecretStr]]:

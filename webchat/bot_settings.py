@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from bots.web.config import WebBotConfig
-from gateway.config import BotConfig, ConfigError, describe_errors, expand_env, read_config_file
+from gateway.config import BotConfig, ConfigError, check_secrets, describe_errors, expand_env, read_config_file
 
 
 class _PageBots(BaseModel):
@@ -26,6 +26,14 @@ class _PageBots(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bots: list[BotConfig]
+
+    @model_validator(mode="after")
+    def _checked_as_the_gateway_checks(self) -> _PageBots:
+        """The checks of the whole configuration that concern these bots: no empty credential, a signing secret
+        long enough, the logins naming bots that can sign people in (the web bot is first)."""
+        check_secrets(self, self.bots)
+        self.bots[0].check_peers(self.bots)
+        return self
 
 
 @dataclass(frozen=True)

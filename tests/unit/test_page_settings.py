@@ -72,3 +72,21 @@ def test_a_page_process_settings_hold_no_other_bot(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["web", "app"]
+
+
+def test_the_page_refuses_what_the_gateway_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page loads only its bots, but their checks all run: a short signing secret would let anyone who guesses
+    it forge sessions carrying company members' identities; a DingTalk login needs the organisation's corp_id."""
+    short = page_config(tmp_path / "short.yaml", auth_secret="changeme")
+    with pytest.raises(ConfigError, match=r"bots\.web\.auth_secret is shorter than 32 characters"):
+        load_page_settings(short, "web")
+    empty = page_config(tmp_path / "empty.yaml", trusted_header_secret=" ")
+    with pytest.raises(ConfigError, match=r"trusted_header_secret is empty"):
+        load_page_settings(empty, "web")
+    monkeypatch.setenv(UNSET, "a secret the page needs when it signs people in through that bot")
+    ding = page_config(tmp_path / "ding.yaml", web_login={"dingtalk": {"bot": "ding"}})
+    with pytest.raises(ConfigError, match=r"bots\.web\.web_login\.dingtalk: bots\.ding\.corp_id must be set"):
+        load_page_settings(ding, "web")
+    wrong = page_config(tmp_path / "wrong.yaml", web_login={"wecom": {"bot": "robot"}})
+    with pytest.raises(ConfigError, match=r"web_login\.wecom\.bot must name a 'wecom' bot"):
+        load_page_settings(wrong, "web")
