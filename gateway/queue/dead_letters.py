@@ -87,7 +87,10 @@ class DeadLetters:
         body = json.loads(as_text(fields[b"entry"]))
         reason = str(body.get("reason", ""))
         try:
-            return DeadLetter(as_text(letter_id), reason, QueueEntry.model_validate(body["entry"]))
+            # A letter of a platform's later delivery failure, as the release before the entry model wrote it, has
+            # no owner: the replay works it out again from the message, as it does for every letter.
+            entry = {"u": "", **body["entry"]} if isinstance(body.get("entry"), dict) else body["entry"]
+            return DeadLetter(as_text(letter_id), reason, QueueEntry.model_validate(entry))
         except (KeyError, ValidationError):
             return DeadLetter(as_text(letter_id), reason, None, str(body.get("raw") or json.dumps(body.get("entry"))))
 

@@ -1,9 +1,11 @@
 """One queue entry: the only shape work has between the edge, the queue and the workers.
 
 Entries are JSON in Redis lists; the scheduler's Lua scripts read three fields of them (`id`, `t`, `u`), so the
-wire names stay short and stable (entries queued by an older release are read by a newer one, and the other way
-round during a rolling upgrade). Everything in Python goes through `QueueEntry`: written with `to_json`, read
-with `QueueEntry.from_json`, never spliced or picked apart by hand.
+wire names stay short and stable: entries queued by the release before this model are read by it, and the other
+way round during a rolling upgrade. An entry a worker cannot read (not JSON, a field missing, a kind this release
+does not know) becomes a dead letter kept raw (`botgw dlq show`), and its conversation goes on. Everything in
+Python goes through `QueueEntry`: written with `to_json`, read with `QueueEntry.from_json`, never spliced or picked
+apart by hand.
 """
 
 from __future__ import annotations

@@ -64,10 +64,17 @@ local function next_epoch(ns, lane)
   redis.call('EXPIRE', counter .. ':' .. lane, 86400)
   return epoch
 end
+local function field(item, name)
+  -- An entry no worker can read (not JSON, a field missing) gives nil here, never a script error halfway
+  -- through a script (Redis keeps what a failed script wrote before its error: a lane could be left nowhere).
+  local ok, decoded = pcall(cjson.decode, item)
+  if ok and type(decoded) == 'table' then return decoded[name] end
+  return nil
+end
 local function head_time(lane_key)
   local head = redis.call('LINDEX', lane_key, 0)
   if not head then return nil end
-  return cjson.decode(head)['t']
+  return tonumber(field(head, 't')) or now_ms()
 end
 local function resume_deferred(ns, user)
   local waiting = redis.call('LPOP', ns .. ':sched:deferred:' .. user)
@@ -131,7 +138,7 @@ for _ = 1, 16 do
   redis.call('SET', ns .. ':sched:vclock', popped[2])
   local head = redis.call('LINDEX', ns .. ':sched:lane:' .. lane, 0)
   if head then
-    local user = cjson.decode(head)['u']
+    local user = tostring(field(head, 'u') or '')  -- '': leased all the same, for the worker to dead-letter
     local active = ns .. ':sched:active:' .. user
     if cap > 0 and redis.call('SCARD', active) >= cap then
       redis.call('RPUSH', ns .. ':sched:deferred:' .. user, lane)
@@ -163,7 +170,7 @@ if redis.call('HGET', lease_key, 'epoch') ~= ARGV[3] then return 0 end
 local lane_key = ns .. ':sched:lane:' .. lane
 if ARGV[5] == 'done' then
   local head = redis.call('LINDEX', lane_key, 0)
-  if head and (cjson.decode(head)['id'] == ARGV[4] or ARGV[4] == '*') then
+  if head and (ARGV[4] == '*' or field(head, 'id') == ARGV[4]) then
     redis.call('LPOP', lane_key)
     redis.call('HINCRBY', ns .. ':sched:stats', 'handled', 1)
   end
@@ -247,7 +254,9 @@ return expired
 # ARGV: core prefix, lane, epoch, merged head entry json, then the ids of the head and of the entries after it
 # that it absorbs, in lane order. Returns 1, or 0 when the lease is not held at this epoch or the lane
 # no longer starts with those entries (nothing is changed then).
-_ABSORB = """
+_ABSORB = (
+    _COMMON
+    + """
 local ns, lane = ARGV[1], ARGV[2]
 if redis.call('HGET', ns .. ':sched:lease:' .. lane, 'epoch') ~= ARGV[3] then return 0 end
 local lane_key = ns .. ':sched:lane:' .. lane
@@ -255,13 +264,14 @@ local count = #ARGV - 4
 local present = redis.call('LRANGE', lane_key, 0, count - 1)
 if #present ~= count then return 0 end
 for i = 1, count do
-  if cjson.decode(present[i])['id'] ~= ARGV[4 + i] then return 0 end
+  if field(present[i], 'id') ~= ARGV[4 + i] then return 0 end
 end
 redis.call('LTRIM', lane_key, count, -1)
 redis.call('LPUSH', lane_key, ARGV[4])
 redis.call('HINCRBY', ns .. ':sched:stats', 'handled', count - 1)
 return 1
 """
+)
 
 
 @dataclass(frozen=True)

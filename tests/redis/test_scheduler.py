@@ -286,3 +286,35 @@ async def test_an_entry_no_worker_can_read_becomes_a_dead_letter_and_the_lane_go
     assert letter.summary()["raw"].startswith("{") and letter.shown()["entry"] == {"raw": letter.raw}
     with pytest.raises(UnreadableLetter, match="cannot be replayed"):
         await letters.replay(letter.letter_id)
+
+
+async def test_a_dead_letter_the_previous_release_wrote_without_an_owner_is_replayed(scheduler: Scheduler) -> None:
+    """微信客服 msg_send_fail letters used to be written as {kind, id, msg}: no `u`, no `t`."""
+    from gateway.config import Settings
+    from gateway.queue.dead_letters import DeadLetters
+
+    message = entry("wecom-kf:ww:wm1", "it never arrived").message
+    old = {"reason": "msg_send_fail", "entry": {"kind": "chat", "id": "m9", "msg": message.model_dump(mode="json")}}
+    await scheduler._redis.xadd(scheduler._keys.dead_letters, {"entry": json.dumps(old)})
+    letters = DeadLetters(scheduler._redis, scheduler._keys, scheduler, Settings(bots=[]))
+    (letter,) = await letters.list()
+    assert letter.entry is not None and letter.message.text == "it never arrived"
+    assert await letters.replay(letter.letter_id) == "queued"
+    lease = await scheduler.take("w", 5000, 0)
+    assert lease is not None and lease.entry.message.text == "it never arrived" and lease.entry.owner
+
+
+async def test_a_head_that_is_not_even_json_is_dead_lettered_and_the_conversation_goes_on(scheduler: Scheduler) -> None:
+    """The scripts decode heads (their time, owner and id): a head that is not JSON used to fail the take script
+    after its pop, leaving the lane neither ready nor leased, the conversation silent for good."""
+    await put(scheduler, "conv", "u:x", "first")
+    await scheduler._redis.rpush(scheduler._keys.lane("conv"), "not json {")
+    await put(scheduler, "conv", "u:x", "third")
+    first = await scheduler.take("w", 5000, 0)
+    assert first is not None and first.entry.message.text == "first"
+    assert await scheduler.release(first, "done")
+    assert await scheduler.take("w", 5000, 0) is None, "the garbage was handed out"
+    third = await scheduler.take("w", 5000, 0)
+    assert third is not None and third.entry.message.text == "third", "the conversation stopped at the garbage"
+    (_, fields), *_ = await scheduler._redis.xrevrange(scheduler._keys.dead_letters, count=1)
+    assert json.loads(fields[b"entry"])["raw"] == "not json {"
