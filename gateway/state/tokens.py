@@ -57,11 +57,13 @@ class RedisTokenStore:
         self._keys = keys
         self._invalidate = redis.register_script(_INVALIDATE)
         self._local: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic time its Redis entry expires)
+        self._changes: dict[str, int] = {}  # name -> how often this process put or dropped it (see `get`)
 
     async def get(self, name: str) -> str | None:
         local = self._local.get(name)
         if local is not None and time.monotonic() < local[1]:
             return local[0]
+        changes = self._changes.get(name, 0)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(self._keys.token(name))
             pipe.pttl(self._keys.token(name))
@@ -70,16 +72,20 @@ class RedisTokenStore:
             self._local.pop(name, None)
             return None
         token = as_text(value)
-        if int(ttl_ms) > 0:
+        # Kept only if nothing was put or dropped meanwhile: a read that started before an invalidation must not
+        # bring the stale token back into this process after it (it would cost one more refused call).
+        if int(ttl_ms) > 0 and self._changes.get(name, 0) == changes:
             self._local[name] = (token, time.monotonic() + int(ttl_ms) / 1000)
         return token
 
     async def put(self, name: str, token: str, ttl_s: float) -> None:
+        self._changes[name] = self._changes.get(name, 0) + 1
         await self._redis.set(self._keys.token(name), token, px=int(ttl_s * 1000))
         self._local[name] = (token, time.monotonic() + ttl_s)
 
     async def invalidate(self, name: str, token: str) -> None:
         """Drop the cached token only if it is still the stale one (another process may have refreshed)."""
+        self._changes[name] = self._changes.get(name, 0) + 1
         if self._local.get(name, ("",))[0] == token:
             del self._local[name]
         await self._invalidate(keys=[self._keys.token(name)], args=[token])
