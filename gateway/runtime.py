@@ -8,6 +8,7 @@ why); `use_uvloop` is for the process's entry point, before its event loop exist
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -68,34 +69,33 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     except BaseException:  # a refusal, Redis down, or an interrupt: nothing is left open
         await redis.aclose()
         raise
-    http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
-    engine_http = httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),
-        limits=httpx.Limits(max_connections=(settings.engine.max_in_flight + 8) * len(settings.engine.urls())),
-    )
-    engine_session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=(settings.engine.max_in_flight + 8) * len(settings.engine.urls())),
-        timeout=aiohttp.ClientTimeout(total=None, connect=settings.engine.connect_timeout_s),
-    )
-    keys = Keys(settings.namespace)
-    tokens = RedisTokenStore(redis, keys)
-    engine = EnginePool(settings.engine, engine_http, engine_session)
-    engine.on_change(export_endpoint)
-    runtime = Runtime(
-        settings=settings,
-        redis=redis,
-        http=http,
-        keys=keys,
-        scheduler=Scheduler(redis, keys),
-        engine=engine,
-        adapters=build_adapters(settings.bots, http, tokens),
-    )
-    await engine.start()
-    try:
+    async with contextlib.AsyncExitStack() as opened:  # whatever fails below, what was opened is closed
+        opened.push_async_callback(redis.aclose)
+        http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
+        opened.push_async_callback(http.aclose)
+        engine_connections = (settings.engine.max_in_flight + 8) * len(settings.engine.urls())
+        engine_http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.engine.request_timeout_s, connect=settings.engine.connect_timeout_s),
+            limits=httpx.Limits(max_connections=engine_connections),
+        )
+        opened.push_async_callback(engine_http.aclose)
+        engine_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=engine_connections),
+            timeout=aiohttp.ClientTimeout(total=None, connect=settings.engine.connect_timeout_s),
+        )
+        opened.push_async_callback(engine_session.close)
+        keys = Keys(settings.namespace)
+        engine = EnginePool(settings.engine, engine_http, engine_session)
+        engine.on_change(export_endpoint)
+        runtime = Runtime(
+            settings=settings,
+            redis=redis,
+            http=http,
+            keys=keys,
+            scheduler=Scheduler(redis, keys),
+            engine=engine,
+            adapters=build_adapters(settings.bots, http, RedisTokenStore(redis, keys)),
+        )
+        opened.push_async_callback(engine.aclose)
+        await engine.start()
         yield runtime
-    finally:
-        await engine.aclose()
-        await http.aclose()
-        await engine_http.aclose()
-        await engine_session.close()
-        await redis.aclose()
