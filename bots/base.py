@@ -223,11 +223,6 @@ class Sessions(Protocol):
         """The person asks for a human (a handoff keyword)."""
         ...
 
-    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
-        """An operator's handoff of `person` (in `account`, where the bot serves several) to a human (`servicer`,
-        else the queue), as the message the worker carries out; ValueError says what is wrong with the request."""
-        ...
-
     async def is_open(self, target: ReplyTarget) -> bool:
         """Whether the person has a conversation a handoff can move (asked of the platform; raises SendError
         when the platform refuses to say or does not answer)."""

@@ -91,10 +91,6 @@ class KfSessions:
         return any(words == keyword or (words.endswith(keyword) and len(words) <= len(keyword) + 2)
                    for keyword in self._keywords)  # fmt: skip
 
-    def handoff_request(self, account: object, person: object, servicer: object = None) -> InboundMessage:
-        """An operator's handoff as the message the worker carries out (ValueError: what is wrong with it)."""
-        return self._config.handoff_request(account, person, servicer)
-
     async def is_open(self, target: ReplyTarget) -> bool:
         return await self._api.has_session(target.chat_id, target.user_id)
 

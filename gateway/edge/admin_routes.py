@@ -90,8 +90,8 @@ async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
             return JSONResponse({"error": f"no bot {bot_id!r}"}, status_code=404)
         if adapter.sessions is None:
             return JSONResponse({"error": f"bot {bot_id!r} has no human agents to hand over to"}, status_code=400)
-        message = adapter.sessions.handoff_request(body.get("open_kfid"), body.get("customer") or "",
-                                                   body.get("servicer"))  # fmt: skip
+        bot = runtime.settings.bot(bot_id)
+        message = bot.handoff_request(body.get("open_kfid"), body.get("customer") or "", body.get("servicer"))
     except BodyTooLarge:
         return JSONResponse({"error": "request body too large"}, status_code=413)
     except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)

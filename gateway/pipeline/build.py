@@ -1,6 +1,6 @@
 """The answer path of one adapter, built from what it declares.
 
-    ready notice → [human gate] → message limits → text only → commands → engine failures ⟨ knowledge
+    ready notice → [human gate] → message limits → text only → adopt memory → commands → engine failures ⟨ knowledge
     grounding → engine ready → prompt planning → token budget ⟨ generate ⟩⟩
 
 A platform with human agents (`adapter.sessions`) gets the gate; the others do not. A new limit is a stage
@@ -10,7 +10,7 @@ module and one line here.
 from __future__ import annotations
 
 from bots.channels import Channel
-from gateway.pipeline.commands import Commands, TextOnly
+from gateway.pipeline.commands import AdoptMemory, Commands, TextOnly
 from gateway.pipeline.gate import HumanGate
 from gateway.pipeline.generate import EngineFailures, EngineReady, Generate
 from gateway.pipeline.grounding import KnowledgeGrounding
@@ -28,6 +28,7 @@ def answer_stages(adapter: Channel, services: Services) -> list[Stage]:
         *gate,
         MessageLimits(services),
         TextOnly(services),
+        AdoptMemory(services),
         Commands(services),
         EngineFailures(services),
         KnowledgeGrounding(services),

@@ -27,9 +27,9 @@ class TextOnly:
         return await next(job)
 
 
-class Commands:
-    """/help and /reset. Memory kept under the bot's session key before is adopted first, so that a /reset
-    clears it too; the clear is part of the fenced commit, so a stale worker wipes nothing."""
+class AdoptMemory:
+    """A person's one-to-one memory kept per bot by an earlier release becomes their memory, before anything
+    reads or clears it (a /reset must clear it too). Once per session: the memory module remembers."""
 
     def __init__(self, services: Services) -> None:
         self._services = services
@@ -38,7 +38,18 @@ class Commands:
         message = job.message
         own_lane = job.scope.lane == message.session_key
         if own_lane and await self._services.memory.adopt(message.session_key, message.bot_session_key):
-            job.record.forget_memory()
+            job.record.forget_memory()  # what the record read of the memory is stale now
+        return await next(job)
+
+
+class Commands:
+    """/help and /reset; the clear is part of the fenced commit, so a stale worker wipes nothing."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        message = job.message
         command = parse_command(message.text)
         if command == "help":
             return await self._services.commit(job, texts.HELP_TEXT)
