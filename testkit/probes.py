@@ -4,11 +4,15 @@ got at the simulator (simulator/replies.py's loop, for synchronous callers)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TypeVar
 
 import httpx
 
 from simulator.replies import wait_until_quiet
+
+T = TypeVar("T")
 
 
 class Listener:
@@ -52,6 +56,17 @@ def metric(url: str, name: str, **labels: str) -> float:
     return total
 
 
+def run_to_end(coroutine: Coroutine[object, object, T]) -> T:
+    """asyncio.run, also from a thread whose loop is running (Playwright's sync API keeps one in the browser
+    tests): the coroutine then runs on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def wait_replies(
     fetch: Callable[[httpx.AsyncClient], Awaitable[list[dict]]], count: int, timeout: float, settle: float, what: str
 ) -> list[dict]:
@@ -62,7 +77,7 @@ def wait_replies(
         async with httpx.AsyncClient(timeout=5) as http:
             return await wait_until_quiet(lambda: fetch(http), timeout, quiet_s=settle, at_least=count)
 
-    items = asyncio.run(wait())
+    items = run_to_end(wait())
     if len(items) < count:
         raise AssertionError(f"{what} got {len(items)} messages, expected {count}")
     return items
