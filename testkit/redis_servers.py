@@ -82,6 +82,10 @@ class SentinelSetup:
         _wait(lambda: self.primary_port() != before, "sentinel to promote the replica", timeout)
         after = self.primary_port()
         _wait(lambda: redis.Redis(port=after).info("replication")["role"] == "master", "the new primary", timeout)
+        # Until the old primary has become a replica it still takes writes, which its resync then drops (Redis
+        # replicates asynchronously): the failover is over when it follows the new one.
+        _wait(lambda: redis.Redis(port=before).info("replication")["role"] == "slave", "the old primary to follow",
+              timeout)  # fmt: skip
         return after
 
 
