@@ -15,6 +15,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bots.parts import DEFAULT_MAX_MEDIA_BYTES, Downloaded, Media, MediaError, Part
+
 
 class ReplyTarget(BaseModel):
     """Where an answer goes: enough for the adapter's `send` without the original callback."""
@@ -40,6 +42,9 @@ class InboundMessage(BaseModel):
     sender_id: str
     text: str
     msg_type: str = "text"
+    parts: tuple[Part, ...] = Field(
+        default=(), description="what it holds besides its text (images, voice, files, quotes), in order"
+    )
     mentioned_bot: bool = False
     group_id: str = Field(default="", description="the group conversation it was written in; '' one-to-one")
     received_at: float = Field(default_factory=time.time)
@@ -117,6 +122,19 @@ class BotSettings(BaseModel):
 
     id: str
     platform: str  # a Literal in each platform's model: the key of its row in bots/registry.py
+    reply_format: Literal["markdown", "text"] | None = Field(
+        default=None,
+        description="answers as Markdown the platform renders, or as plain text (Markdown turned into readable "
+        "text); null: the platform's default (its adapter's `default_reply_format`)",
+    )
+    allow_users: list[str] = Field(default_factory=list, description="only these senders are answered (empty: all)")
+    deny_users: list[str] = Field(default_factory=list, description="these senders are never answered")
+    allow_groups: list[str] = Field(default_factory=list, description="only in these groups (empty: every group)")
+    deny_groups: list[str] = Field(default_factory=list, description="never in these groups")
+    group_prefix: str = Field(default="", description="a group message is answered only when it starts with this")
+    max_media_bytes: int = Field(
+        default=DEFAULT_MAX_MEDIA_BYTES, ge=1024, description="the largest image, voice or file downloaded"
+    )
 
     def check_peers(self, bots: Sequence[BotSettings]) -> None:
         """Check (and complete) this bot's settings against the other configured bots: a name that must resolve,
@@ -318,6 +336,22 @@ class ChannelDefaults:
     reply_quota: ReplyQuota | None = None
     sessions: Sessions | None = None  # human agents can own a conversation
     callback_style: str | None = None  # how /callback/{bot} is answered (bots.channels; None: no callbacks)
+
+    default_reply_format: Literal["markdown", "text"] = "text"  # what the platform shows when the bot does not say
+
+    @property
+    def reply_format(self) -> Literal["markdown", "text"]:
+        """The bot's `reply_format`, else the platform's default."""
+        chosen = getattr(getattr(self, "config", None), "reply_format", None)
+        return chosen or self.default_reply_format
+
+    @property
+    def max_media_bytes(self) -> int:
+        return int(getattr(getattr(self, "config", None), "max_media_bytes", DEFAULT_MAX_MEDIA_BYTES))
+
+    async def download(self, media: Media) -> Downloaded:
+        """A platform whose messages carry no attachments has none to download."""
+        raise MediaError("unsupported", "this platform's messages carry no attachments")
 
     def connection(self, sink: Callable[[InboundMessage], Awaitable[None]]) -> object | None:
         """The connection this bot holds open to its platform (bots.channels.HeldConnection); None: none."""

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from bots.parts import Downloaded, Media
 from bots.base import (
     InboundMessage,
     Pacing,
@@ -148,6 +149,14 @@ class Channel(Protocol):
 
     def connection(self, sink: MessageSink) -> HeldConnection | None:
         """The connection this bot holds open to its platform (None: messages come by callback)."""
+        ...
+
+    reply_format: Literal["markdown", "text"]  # answers as Markdown the platform renders, or as plain text
+    max_media_bytes: int  # the largest attachment downloaded
+
+    async def download(self, media: Media) -> Downloaded:
+        """An attachment of a message this bot received, at most `max_media_bytes` of it (MediaError: why not).
+        Only the platform's own hosts are asked (bots.parts)."""
         ...
 
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from bots.base import PermanentSendError, RetryableSendError, TokenStore
+from bots.parts import MediaError
 
 TOKEN_EARLY_REFRESH_S = 300
 TokenFetch = Callable[[], Awaitable[tuple[str, float]]]
@@ -56,3 +57,28 @@ async def request_json(http: httpx.AsyncClient, method: str, url: str, what: str
         return response.json() if response.content else {}
     except ValueError as exc:
         raise RetryableSendError(f"{what} answered non-JSON", code="bad_json") from exc
+
+
+async def download_bounded(
+    http: httpx.AsyncClient, url: str, what: str, max_bytes: int, **kwargs: object
+) -> tuple[bytes, httpx.Headers]:
+    """GET an attachment, at most `max_bytes` of it, never following a redirect (a redirect could lead off the
+    platform); MediaError says why not. A JSON body where media was expected is the platform's error answer:
+    the caller reads it from `headers` and the bytes (WeCom answers an expired media_id with errcode JSON)."""
+    try:
+        async with http.stream("GET", url, follow_redirects=False, **kwargs) as response:  # type: ignore[arg-type]
+            if response.status_code >= 500 or response.status_code == 429:
+                raise MediaError("unavailable", f"{what} answered HTTP {response.status_code}")
+            if response.status_code != 200:
+                raise MediaError("refused", f"{what} answered HTTP {response.status_code}")
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise MediaError("too_large", f"{what}: {declared} bytes, over {max_bytes}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise MediaError("too_large", f"{what}: over {max_bytes} bytes")
+            return bytes(body), response.headers
+    except httpx.HTTPError as exc:
+        raise MediaError("unavailable", f"{what} unreachable: {type(exc).__name__}") from exc

@@ -13,6 +13,11 @@ ACK_LATENCY = Histogram(
 CALLBACKS = Counter("botgw_callbacks_total", "Callbacks by outcome", ["platform", "outcome"])
 REJECTED = Counter("botgw_callbacks_rejected_total", "Callbacks refused, by reason", ["platform", "reason"])
 DEDUP_HITS = Counter("botgw_dedup_hits_total", "Platform retries recognised and dropped", ["platform"])
+IGNORED = Counter(
+    "botgw_messages_ignored_total",
+    "Messages a bot does not answer (its allow/deny lists, a group message without its prefix), by reason",
+    ["platform", "reason"],
+)
 LIMIT_HITS = Counter(
     "botgw_limit_hits_total",
     "Messages refused by a limit, by kind (messages, tokens_per_minute, …)",

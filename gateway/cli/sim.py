@@ -31,8 +31,18 @@ def _player(
     player.add_argument(person[0], required=True, help=person[1])
     player.add_argument("--gateway", default=os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL))
     player.add_argument("--timeout", type=float, default=120.0)
-    player.add_argument("text")
+    _attachments(player)
     return player
+
+
+def _attachments(player: argparse.ArgumentParser) -> None:
+    """What a simulated person can send besides text: each becomes the platform's own message type, its media
+    uploaded to the simulator first (so the bot downloads it from there, as from the platform)."""
+    player.add_argument("--image", metavar="FILE", default=None, help="send this picture")
+    player.add_argument("--voice", metavar="FILE", default=None, help="send this recording as a voice message")
+    player.add_argument("--file", metavar="FILE", default=None, help="send this document as a file message")
+    player.add_argument("--quote", metavar="TEXT", default=None, help="the message quotes an earlier one")
+    player.add_argument("text", nargs="?", default="", help="what the person types ('' with an attachment alone)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim_ai.add_argument("--gateway", action="append", help="gateway URL; repeat to spread refreshes over replicas")
     sim_ai.add_argument("--simulator", default=os.environ.get("BOTGW_SIMULATOR_URL", "http://127.0.0.1:8090"))
     sim_ai.add_argument("--interval", type=float, default=0.5, help="seconds between refresh callbacks")
-    sim_ai.add_argument("text")
+    _attachments(sim_ai)
     sim_ai.set_defaults(run=wecom_ai)
 
 

@@ -88,6 +88,8 @@ class PolledStreamHandler:
 
     async def _first_callback(self, message: InboundMessage) -> tuple[dict, str]:
         stream_id = message.reply_to.stream_id
+        if self._ingest.admit(message) is None:  # not one the bot answers: its stream closes empty
+            return self.adapter.stream_payload(stream_id, "", True), "ignored"
         opened = await self._streams.open(
             self.adapter.bot_id,
             message.sender_id,

@@ -14,7 +14,8 @@ from typing import Literal
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-from bots.base import InboundMessage
+from bots.audience import admit, restricts
+from bots.base import BotSettings, InboundMessage
 from gateway import metrics
 from gateway.config import Settings
 from gateway.edge.batching import RedisBatcher
@@ -24,7 +25,7 @@ from gateway.queue.scheduler import Binding, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
 
-Outcome = Literal["accepted", "duplicate", "replayed"]
+Outcome = Literal["accepted", "duplicate", "replayed", "ignored"]
 
 
 class Ingest:
@@ -36,6 +37,18 @@ class Ingest:
         self._scheduler = scheduler
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
+        self._audiences: dict[str, BotSettings] = {bot.id: bot for bot in settings.bots if restricts(bot)}
+
+    def admit(self, message: InboundMessage) -> InboundMessage | None:
+        """The message as its bot answers it (a group prefix taken off), or None: the bot does not answer this
+        sender or group (bots.audience), counted and dropped."""
+        audience = self._audiences.get(message.bot_id)
+        if audience is None:
+            return message
+        admitted, reason = admit(audience, message)
+        if admitted is None:
+            metrics.IGNORED.labels(message.platform, reason).inc()
+        return admitted
 
     async def accept(self, message: InboundMessage, signature: str = "", kind: EntryKind = EntryKind.CHAT) -> Outcome:
         """Queue the message unless this delivery was seen before (a platform retry). `kind` says what the
@@ -43,7 +56,13 @@ class Ingest:
 
         `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
         it is bound to the first message it came with, and a reuse with another message is "replayed".
+        A message its bot does not answer (bots.audience) is "ignored": nothing is queued.
         """
+        if kind is EntryKind.CHAT:
+            admitted = self.admit(message)
+            if admitted is None:
+                return "ignored"
+            message = admitted
         scope = Scope.of(message, self._settings.memory.group)
         entry = QueueEntry(owner=scope.owner, kind=kind, message=message, request_id=request_id.get() or None)
         dedup_key = self._keys.dedup(message.dedup_key)

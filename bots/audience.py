@@ -1,0 +1,40 @@
+"""Who a bot answers: its allow and deny lists of senders and groups, and the prefix a group message needs.
+
+Checked where a message enters (the gateway's ingest, the pulled channel's log), before it is queued: a
+refused message gets nothing back and costs nothing but the count (botgw_messages_ignored_total). Names are
+the platform's own ids as the callback gives them (a WeCom userid, a DingTalk staffId or senderId, a 微信客服
+external_userid; a chat id for groups), so an operator copies them from the console or from the logs.
+"""
+
+from __future__ import annotations
+
+from bots.base import BotSettings, InboundMessage
+
+
+def admit(settings: BotSettings, message: InboundMessage) -> tuple[InboundMessage | None, str]:
+    """The message to answer (a group prefix taken off), or None with the reason it is not answered."""
+    if message.sender_id in settings.deny_users:
+        return None, "denied_user"
+    if settings.allow_users and message.sender_id not in settings.allow_users:
+        return None, "not_allowed_user"
+    group = message.group_id
+    if group:
+        if group in settings.deny_groups:
+            return None, "denied_group"
+        if settings.allow_groups and group not in settings.allow_groups:
+            return None, "not_allowed_group"
+        prefix = settings.group_prefix
+        if prefix:
+            text = message.text.lstrip()
+            if not text.startswith(prefix):
+                return None, "no_prefix"
+            return message.model_copy(update={"text": text[len(prefix) :].lstrip()}), ""
+    return message, ""
+
+
+def restricts(settings: BotSettings) -> bool:
+    """Whether the bot answers anyone less than everyone (the check can be skipped when not)."""
+    return bool(
+        settings.allow_users or settings.deny_users or settings.allow_groups or settings.deny_groups
+        or settings.group_prefix
+    )
