@@ -12,8 +12,13 @@ SUDO=""
 
 apt_packages=()
 command -v redis-server >/dev/null 2>&1 || apt_packages+=(redis-server)
-# The browser tests drive Debian's Chromium (Playwright's own browser download does not work offline).
+# Voice messages come as AMR (WeCom, 微信客服) or other codecs a transcription endpoint may not take: ffmpeg
+# converts them (engine/asr.py).
+command -v ffmpeg >/dev/null 2>&1 || apt_packages+=(ffmpeg)
+# The browser tests drive Debian's Chromium (Playwright's own browser download does not work offline), with CJK
+# fonts so that a screenshot shows Chinese rather than boxes.
 if [ "${BOTGW_INSTALL_BROWSER:-0}" = 1 ] && [ ! -x /usr/bin/chromium ]; then apt_packages+=(chromium); fi
+if [ "${BOTGW_INSTALL_BROWSER:-0}" = 1 ] && [ ! -d /usr/share/fonts/opentype/noto ]; then apt_packages+=(fonts-noto-cjk); fi
 if [ ${#apt_packages[@]} -gt 0 ]; then
   echo "botgw: installing ${apt_packages[*]} (Debian packages)"
   $SUDO apt-get update -qq
