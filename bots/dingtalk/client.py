@@ -15,10 +15,11 @@ from typing import Any
 
 import httpx
 
-from bots.base import PermanentSendError, RetryableSendError, Throttled, TokenStore
+from bots.base import PermanentSendError, RetryableSendError, SendError, Throttled, TokenStore
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.exceptions import THROTTLE_PROBE_S, error_for
 from bots.http import cached_token, token_name
+from bots.parts import MediaError
 
 log = logging.getLogger(__name__)
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
@@ -58,14 +59,41 @@ class DingTalkApiClient:
 
     async def send_text(self, *, group_id: str, user_id: str, text: str) -> None:
         """A text message through the OpenAPI: to the group, or one-to-one to the user."""
-        params = json.dumps({"content": text}, ensure_ascii=False)
+        await self.send_message(group_id=group_id, user_id=user_id, key="sampleText", params={"content": text})
+
+    async def send_markdown(self, *, group_id: str, user_id: str, title: str, text: str) -> None:
+        """A Markdown message (msgKey sampleMarkdown, msgParam {title, text}: platform-protocols.md §F)."""
+        params = {"title": title, "text": text}
+        await self.send_message(group_id=group_id, user_id=user_id, key="sampleMarkdown", params=params)
+
+    async def send_message(self, *, group_id: str, user_id: str, key: str, params: dict[str, str]) -> None:
+        """One message of template `key` through the OpenAPI (msgParam is a JSON string): to the group, or one-to-one
+        to the user."""
+        param = json.dumps(params, ensure_ascii=False)
+        body: dict[str, Any] = {"robotCode": self._config.robot, "msgKey": key, "msgParam": param}
         if group_id:
-            body = {"robotCode": self._config.robot, "openConversationId": group_id, "msgKey": "sampleText",
-                    "msgParam": params}
-            await self.call("POST", "/v1.0/robot/groupMessages/send", body)
+            await self.call("POST", "/v1.0/robot/groupMessages/send", {**body, "openConversationId": group_id})
         else:
-            body = {"robotCode": self._config.robot, "userIds": [user_id], "msgKey": "sampleText", "msgParam": params}
-            _check_delivered(await self.call("POST", "/v1.0/robot/oToMessages/batchSend", body))
+            batch = {**body, "userIds": [user_id]}
+            _check_delivered(await self.call("POST", "/v1.0/robot/oToMessages/batchSend", batch))
+
+    async def download_url(self, code: str) -> str:
+        """The temporary download link of a message's picture, voice or file (获取机器人消息中文件下载链接:
+        POST /v1.0/robot/messageFiles/download {downloadCode, robotCode} → {downloadUrl}). The doc lists no error
+        for an unknown or expired downloadCode (UNCONFIRMED): any refusal but an access denial is taken as one
+        that will not pass ("expired": the user is asked to send it again)."""
+        body = {"downloadCode": code, "robotCode": self._config.robot}
+        try:
+            data = await self.call("POST", "/v1.0/robot/messageFiles/download", body)
+        except PermanentSendError as exc:
+            reason = "refused" if str(exc.code).startswith("Forbidden") else "expired"
+            raise MediaError(reason, f"messageFiles/download: {exc}") from exc
+        except SendError as exc:  # unreachable, 5xx, a rate limit: it may pass
+            raise MediaError("unavailable", f"messageFiles/download: {exc}") from exc
+        url = data.get("downloadUrl")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise MediaError("unavailable", "messageFiles/download answered no downloadUrl")
+        return url
 
     # -- AI cards ----------------------------------------------------------------------------
 

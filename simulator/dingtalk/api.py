@@ -12,7 +12,11 @@ simulator lists a recipient over the same per-person rate as flow-controlled (wh
 there is UNCONFIRMED), and staff a test marks invalid or filtered in those lists. A bad, expired or
 revoked token is refused with HTTP 400 {"code": "InvalidAuthentication"} (public clients' logs:
 satorijs/satori#240, alibabacloud-sdk-php/dingtalk#1), never 401.
-(AI cards: cards.py; the Stream gateway: stream.py; the control routes under /__sim__/dingtalk/: control.py.)
+Every message sent is recorded with its `format` (text or markdown), its `content` (text.content, markdown.text,
+or msgParam's content / text) and, for markdown, its `title` (required, non-empty: S13 reply_markdown, S14's
+markdown type; no length is documented, UNCONFIRMED, so none is checked).
+(AI cards: cards.py; downloads of what a person sent: media.py; the Stream gateway: stream.py; the control routes
+under /__sim__/dingtalk/: control.py.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from simulator.dingtalk.media import media_router
 from simulator.dingtalk.state import DingTalkState, error, token_refusal
 
 TOKEN_LIFETIME_S = 7200
@@ -37,6 +42,7 @@ BAD_PARAM = 40035  # DingTalk's "不合法的参数"; the exact code for each ma
 
 def dingtalk_api_router(state: DingTalkState) -> APIRouter:
     router = APIRouter()
+    router.include_router(media_router(state))
 
     async def refuse_send(request: Request, *, needs_token: bool) -> JSONResponse | None:
         """The answer DingTalk gives instead of sending: no valid token, or an injected fault: an errcode (130101…),
@@ -91,7 +97,9 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
         if body["msgtype"] == "text" and not (isinstance(part, dict) and isinstance(part.get("content"), str)
                                               and part["content"]):
             return error(BAD_PARAM, "text.content missing")
-        if body["msgtype"] == "markdown" and not (isinstance(part, dict) and part.get("title") and part.get("text")):
+        if body["msgtype"] == "markdown" and not (isinstance(part, dict) and isinstance(part.get("title"), str)
+                                                  and isinstance(part.get("text"), str)
+                                                  and part["title"].strip() and part["text"]):
             return error(BAD_PARAM, "markdown needs title and text")
         at = body.get("at")
         if at is not None and not (isinstance(at, dict) and isinstance(at.get("atUserIds", []), list)):
@@ -113,6 +121,8 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
             params = None
         if wanted is None or not isinstance(params, dict) or any(not params.get(name) for name in wanted):
             return JSONResponse({"code": "invalidParameter.msgParam", "message": "msgKey/msgParam"}, 400)
+        if any(not isinstance(params[name], str) or not params[name].strip() for name in wanted):
+            return JSONResponse({"code": "invalidParameter.msgParam", "message": "msgParam fields"}, 400)
         return None
 
     @router.post("/v1.0/oauth2/accessToken")
@@ -143,9 +153,9 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
         key = ("group", info["conversation"]) if info["group"] else ("user", info["user"])
         if refusal := throttle(key):
             return refusal
+        shown = shown_session(body)
         record(
-            via="session", conversation=info["conversation"], user=info["user"], group=info["group"],
-            content=str((body.get("text") or body.get("markdown") or {}).get("content", body.get("text", ""))),
+            via="session", conversation=info["conversation"], user=info["user"], group=info["group"], **shown,
             at_user_ids=(body.get("at") or {}).get("atUserIds", []),
         )
         return error(0, "ok")
@@ -157,9 +167,8 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
         body = await request.json()
         if refusal := openapierror(body, "openConversationId") or throttle(("group", body["openConversationId"])):
             return refusal
-        content = json.loads(body["msgParam"]).get("content", "")
-        record(via="openapi", conversation=body["openConversationId"], user="", group=True, content=content,
-               at_user_ids=[])
+        shown = shown_openapi(body)
+        record(via="openapi", conversation=body["openConversationId"], user="", group=True, **shown, at_user_ids=[])
         return JSONResponse({"processQueryKey": secrets.token_hex(8)})
 
     @router.post("/v1.0/robot/oToMessages/batchSend")
@@ -171,7 +180,7 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
             return refusal
         if not isinstance(body["userIds"], list) or not all(isinstance(u, str) and u for u in body["userIds"]):
             return JSONResponse({"code": "invalidParameter.userIds", "message": "userIds"}, 400)
-        content = json.loads(body["msgParam"]).get("content", "")
+        shown = shown_openapi(body)
         lists: dict[str, list[str]] = {"flowControlledStaffIdList": [], "invalidStaffIdList": [],
                                        "filteredStaffIdList": []}  # fmt: skip
         for user in body["userIds"]:
@@ -181,8 +190,25 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
             elif over_rate(("user", user)):
                 lists["flowControlledStaffIdList"].append(user)
             else:
-                record(via="openapi", conversation="", user=user, group=False, content=content, at_user_ids=[])
+                record(via="openapi", conversation="", user=user, group=False, **shown, at_user_ids=[])
         state.not_delivered += sum(len(users) for users in lists.values())
         return JSONResponse({"processQueryKey": secrets.token_hex(8), **lists})
 
     return router
+
+
+def shown_session(body: dict[str, Any]) -> dict[str, str]:
+    """What a sessionWebhook message shows, as recorded: its format, text and (markdown) title."""
+    if body["msgtype"] == "markdown":
+        return {"format": "markdown", "content": body["markdown"]["text"], "title": body["markdown"]["title"]}
+    part = body.get(body["msgtype"])
+    content = part.get("content", part.get("text", "")) if isinstance(part, dict) else ""
+    return {"format": "text" if body["msgtype"] == "text" else body["msgtype"], "content": str(content), "title": ""}
+
+
+def shown_openapi(body: dict[str, Any]) -> dict[str, str]:
+    """What an OpenAPI message (sampleText, sampleMarkdown) shows, as recorded."""
+    params = json.loads(body["msgParam"])
+    if body["msgKey"] == "sampleMarkdown":
+        return {"format": "markdown", "content": params["text"], "title": params["title"]}
+    return {"format": "text", "content": params["content"], "title": ""}

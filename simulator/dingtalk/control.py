@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket
 from pydantic import model_validator
 
+from simulator.dingtalk.media import DOWNLOAD_CODE_TTL_S, store_media
 from simulator.dingtalk.state import THROTTLE_S, DingTalkState, PendingFrame
 from simulator.dingtalk.stream import BOT_TOPIC, FreezableRelay, send_system
 from simulator.faults import Fault, faults_route
@@ -167,6 +168,24 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
             m for m in state.messages
             if (not conversation or m["conversation"] == conversation) and (not user or m["user"] == user)
         ]
+
+    @router.post("/__sim__/dingtalk/media")
+    async def upload_media(
+        request: Request, robot: str, name: str = "", mime: str = "", ttl_s: float = DOWNLOAD_CODE_TTL_S
+    ) -> dict[str, Any]:
+        """What a person sends (the raw body: a picture, a recording, a file) kept for `robot` (its robotCode), as
+        DingTalk keeps it behind the message's downloadCode; `ttl_s`: how long that code works (media.py)."""
+        data = await request.body()
+        code = store_media(state, data, mime=mime, name=name, robot=robot, ttl_s=ttl_s)
+        return {"downloadCode": code, "size": len(data)}
+
+    @router.post("/__sim__/dingtalk/media/expire")
+    async def expire_media(request: Request) -> dict[str, Any]:
+        """End a downloadCode now (DingTalk's are temporary): messageFiles/download then refuses it."""
+        stored = state.media.get(str((await request.json()).get("downloadCode", "")))
+        if stored is not None:
+            stored.expires_at = 0.0
+        return {"expired": stored is not None, "downloads": state.media_downloads}
 
     @router.get("/__sim__/dingtalk/cards")
     async def cards() -> dict[str, list[dict[str, Any]]]:

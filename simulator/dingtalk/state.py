@@ -26,6 +26,17 @@ class PendingFrame:
 
 
 @dataclass
+class StoredMedia:
+    """A picture, recording or file a simulated person sent: what its downloadCode stands for (media.py)."""
+
+    data: bytes
+    mime: str
+    name: str
+    robot: str  # the robotCode of the robot the message went to: only it may download (media.py)
+    expires_at: float
+
+
+@dataclass
 class DingTalkState:
     """What the simulated DingTalk knows and has shown."""
 
@@ -56,6 +67,9 @@ class DingTalkState:
     pings_sent: int = 0
     pings_acked: int = 0
     disconnects_sent: int = 0
+    media: dict[str, StoredMedia] = field(default_factory=dict)  # downloadCode -> what it stands for
+    media_links: dict[str, tuple[str, float]] = field(default_factory=dict)  # downloadUrl token -> (code, expiry)
+    media_downloads: int = 0  # bytes served through a downloadUrl
 
 
 def error(errcode: int, errmsg: str) -> JSONResponse:

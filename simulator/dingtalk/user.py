@@ -19,12 +19,19 @@ from simulator.replies import dingtalk_messages
 
 
 def robot_payload(
-    bot: DingTalkBotConfig, user: str, text: str, *, conversation: str, group: bool, webhook: dict[str, Any]
+    bot: DingTalkBotConfig,
+    user: str,
+    text: str,
+    *,
+    conversation: str,
+    group: bool,
+    webhook: dict[str, Any],
+    message: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The callback of a message `user` writes: `text`, or `message` (messages.py: a picture, a file…)."""
     now_ms = int(time.time() * 1000)
     payload: dict[str, Any] = {
-        "msgtype": "text",
-        "text": {"content": f" {text}" if group else text},
+        **(message or {"msgtype": "text", "text": {"content": text}}),
         "msgId": "msg" + secrets.token_hex(12),
         "createAt": now_ms,
         "conversationType": "2" if group else "1",
@@ -41,6 +48,8 @@ def robot_payload(
         "sessionWebhook": webhook["url"],
         "sessionWebhookExpiredTime": webhook["expires_ms"],
     }
+    if group and payload["msgtype"] == "text":  # in a group, the text after the @mention keeps its space
+        payload["text"] = {**payload["text"], "content": " " + payload["text"]["content"]}
     if group:
         payload["conversationTitle"] = "botgw test group"
         payload["atUsers"] = [{"dingtalkId": "$:LWCP_v1:$bot"}]
@@ -57,9 +66,17 @@ class DingTalkUser:
         self._http = http
 
     async def send(
-        self, user: str, text: str, *, group: str = "", webhook_ttl_s: float = 5400, payload: dict | None = None
+        self,
+        user: str,
+        text: str,
+        *,
+        group: str = "",
+        webhook_ttl_s: float = 5400,
+        payload: dict | None = None,
+        message: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Deliver one message; returns the payload (its conversationId and msgId)."""
+        """Deliver one message (`text`, or `message`: messages.py); returns the payload (its conversationId and
+        msgId)."""
         conversation = group or f"cid-single-{user}"
         if payload is None:
             webhook = (
@@ -68,7 +85,9 @@ class DingTalkUser:
                     json={"conversation": conversation, "user": user, "group": bool(group), "ttl_s": webhook_ttl_s},
                 )
             ).json()
-            payload = robot_payload(self.bot, user, text, conversation=conversation, group=bool(group), webhook=webhook)
+            payload = robot_payload(
+                self.bot, user, text, conversation=conversation, group=bool(group), webhook=webhook, message=message
+            )
         if self.bot.mode == "http":
             response = await self.post_signed(payload)
             response.raise_for_status()
@@ -76,6 +95,16 @@ class DingTalkUser:
             body = {"client_id": self.bot.app_key, "payload": payload}
             (await self._http.post(f"{self._sim}/__sim__/dingtalk/stream/push", json=body)).raise_for_status()
         return payload
+
+    async def upload(self, data: bytes, *, name: str = "", mime: str = "", ttl_s: float | None = None) -> str:
+        """Hand DingTalk what the person sends (a picture, a recording, a file); the downloadCode its message
+        carries."""
+        params: dict[str, Any] = {"robot": self.bot.robot, "name": name, "mime": mime}
+        if ttl_s is not None:
+            params["ttl_s"] = ttl_s
+        response = await self._http.post(f"{self._sim}/__sim__/dingtalk/media", params=params, content=data)
+        response.raise_for_status()
+        return str(response.json()["downloadCode"])
 
     async def post_signed(self, payload: dict[str, Any], timestamp_ms: int | None = None) -> httpx.Response:
         ts = str(timestamp_ms if timestamp_ms is not None else int(time.time() * 1000))
