@@ -172,6 +172,8 @@ def wecom_ai(args: argparse.Namespace) -> int:
 
 
 def dingtalk(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from bots.dingtalk.config import DingTalkBotConfig
     from simulator.dingtalk.user import DingTalkUser
     from simulator.replies import wait_until_quiet
@@ -183,14 +185,22 @@ def dingtalk(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with httpx.AsyncClient(timeout=10) as http:
             user = DingTalkUser(bot, args.gateway, args.simulator, http)
-            payload = await user.send(args.user, args.text, group=args.group or "")
+            attached = {name: Path(getattr(args, name)) if getattr(args, name) else None
+                        for name in ("image", "voice", "file")}  # fmt: skip
+            try:
+                composed = await user.compose(args.text, quote=args.quote, **attached)
+            except OSError as exc:
+                print(f"botgw sim dingtalk: {exc}", file=sys.stderr)
+                return 2
+            sent = [await user.send(args.user, args.text, group=args.group or "", message=m) for m in composed]
+            payload = sent[0]  # replies since the first one are shown
 
             async def mine() -> list[dict]:
                 """The robot's replies in this conversation since the message was written."""
                 replies = await user.replies(payload["conversationId"])
                 return [reply for reply in replies if reply["at"] * 1000 >= payload["createAt"]]
 
-            seen = await wait_until_quiet(mine, args.timeout)
+            seen = await wait_until_quiet(mine, args.timeout, at_least=len(sent))
         if not seen:
             print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
             return 1

@@ -7,14 +7,17 @@ carries a sessionWebhook issued by the simulator, where the answer then shows up
 
 from __future__ import annotations
 
+import mimetypes
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
+from simulator.dingtalk import messages
 from simulator.replies import dingtalk_messages
 
 
@@ -105,6 +108,35 @@ class DingTalkUser:
         response = await self._http.post(f"{self._sim}/__sim__/dingtalk/media", params=params, content=data)
         response.raise_for_status()
         return str(response.json()["downloadCode"])
+
+    async def compose(
+        self,
+        text: str,
+        *,
+        image: Path | None = None,
+        voice: Path | None = None,
+        file: Path | None = None,
+        quote: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The messages a person sends for `botgw sim dingtalk`'s attachments, in order, their media uploaded: a
+        file, then a voice (the text stands for DingTalk's recognition of it: the simulator cannot hear), a picture
+        (with the text: one rich-text message), and what text is left (replying to `quote`)."""
+        sent: list[dict[str, Any]] = []
+        if file is not None:
+            sent.append(messages.file_message(await self._upload_file(file), file.name))
+        if voice is not None:
+            sent.append(messages.audio_message(await self._upload_file(voice), recognition=text))
+            text = ""
+        if image is not None:
+            code = await self._upload_file(image)
+            sent.append(messages.rich_text_message(text, (code,)) if text else messages.picture_message(code))
+            text = ""
+        if text or quote is not None or not sent:
+            sent.append(messages.text_message(text, quote=quote))
+        return sent
+
+    async def _upload_file(self, path: Path) -> str:
+        return await self.upload(path.read_bytes(), name=path.name, mime=mimetypes.guess_type(path.name)[0] or "")
 
     async def post_signed(self, payload: dict[str, Any], timestamp_ms: int | None = None) -> httpx.Response:
         ts = str(timestamp_ms if timestamp_ms is not None else int(time.time() * 1000))
