@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from bots.parts import Downloaded, Media
 from bots.base import (
     InboundMessage,
     Pacing,
@@ -24,6 +23,7 @@ from bots.base import (
     ReplyTarget,
     Sessions,
 )
+from bots.parts import Downloaded, Media
 
 HumanSessions = Sessions  # who holds a conversation, handoff to a human (bots.base.Sessions)
 

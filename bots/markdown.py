@@ -110,9 +110,7 @@ def _inline(children: list[Token]) -> str:
         kind = child.type
         if kind in ("text", "code_inline", "html_inline"):
             parts.append(child.content)
-        elif kind == "softbreak":
-            parts.append("\n")
-        elif kind == "hardbreak":
+        elif kind == "softbreak" or kind == "hardbreak":
             parts.append("\n")
         elif kind == "link_open":
             link_href.append(str(child.attrGet("href") or ""))

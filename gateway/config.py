@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bots.registry import PLATFORMS
+from engine.asr import AsrSettings
 from engine.settings import EngineSettings
 from gateway.state import redis_client
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
@@ -113,6 +114,11 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    asr: AsrSettings | None = Field(
+        default=None,
+        description="an OpenAI-compatible /v1/audio/transcriptions endpoint for voice messages the platform did not "
+        "recognise (vLLM serving Whisper: engine profile asr-whisper-*); null: such voice gets a reply asking to type",
+    )
     bots: list[BotConfig] = Field(default_factory=list)
     alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 

@@ -18,6 +18,11 @@ IGNORED = Counter(
     "Messages a bot does not answer (its allow/deny lists, a group message without its prefix), by reason",
     ["platform", "reason"],
 )
+MEDIA = Counter(
+    "botgw_media_total",
+    "Attachments read (read_image, read_audio, read_file, read_quote) or refused (expired, too_large, …)",
+    ["platform", "outcome"],
+)
 LIMIT_HITS = Counter(
     "botgw_limit_hits_total",
     "Messages refused by a limit, by kind (messages, tokens_per_minute, …)",

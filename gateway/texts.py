@@ -10,7 +10,51 @@ HELP_TEXT = (
     "我是团队助手，直接提问即可；我会记住我们的对话。发送 /reset 清空对话记忆，/help 查看帮助。"
 )
 RESET_TEXT = "Done: I have forgotten our conversation. 已清空对话记忆。"
-TEXT_ONLY_TEXT = "I can only read text messages for now. 目前只支持文字消息。"
+UNSUPPORTED_TEXT = (
+    "I can read text, voice messages, pictures (when my model can see) and files (txt, md, pdf, docx, xlsx), "
+    "but not this kind of message. "
+    "我能读文字、语音、图片（模型支持时）和文件（txt、md、pdf、docx、xlsx），暂不支持这类消息。"
+)
+TEXT_ONLY_TEXT = UNSUPPORTED_TEXT  # its name before messages had parts
+VOICE_NOT_READ_TEXT = "I could not turn your voice message into text; please type it. 没能识别这条语音，请打字发给我。"
+IMAGE_NEEDS_VISION_TEXT = (
+    "My model cannot see pictures; please describe it in words. 当前模型看不了图片，请用文字描述。"
+)
+TOO_MANY_IMAGES_TEXT = "Please send at most {count} pictures at a time. 一次最多发 {count} 张图片。"
+FILE_TYPE_TEXT = "I can read {kinds} files; 《{name}》 is not one of them. 只能读取 {kinds} 文件，《{name}》不在其中。"
+FILE_UNREADABLE_TEXT = "I could not read 《{name}》: {why}. 无法读取《{name}》：{why}。"
+FILE_TOO_LONG_TEXT = (
+    "Your files are too long for me to read together with your question; please send a shorter part. "
+    "文件太长，放不进这次对话，请发送较短的部分。"
+)
+FILE_TRIMMED_NOTE = "（Note: the file was long; I read only its first {percent}%. 文件较长，只读了前 {percent}%。）"
+QUOTED = "（引用：「{quoted}」）\n{question}"
+IMAGE_QUESTION = "请看这张图片。"
+IMAGE_MARK = "[图片]"
+ATTACHMENT = "用户发来的文件《{name}》的内容：\n{text}"
+MEDIA_ERROR_TEXTS = {
+    "expired": "That attachment has expired on the platform; please send it again. 附件已过期，请重新发送。",
+    "too_large": "That attachment is too large: the limit is {mb} MB. 附件太大，上限 {mb} MB。",
+    "unsupported": "I cannot open that attachment. 无法打开这个附件。",
+}
+MEDIA_UNAVAILABLE_TEXT = "I could not fetch that attachment; please send it again. 附件获取失败，请重新发送。"
+
+
+def media_error_text(reason: str, max_bytes: int) -> str:
+    """The reply to an attachment that could not be had, by MediaError's reason."""
+    text = MEDIA_ERROR_TEXTS.get(reason, MEDIA_UNAVAILABLE_TEXT)
+    return text.format(mb=round(max_bytes / (1024 * 1024), 1))
+
+
+def file_received_text(files: list) -> str:  # type: ignore[type-arg]
+    """A file alone: what it holds, and an invitation to ask."""
+    described = "；".join(f"《{file.name}》（{len(file.text)} 字：{_opening(file.text)}）" for file in files)
+    return f"Got it. 已收到 {described}。Ask me anything about it. 请就它提问。"
+
+
+def _opening(text: str, chars: int = 40) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= chars else f"{flat[:chars]}…"
 ENGINE_STARTING_TEXT = (
     "The assistant is starting up; your answer is coming in a moment. 助手正在启动，稍后为你回答。"
 )

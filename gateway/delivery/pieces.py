@@ -12,6 +12,7 @@ import logging
 
 from bots.base import ConversationTaken, SendError
 from bots.channels import PiecesChannel
+from bots.markdown import to_text
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import texts
 from gateway.delivery.base import Paced, Presenter
@@ -51,6 +52,8 @@ class PiecesPresenter(Presenter):
 
     async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
+        if self.adapter.reply_format == "text":  # before splitting: the caps hold for what is sent
+            text = to_text(text)
         checked = self.adapter.duplicate_check_window_s > 0
         cap = self.adapter.max_bytes_for(target) - (MARKS_ROOM_BYTES if checked else 0)
         pieces = await self._within_quota(split_utf8(text, cap), cap, state)

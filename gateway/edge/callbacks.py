@@ -77,7 +77,7 @@ class PolledStreamHandler:
         elif isinstance(event, WelcomeEvent):
             payload, outcome = self.adapter.text_payload(self.adapter.welcome_text), "welcome"
         elif isinstance(event, UnsupportedMessage):
-            payload = self.adapter.stream_payload(secrets.token_hex(16), texts.TEXT_ONLY_TEXT, True)
+            payload = self.adapter.stream_payload(secrets.token_hex(16), texts.UNSUPPORTED_TEXT, True)
             outcome = "unsupported"
         else:
             metrics.CALLBACKS.labels(self.adapter.platform, "ignored").inc()

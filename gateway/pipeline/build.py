@@ -1,6 +1,6 @@
 """The answer path of one adapter, built from what it declares.
 
-    ready notice → [human gate] → message limits → text only → adopt memory → commands → engine failures ⟨ knowledge
+    ready notice → [human gate] → message limits → parts → adopt memory → commands → engine failures ⟨ knowledge
     grounding → engine ready → prompt planning → token budget ⟨ generate ⟩⟩
 
 A platform with human agents (`adapter.sessions`) gets the gate; the others do not. A new limit is a stage
@@ -10,13 +10,14 @@ module and one line here.
 from __future__ import annotations
 
 from bots.channels import Channel
-from gateway.pipeline.commands import AdoptMemory, Commands, TextOnly
+from gateway.pipeline.commands import AdoptMemory, Commands
 from gateway.pipeline.gate import HumanGate
 from gateway.pipeline.generate import EngineFailures, EngineReady, Generate
 from gateway.pipeline.grounding import KnowledgeGrounding
 from gateway.pipeline.job import Services
 from gateway.pipeline.limits import MessageLimits, TokenBudget
 from gateway.pipeline.notice import ReadyNotice
+from gateway.pipeline.parts import ReadParts
 from gateway.pipeline.prompt_plan import PromptPlanning
 from gateway.pipeline.stage import Next, Stage, chain
 
@@ -27,7 +28,7 @@ def answer_stages(adapter: Channel, services: Services) -> list[Stage]:
         ReadyNotice(services),
         *gate,
         MessageLimits(services),
-        TextOnly(services),
+        ReadParts(services),
         AdoptMemory(services),
         Commands(services),
         EngineFailures(services),

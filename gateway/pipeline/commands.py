@@ -15,18 +15,6 @@ def parse_command(text: str) -> str | None:
     return None
 
 
-class TextOnly:
-    """What the engine cannot read (a photo alone, a voice message) gets a notice, not a guess."""
-
-    def __init__(self, services: Services) -> None:
-        self._services = services
-
-    async def __call__(self, job: Job, next: Next) -> Composed:
-        if job.message.msg_type != "text" or not job.message.text.strip():
-            return await self._services.commit(job, texts.TEXT_ONLY_TEXT)
-        return await next(job)
-
-
 class AdoptMemory:
     """A person's one-to-one memory kept per bot by an earlier release becomes their memory, before anything
     reads or clears it (a /reset must clear it too). Once per session: the memory module remembers."""
@@ -54,5 +42,6 @@ class Commands:
         if command == "help":
             return await self._services.commit(job, texts.HELP_TEXT)
         if command == "reset":
+            await self._services.redis.delete(self._services.keys.attachments(job.scope.lane))  # the files too
             return await self._services.commit(job, texts.RESET_TEXT, clear_memory=True)
         return await next(job)

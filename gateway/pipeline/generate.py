@@ -14,6 +14,7 @@ from engine.pool import EngineUnavailable
 from gateway import metrics, texts
 from gateway.delivery.presenters import Presenter
 from gateway.pipeline.job import Composed, Job, PromptPlan, Services
+from gateway.pipeline.parts import remembered_turn, user_content
 from gateway.pipeline.prompt_plan import system_prompt, system_tokens, user_turn_tokens
 from gateway.pipeline.stage import Next
 from gateway.state.limits import Refusal
@@ -58,12 +59,13 @@ class EngineReady:
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         engine, settings = self._services.engine, self._services.settings.engine
+        vision = bool(job.images)  # a picture waits for an engine that sees
         if not engine.ready:
             waited = time.time() - job.message.received_at
-            if not await engine.wait_ready(max(0.0, settings.wait_notice_after_s - waited)):
+            if not await engine.wait_ready(max(0.0, settings.wait_notice_after_s - waited), vision=vision):
                 if await job.presenter.notice(texts.ENGINE_STARTING_TEXT, once="wait_notice"):
                     log.info("engine not ready; told the user their answer is coming")
-                if not await engine.wait_ready(settings.max_wait_s):
+                if not await engine.wait_ready(settings.max_wait_s, vision=vision):
                     raise EngineUnavailable("no engine became ready")
         return await next(job)
 
@@ -80,7 +82,7 @@ class Generate:
         prompt = [
             {"role": "system", "content": system_prompt(services, job)},
             *({"role": turn.role, "content": turn.content} for turn in plan.history),
-            {"role": "user", "content": message.text},
+            {"role": "user", "content": user_content(message.text, job.images)},
         ]
         if job.presenter.streams:
             await job.presenter.open(job.state)
@@ -96,16 +98,18 @@ class Generate:
         answer = completion.text if completion.text.strip() else texts.EMPTY_ANSWER_TEXT
         if job.grounding is not None:
             answer = job.grounding.cite(answer)
+        if job.attachment_note:
+            answer = f"{answer}\n\n{job.attachment_note}"
         if completion.routed_experts:
             answer = await self._record_experts(job, completion.routed_experts, answer)
         user_tokens = user_turn_tokens(plan, completion.prompt_tokens, system_tokens(services, job, separator=0))
         exchange = (
-            Turn("user", message.text, user_tokens),
+            Turn("user", remembered_turn(message.text, job.images), user_tokens),
             Turn("assistant", completion.text, completion.completion_tokens),
         )
         return await services.commit(job, answer, exchange)
 
-    async def _stream_to_user(self, job: Job, prompt: list[dict[str, str]], plan: PromptPlan) -> Completion:
+    async def _stream_to_user(self, job: Job, prompt: list[dict], plan: PromptPlan) -> Completion:
         """Generate into the user's stream or card as the engine writes. If a worker or engine died mid-answer,
         what the user already sees is continued (vLLM's continue_final_message), never replaced: the text
         shown joins the prompt and leaves the answer that much less room, so the request still fits the

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from bots.base import InboundMessage
 from bots.channels import Channel
+from engine.asr import Transcriber
 from engine.pool import EnginePool
 from gateway.config import Settings
 from gateway.delivery.presenters import Delivery, Presenter
@@ -33,6 +34,14 @@ class Grounding:
     cite: Callable[[str], str]  # the engine's answer, with its sources line
 
 
+@dataclasses.dataclass(frozen=True)
+class Attachment:
+    """A file the conversation was sent, as text."""
+
+    name: str
+    text: str
+
+
 @dataclasses.dataclass
 class Job:
     """One leased entry and what the stages learnt about it so far (each field is set by one stage)."""
@@ -47,6 +56,10 @@ class Job:
     grounding: Grounding | None = None  # set by the grounding stage
     no_answer: bool = False  # the knowledge base had nothing: say so and hand over (platforms with humans)
     plan: PromptPlan | None = None  # set by the prompt-planning stage
+    images: list[str] = dataclasses.field(default_factory=list)  # data: URLs, set by the parts stage
+    attachments: list[Attachment] = dataclasses.field(default_factory=list)  # files' text (the parts stage)
+    attachment_tokens: int = 0  # what the attachments take of the prompt (the prompt-planning stage)
+    attachment_note: str = ""  # said under the answer when the files were cut to fit
     tokens_used: int = 0  # what the engine took, failed attempts included (settled by the budget stage)
 
     @property
@@ -95,6 +108,7 @@ class Services:
     http: httpx.AsyncClient  # the process's client (the embedding engine for knowledge)
     system_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # a bot prompt's size, counted once
     retriever: Retriever | None = None  # opened on the first grounded question
+    transcriber: Transcriber | None = None  # the `asr:` endpoint, when one is configured
 
     async def commit(
         self, job: Job, text: str, exchange: tuple[Turn, ...] | None = None, *, clear_memory: bool = False

@@ -7,8 +7,10 @@ import dataclasses
 
 from bots.channels import Channel
 from bots.text import utf8_len
+from gateway import texts
 from gateway.pipeline.job import Composed, Job, PromptPlan, Services
 from gateway.pipeline.limits import refusal_notice
+from gateway.pipeline.parts import IMAGE_TOKEN_BOUND, attachments_text, trimmed
 from gateway.pipeline.stage import Next
 from gateway.state.limits import Refusal
 from gateway.state.memory import Turn, fit_to_budget
@@ -17,6 +19,9 @@ TEMPLATE_TOKENS = 16  # the chat template's own tokens around the messages (role
 TOKENS_PER_TURN = 6  # the template's tokens around each history turn
 MIN_ANSWER_TOKENS = 32  # a message that leaves less room than this for the answer is refused as too long
 MAX_BYTES_PER_TOKEN = 6
+RESERVED_HISTORY_TOKENS = 128  # files are cut to leave the conversation this much of its history at least
+MIN_ATTACHMENT_TOKENS = 64  # less room than this for the files: the question is refused, not answered blind
+TRIM_MARGIN = 0.9  # a file cut to a fraction of its tokens is about that fraction: a margin for the estimate
 
 
 def answer_token_cap(adapter: Channel, max_tokens: int) -> int:
@@ -90,15 +95,27 @@ def passages(job: Job) -> str:
 
 
 def system_prompt(services: Services, job: Job) -> str:
-    base = base_prompt(services, job)
-    return f"{base}\n\n{passages(job)}" if passages(job) else base
+    """The bot's prompt, then the knowledge passages and the files the conversation was sent, if any."""
+    extra = [text for text in (passages(job), attachments_text(job.attachments)) if text]
+    return "\n\n".join([base_prompt(services, job), *extra])
 
 
 def system_tokens(services: Services, job: Job, *, separator: int = 2) -> int:
     """The system prompt's size in tokens: the bot's prompt as counted (once per process), the knowledge
-    passages bounded by their UTF-8 length (they change with every question) plus the separator's tokens."""
+    passages bounded by their UTF-8 length (they change with every question) plus the separator's tokens, and
+    the files as the planning counted them."""
+    files = job.attachment_tokens + separator if job.attachments else 0
+    return system_tokens_before_files(services, job, separator) + files
+
+
+def system_tokens_before_files(services: Services, job: Job, separator: int = 2) -> int:
     counted = services.system_tokens.get(base_prompt(services, job), 0)
     return counted + (utf8_len(passages(job)) + separator if passages(job) else 0)
+
+
+def message_bound(job: Job) -> int:
+    """The new message's size at most: its UTF-8 length, and IMAGE_TOKEN_BOUND per picture."""
+    return utf8_len(job.message.text) + IMAGE_TOKEN_BOUND * len(job.images)
 
 
 class PromptPlanning:
@@ -112,7 +129,6 @@ class PromptPlanning:
         base = base_prompt(services, job)
         if base not in services.system_tokens:
             services.system_tokens[base] = await engine.count_tokens(base)
-        system = system_tokens(services, job)
         read = job.record.memory  # read with the reply record when the job was loaded, as a rule
         turns = read if read is not None else await services.memory.load(job.scope.lane)
         room = Room(
@@ -120,12 +136,42 @@ class PromptPlanning:
             services.budgets.max_prompt_tokens(job.message.person, job.group_id),
             answer_token_cap(job.adapter, services.settings.engine.max_tokens),
         )
-        size, exact = utf8_len(job.message.text), None
+        size, exact = message_bound(job), None
+        if job.attachments and not await self._fit_attachments(job, room, size):
+            return await services.commit(job, texts.FILE_TOO_LONG_TEXT)
+        system = system_tokens(services, job)
         if room.needs_exact_count(system, size):
-            size = exact = await engine.count_tokens(job.message.text)
+            size = exact = await engine.count_tokens(job.message.text) + IMAGE_TOKEN_BOUND * len(job.images)
         plan = plan_prompt(room, system, size, turns, services.settings.memory.token_budget,
                            f"user:{job.message.person}")  # fmt: skip
         if isinstance(plan, Refusal):
             return await services.commit(job, await refusal_notice(services, job, plan))
         job.plan = dataclasses.replace(plan, message_tokens=exact)
         return await next(job)
+
+    async def _fit_attachments(self, job: Job, room: Room, message_size: int) -> bool:
+        """Set what the files take of the prompt, cutting them (with a note under the answer) where they do not
+        fit beside the bot's prompt, the message and a little history; False: not even a useful part fits."""
+        services = self._services
+        text = attachments_text(job.attachments)
+        bound = utf8_len(text)
+        job.attachment_tokens = bound
+        prompt_room = room.prompt_room
+        if prompt_room is None:
+            return True
+        before = system_tokens_before_files(services, job) + 2
+        free = prompt_room - before - message_size - TEMPLATE_TOKENS - RESERVED_HISTORY_TOKENS
+        if bound <= free:
+            job.attachment_tokens = bound
+            return True
+        exact = await services.engine.count_tokens(text)
+        if exact <= free:
+            job.attachment_tokens = exact
+            return True
+        if free < MIN_ATTACHMENT_TOKENS:
+            return False
+        fraction = free / exact * TRIM_MARGIN
+        job.attachments = trimmed(job.attachments, fraction)
+        job.attachment_tokens = free
+        job.attachment_note = texts.FILE_TRIMMED_NOTE.format(percent=max(1, int(fraction * 100)))
+        return True

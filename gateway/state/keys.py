@@ -143,6 +143,15 @@ class Keys:
         """The turns of one session (a list of JSON objects)."""
         return f"{self.core}:mem:{session_key}"
 
+    def attachments(self, session_key: str) -> str:
+        """The text of the files a session was sent (a hash by message; the memory's lifetime)."""
+        return f"{self.core}:files:{session_key}"
+
+    def web_upload(self, bot_id: str, owner: str, ref: str) -> str:
+        """A file a page user attached (a hash: data, mime, name; expires): named by its owner, so that a ref is
+        no one else's (gateway/state/uploads.py)."""
+        return f"{self.namespace}:upload:{bot_id}:{owner}:{ref}"
+
     def memory_adopted(self, session_key: str) -> str:
         """Set once a person's memory has taken over their one-to-one memory kept per bot before (never again)."""
         return f"{self.core}:memadopt:{session_key}"

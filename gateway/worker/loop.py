@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from bots.base import ConversationTaken, InboundMessage
 from bots.channels import Channel
+from engine.asr import Transcriber
 from gateway import metrics
 from gateway.delivery.presenters import Delivery, Paced, presenter_for
 from gateway.logs import request_id
@@ -72,6 +73,7 @@ def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
         delivery=delivery,
         records=ReplyRecords(redis, keys, settings.effective_dedup_ttl_s()),
         http=runtime.http,
+        transcriber=Transcriber(settings.asr, runtime.http) if settings.asr else None,
     )
 
 

@@ -7,7 +7,8 @@ after that many seconds instead (a test can give messages answers of different l
 that continues an assistant message (vLLM's continue_final_message) gets the rest of the answer
 after what that message already holds. It serves /health, /v1/models (with max_model_len),
 /tokenize and /metrics like vLLM (running counts a request until its last chunk is sent), records
-every request (GET /__stub__/requests) so a test can see what reached the engine and when, and can
+every request (GET /__stub__/requests: the user's text; "images", the image parts' URLs) so a test can see
+what reached the engine and when, and can
 be told to report extra load or to answer slower (POST /__stub__/load {"running": N, "delay_s": S}).
 A user message containing `fail-once` is refused with HTTP 503 the first time that exact text arrives
 (an engine restarting under a retry), and answered after that.
@@ -35,6 +36,13 @@ FAIL_ONCE = "fail-once"
 
 def answer_for(user_text: str) -> str:
     return f"answer to: {user_text}"
+
+
+def text_of(content: str | list[dict]) -> str:
+    """A message's text: its content, or the text parts of a content list (OpenAI's image messages)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
 
 
 def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: float = 0.0) -> FastAPI:
@@ -83,12 +91,15 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
     async def chat(request: Request):  # type: ignore[no-untyped-def]
         body = await request.json()
         messages = body.get("messages", [])
-        last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        content = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        last_user = text_of(content)
         continued = messages[-1]["content"] if body.get("continue_final_message") and messages else None
         prompt_tokens = max(1, len(json.dumps(messages, ensure_ascii=False).encode()) // 3)
         warmup = body.get("max_tokens") == 1
         system = next((m["content"] for m in messages if m.get("role") == "system"), "")
         record = {"user": last_user, "max_tokens": body.get("max_tokens"), "start": time.time(), "warmup": warmup,
+                  "images": [part["image_url"]["url"] for part in content if part.get("type") == "image_url"]
+                  if isinstance(content, list) else [],
                   "continued": continued, "system": system,
                   "history": [m["content"] for m in messages[:-1] if m.get("role") != "system"]}
         requests.append(record)

@@ -1,0 +1,232 @@
+"""A message's parts (bots/parts.py) turned into what the engine reads, or into a clear reply when they cannot be.
+
+    voice  → the platform's own recognition, else the transcription endpoint (`asr:`), else "type it, please"
+    image  → a `data:` image part of the request when the engine can see (`engine.vision`), else "describe it"
+    file   → its text (the knowledge base's parsers and bounds), kept with the conversation's memory: a file
+             alone is acknowledged with what it holds, a question then (or with it) is answered from it
+    quote  → the quoted text before the question, as the context the sender meant
+
+Downloads happen here, in the worker, never on the callback's fast path; the adapter's `download` asks only its
+platform's hosts. What the engine sees of a file lives in Redis as long as the conversation's memory and goes
+with /reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import json
+import logging
+import time
+
+from PIL import Image, UnidentifiedImageError
+
+from bots.parts import MediaError, Part
+from engine.asr import TranscriptionError
+from gateway import metrics, texts
+from gateway.pipeline.job import Attachment, Composed, Job, Services
+from gateway.pipeline.stage import Next
+from knowledge.errors import FileRejected
+from knowledge.formats import PARSERS, parse
+
+log = logging.getLogger(__name__)
+
+IMAGE_MAX_SIDE = 1024  # pixels: ERNIE-4.5-VL reads 28×28 patches, so about 1,340 image tokens at most
+IMAGE_TOKEN_BOUND = 1400  # what one image may add to the prompt, for the prompt plan
+IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "WEBP", "BMP"}
+MAX_IMAGE_PIXELS = 40_000_000  # a decompression bomb is refused before it is decoded
+MAX_IMAGES = 4  # per message: more is refused rather than silently dropped
+KEPT_FILES = 3  # the newest files of a conversation that join its questions
+
+
+class ReadParts:
+    """What cannot be read gets a reply that says what can; the rest joins the job (job.images, job.attachments)
+    and the message's text becomes the turn the engine answers (voice transcribed, the quote before it)."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+        self._files = KeptFiles(services)
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        message, services = job.message, self._services
+        media = [part for part in message.parts if part.kind != "text"]
+        if not media and (message.msg_type != "text" or not message.text.strip()):
+            return await services.commit(job, texts.UNSUPPORTED_TEXT)
+        try:
+            read = await self._read(job, media)
+        except MediaError as exc:
+            metrics.MEDIA.labels(message.platform, exc.reason).inc()
+            log.info("an attachment could not be had", extra={"reason": exc.reason, "error": str(exc)})
+            return await services.commit(job, texts.media_error_text(exc.reason, job.adapter.max_media_bytes))
+        if isinstance(read, str):
+            return await services.commit(job, read)
+        question, images, files = read
+        if files:
+            await self._files.keep(job, files)
+        if not question and not images:
+            if files:
+                return await services.commit(job, texts.file_received_text(files))
+            return await services.commit(job, texts.UNSUPPORTED_TEXT)
+        job.images = images
+        job.attachments = await self._files.load(job)
+        if question != message.text:
+            job.message = message.model_copy(update={"text": question})
+        return await next(job)
+
+    async def _read(self, job: Job, media: list[Part]) -> tuple[str, list[str], list[Attachment]] | str:
+        """(the question, the images as data URLs, the files read), or the reply when something cannot be read."""
+        services = self._services
+        spoken: list[str] = []
+        quotes: list[str] = []
+        images: list[str] = []
+        files: list[Attachment] = []
+        for part in media:
+            if part.kind == "quote":
+                quotes.append(part.text.strip())
+            elif part.kind == "audio":
+                heard = part.text.strip() or await self._transcribe(job, part)
+                if not heard:
+                    return texts.VOICE_NOT_READ_TEXT
+                spoken.append(heard)
+            elif part.kind == "image":
+                if not services.engine.sees_images:
+                    return texts.IMAGE_NEEDS_VISION_TEXT
+                if len(images) == MAX_IMAGES:
+                    return texts.TOO_MANY_IMAGES_TEXT.format(count=MAX_IMAGES)
+                images.append(await self._image(job, part))
+            elif part.kind == "file":
+                file = await self._file(job, part)
+                if isinstance(file, str):
+                    return file
+                files.append(file)
+            metrics.MEDIA.labels(job.message.platform, f"read_{part.kind}").inc()
+        question = "\n".join([*spoken, job.message.text.strip()]).strip()
+        quoted = "\n".join(quote for quote in quotes if quote)
+        if quoted and (question or images):
+            question = texts.QUOTED.format(quoted=quoted, question=question or texts.IMAGE_QUESTION)
+        return question, images, files
+
+    async def _transcribe(self, job: Job, part: Part) -> str:
+        """The transcription endpoint's text of a voice message ('' when there is none or it failed)."""
+        transcriber = self._services.transcriber
+        if transcriber is None or part.media is None:
+            return ""
+        audio = await job.adapter.download(part.media)
+        try:
+            return (await transcriber.transcribe(audio.data, part.media.format, part.media.name)).strip()
+        except TranscriptionError as exc:
+            log.warning("a voice message could not be transcribed", extra={"error": str(exc)})
+            return ""
+
+    async def _image(self, job: Job, part: Part) -> str:
+        assert part.media is not None, "an image part names its media"
+        picture = await job.adapter.download(part.media)
+        return await asyncio.to_thread(image_data_url, picture.data)
+
+    async def _file(self, job: Job, part: Part) -> Attachment | str:
+        assert part.media is not None, "a file part names its media"
+        name = part.media.name or "file"
+        if not any(name.lower().endswith(suffix) for suffix in PARSERS):
+            return texts.FILE_TYPE_TEXT.format(name=name, kinds=", ".join(sorted(PARSERS)))
+        document = await job.adapter.download(part.media)
+        try:
+            parsed = await asyncio.to_thread(parse, name, document.data)
+        except FileRejected as exc:
+            return texts.FILE_UNREADABLE_TEXT.format(name=name, why=str(exc))
+        lines = [block.text.strip() for block in parsed.blocks if block.text.strip()]
+        return Attachment(name, "\n".join(lines))
+
+
+def image_data_url(data: bytes) -> str:
+    """A picture as the engine takes it: checked to be an image, at most IMAGE_MAX_SIDE pixels a side, JPEG
+    (PNG where it has transparency), as a `data:` URL. MediaError("unsupported") for what is not a picture."""
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            if opened.format not in IMAGE_FORMATS:
+                raise MediaError("unsupported", f"image format {opened.format}")
+            if opened.width * opened.height > MAX_IMAGE_PIXELS:
+                raise MediaError("too_large", f"{opened.width}×{opened.height} pixels")
+            opened.seek(0)  # an animated GIF: its first frame
+            picture = opened.convert("RGBA" if _has_alpha(opened) else "RGB")
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise MediaError("unsupported", f"not a picture: {type(exc).__name__}") from exc
+    picture.thumbnail((IMAGE_MAX_SIDE, IMAGE_MAX_SIDE))
+    out = io.BytesIO()
+    if picture.mode == "RGBA":
+        picture.save(out, "PNG", optimize=True)
+        mime = "image/png"
+    else:
+        picture.save(out, "JPEG", quality=85)
+        mime = "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(out.getvalue()).decode()}"
+
+
+def _has_alpha(picture: Image.Image) -> bool:
+    return picture.mode in ("RGBA", "LA", "PA") or (picture.mode == "P" and "transparency" in picture.info)
+
+
+def user_content(text: str, images: list[str]) -> str | list[dict]:
+    """The user turn as OpenAI's chat API takes it: plain text, or text and image parts."""
+    if not images:
+        return text
+    parts: list[dict] = [{"type": "text", "text": text or texts.IMAGE_QUESTION}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    return parts
+
+
+def remembered_turn(text: str, images: list[str]) -> str:
+    """What memory keeps of a user turn with pictures: the text and a mark per picture (not the picture)."""
+    marks = " ".join(texts.IMAGE_MARK for _ in images)
+    return f"{text} {marks}".strip() if marks else text
+
+
+class KeptFiles:
+    """The files a conversation was sent, kept as text beside its memory (same lifetime, cleared by /reset), by
+    message: a retried job keeps them once."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    def _key(self, job: Job) -> str:
+        return self._services.keys.attachments(job.scope.lane)
+
+    async def keep(self, job: Job, files: list[Attachment]) -> None:
+        at = time.time()
+        fields = {
+            f"{job.message.msg_id}:{index}": json.dumps({"name": file.name, "text": file.text, "at": at})
+            for index, file in enumerate(files)
+        }
+        async with self._services.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(job), mapping=fields)
+            pipe.expire(self._key(job), self._services.memory.ttl_s)
+            await pipe.execute()
+
+    async def load(self, job: Job) -> list[Attachment]:
+        """The newest KEPT_FILES files, oldest first."""
+        stored = await self._services.redis.hgetall(self._key(job))
+        if not stored:
+            return []
+        files = []
+        for raw in stored.values():
+            try:
+                item = json.loads(raw)
+                files.append((float(item["at"]), Attachment(str(item["name"]), str(item["text"]))))
+            except (ValueError, KeyError, TypeError):
+                continue  # an unreadable entry is left out, not fatal
+        files.sort(key=lambda pair: pair[0])
+        return [file for _, file in files[-KEPT_FILES:]]
+
+    async def forget(self, job: Job) -> None:
+        await self._services.redis.delete(self._key(job))
+
+
+def attachments_text(files: list[Attachment]) -> str:
+    """The files as the system prompt shows them."""
+    return "\n\n".join(texts.ATTACHMENT.format(name=file.name, text=file.text) for file in files)
+
+
+def trimmed(files: list[Attachment], fraction: float) -> list[Attachment]:
+    """Each file cut to its first `fraction`, so that all of them fit the prompt."""
+    return [dataclasses.replace(file, text=file.text[: int(len(file.text) * fraction)]) for file in files]
