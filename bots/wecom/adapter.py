@@ -23,13 +23,17 @@ from bots.base import (
     per_window,
 )
 from bots.channels import CallbackRequest, Queued
+from bots.parts import Downloaded, Media, MediaError
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.crypto import WeComCrypto
 from bots.wecom.models import parse_app_message
 from bots.xml import parse_flat_xml
 
+# message/send (doc 90236, platform-protocols.md §C): text.content and markdown.content are both at most 2048 bytes
+# for an app (the 4096 of markdown is the group robot's).
 TEXT_MAX_BYTES = 2048
+MARKDOWN_MAX_BYTES = 2048
 # WeCom: an app may send one member at most 30 messages a minute and 1000 an hour; the excess is dropped.
 MEMBER_PACING = (per_window(30, 60), per_window(1000, 3600))
 
@@ -84,6 +88,9 @@ class WeComAppAdapter(ChannelDefaults):
     reply_style: ReplyStyle = "pieces"
     callback_style = "queue"
     ack = ("", "text/plain")  # WeCom app callbacks are acknowledged with 200 and an empty body
+    # `markdown` messages show only in the WeCom client (WeChat users of the app see "unsupported"): plain text
+    # unless the bot asks for markdown.
+    default_reply_format = "text"
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -122,7 +129,7 @@ class WeComAppAdapter(ChannelDefaults):
         return float(self.config.duplicate_check_interval_s)
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
-        return TEXT_MAX_BYTES
+        return MARKDOWN_MAX_BYTES if self.reply_format == "markdown" else TEXT_MAX_BYTES
 
     def pacing(self, target: ReplyTarget) -> Pacing:
         return [(f"{self.bot_id}:{target.user_id}", window) for window in MEMBER_PACING]
@@ -130,5 +137,11 @@ class WeComAppAdapter(ChannelDefaults):
     async def send_piece(
         self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
     ) -> None:
-        """Deliver one piece (already within max_bytes_for) to the user."""
-        await self._api.send_text(target.user_id, text, duplicate_check=duplicate_check)
+        """Deliver one piece (already within max_bytes_for) to the user, as the bot's reply_format says."""
+        await self._api.send(target.user_id, self.reply_format, text, duplicate_check=duplicate_check)
+
+    async def download(self, media: Media) -> Downloaded:
+        """A message's picture or recording, by its MediaId, through media/get on the bot's API host."""
+        if not media.ref:
+            raise MediaError("unavailable", "the message names no MediaId")
+        return await self._api.download_media(media.ref, self.max_media_bytes)

@@ -28,20 +28,22 @@ from bots.base import (
     ReplyTarget,
 )
 from bots.channels import PolledEvent, StreamPoll, UnsupportedMessage, WelcomeEvent
-from bots.http import request_json
+from bots.http import download_bounded, request_json
+from bots.parts import Downloaded, Media, MediaError
 from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
-from bots.urls import trusted
+from bots.urls import same_origin, trusted
 from bots.wecom.adapter import check_timestamp, required_params
+from bots.wecom.aibot_parts import READABLE, aibot_content
 from bots.wecom.config import WeComAIBotConfig
-from bots.wecom.crypto import WeComCrypto, sign
+from bots.wecom.crypto import WeComCrypto, decode_aes_key, sign
+from bots.wecom.media import decrypt_aibot_media, filename_from, sniffed_name
 
 PLATFORM = "wecom-ai"
 STREAM_MAX_BYTES = 20480
 RESPONSE_URL_MAX_BYTES = 20480
 RESPONSE_URL_TTL_S = 3600  # a response_url works for an hour after the message
 RESPONSE_URL_MARGIN_S = 60  # not used in its last minute: a post that arrives late is refused
-TEXT_LIKE = ("text", "voice", "mixed")
 
 
 AIBotEvent = PolledEvent  # a refresh (StreamPoll), enter_chat (WelcomeEvent), a message, or one it cannot read
@@ -50,16 +52,6 @@ AIBotEvent = PolledEvent  # a refresh (StreamPoll), enter_chat (WelcomeEvent), a
 def stream_id_for(message_dedup_key: str) -> str:
     """The same stream id for every retry of one message, so a retried first callback joins its stream."""
     return hashlib.sha256(message_dedup_key.encode()).hexdigest()[:32]
-
-
-def _text_of(payload: dict[str, Any], msg_type: str) -> str:
-    if msg_type in ("text", "voice"):
-        return str(object_field(payload, msg_type).get("content", ""))
-    items = object_field(payload, "mixed").get("msg_item") or []
-    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-        raise CallbackRejected("malformed_fields", 400, "mixed.msg_item must be a list of objects")
-    texts = (object_field(item, "text").get("content", "") for item in items if item.get("msgtype") == "text")
-    return "\n".join(str(text) for text in texts)
 
 
 class WeComAIBotAdapter(ChannelDefaults):
@@ -71,12 +63,14 @@ class WeComAIBotAdapter(ChannelDefaults):
     max_answer_bytes = STREAM_MAX_BYTES + RESPONSE_URL_MAX_BYTES
     reply_style: ReplyStyle = "stream"
     callback_style = "polled-stream"  # WeCom polls the answer's stream with refresh callbacks
+    default_reply_format = "markdown"  # stream content is rendered as Markdown (doc 101031 流式消息回复)
 
     def __init__(self, config: WeComAIBotConfig, http: httpx.AsyncClient) -> None:
         self.config = config
         self.bot_id = config.id
         self._token = config.token.get_secret_value()
         self.crypto = WeComCrypto(self._token, config.encoding_aes_key.get_secret_value(), "")
+        self._media_key = decode_aes_key(config.encoding_aes_key.get_secret_value())
         self._http = http
 
     @property
@@ -116,16 +110,19 @@ class WeComAIBotAdapter(ChannelDefaults):
         msg_id = str(payload.get("msgid", ""))
         if not sender or not msg_id:
             raise CallbackRejected("missing_fields", 400, "from.userid or msgid missing")
-        if msg_type not in TEXT_LIKE:
+        if msg_type not in READABLE:
             return UnsupportedMessage(msg_type or "unknown")
         chat_id = str(payload.get("chatid", ""))
+        text, parts = aibot_content(payload, msg_type)
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             msg_id=msg_id,
             conversation_id=chat_id or sender,
             sender_id=sender,
-            text=_text_of(payload, msg_type),
+            text=text,
+            msg_type=msg_type,
+            parts=parts,
             mentioned_bot=payload.get("chattype") == "group",
             group_id=chat_id if payload.get("chattype") == "group" else "",
             received_at=now,
@@ -139,6 +136,23 @@ class WeComAIBotAdapter(ChannelDefaults):
         stream_id = stream_id_for(message.dedup_key)
         message = self.config.identity.stamp(message)
         return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+
+    async def download(self, media: Media) -> Downloaded:
+        """A picture or file of a message: its URL (from inside the encrypted callback) fetched, then decrypted
+        with the bot's key. Only https, or WeCom's API origin as configured (the simulator's); no redirects."""
+        url = media.ref
+        if not (url.startswith("https://") or same_origin(url, self.config.api_base)):
+            raise MediaError("refused", "the AI bot's media URL is neither https nor WeCom's API origin")
+        try:
+            data, headers = await download_bounded(self._http, url, "AI bot media", self.max_media_bytes + 32)
+        except MediaError as exc:
+            if exc.reason == "refused":  # the URL works five minutes (doc 100719): a refusal after that is expiry
+                raise MediaError("expired", str(exc)) from exc
+            raise
+        plain = decrypt_aibot_media(self._media_key, data)
+        if len(plain) > self.max_media_bytes:
+            raise MediaError("too_large", f"AI bot media: over {self.max_media_bytes} bytes")
+        return Downloaded(plain, "", filename_from(headers) or sniffed_name(plain))
 
     # -- replies ---------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
-"""WeCom's server API for an app: access token and message/send, asynchronously.
+"""WeCom's server API for an app: access token, message/send and media/get, asynchronously.
 
 wechatpy's client is synchronous (requests), which would block the worker's event loop,
-so the two calls we need are made here with the shared httpx.AsyncClient. The token is
+so the calls we need are made here with the shared httpx.AsyncClient. The token is
 kept in the shared `TokenStore` (Redis), so every worker and replica uses one token and
 only one process at a time asks WeCom for a new one (gettoken is rate-limited).
 """
@@ -12,16 +12,18 @@ import logging
 
 import httpx
 
-from bots.base import PermanentSendError, RetryableSendError, TokenStore
-from bots.http import cached_token, request_json, token_name
+from bots.base import PermanentSendError, RetryableSendError, SendError, TokenStore
+from bots.http import cached_token, download_bounded, request_json, token_name
+from bots.parts import Downloaded, MediaError
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.exceptions import TOKEN_INVALID_CODES, error_for
+from bots.wecom.media import filename_from, media_error_for, platform_error
 
 log = logging.getLogger(__name__)
 
 
 class WeComApiClient:
-    """Token and send calls for one WeCom app."""
+    """Token, send and media calls for one WeCom app."""
 
     def __init__(self, config: WeComAppConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self._config = config
@@ -43,13 +45,17 @@ class WeComApiClient:
         return str(data["access_token"]), float(data.get("expires_in", 7200))
 
     async def send_text(self, user_id: str, content: str, *, duplicate_check: bool) -> None:
-        """POST message/send for one piece of text; refetch the token once if WeCom says it is invalid."""
+        await self.send(user_id, "text", content, duplicate_check=duplicate_check)
+
+    async def send(self, user_id: str, msgtype: str, content: str, *, duplicate_check: bool) -> None:
+        """POST message/send for one piece (`msgtype` text or markdown, both {"content": …} per doc 90236); refetch
+        the token once if WeCom says it is invalid."""
         payload = {
             "touser": user_id,
-            "msgtype": "text",
+            "msgtype": msgtype,
             "agentid": self._config.agent_id,
-            "text": {"content": content},
-            "safe": 0,
+            msgtype: {"content": content},
+            **({"safe": 0} if msgtype == "text" else {}),  # markdown messages have no `safe` field (doc 90236)
             "enable_duplicate_check": 1 if duplicate_check else 0,
             "duplicate_check_interval": self._config.duplicate_check_interval_s,
         }
@@ -68,6 +74,26 @@ class WeComApiClient:
                 continue
             raise error_for(errcode, str(data.get("errmsg", "")))
         raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token")
+
+    async def download_media(self, media_id: str, max_bytes: int) -> Downloaded:
+        """GET media/get (doc 96486) for a message's MediaId, at most `max_bytes`; the token refetched once when
+        WeCom says it is invalid, as for sends. MediaError says why not (bots/wecom/media.py)."""
+        try:
+            token = await self.access_token()
+            for _ in range(2):
+                params = {"access_token": token, "media_id": media_id}
+                url = f"{self._config.api_base}/cgi-bin/media/get"
+                data, headers = await download_bounded(self._http, url, "WeCom media/get", max_bytes, params=params)
+                error = platform_error(data, headers)
+                if error is None:
+                    mime = headers.get("content-type", "").split(";")[0].strip().lower()
+                    return Downloaded(data, mime, filename_from(headers))
+                if error[0] not in TOKEN_INVALID_CODES:
+                    raise media_error_for(*error)
+                token = await self.access_token(stale=token)
+        except SendError as exc:  # the token could not be had
+            raise MediaError("unavailable", f"WeCom token: {exc}") from exc
+        raise MediaError("unavailable", "WeCom kept rejecting fresh access tokens")
 
     async def _get_json(self, path: str, params: dict[str, str]) -> dict:
         return await self._request("GET", path, params=params)

@@ -37,6 +37,15 @@ def decode_aes_key(encoding_aes_key: str) -> bytes:
     return key
 
 
+def strip_pkcs7(plain: bytes) -> bytes:
+    """`plain` without its PKCS#7 padding to 32 bytes, checked strictly (wechatpy's decoder takes any last byte
+    outside 1..32 as no padding at all); ValueError when the padding is not valid."""
+    pad = plain[-1] if plain else 0
+    if not 1 <= pad <= _PAD_BLOCK or plain[-pad:] != bytes([pad]) * pad:
+        raise ValueError("PKCS#7 padding out of range")
+    return plain[:-pad]
+
+
 def sign(token: str, timestamp: str, nonce: str, payload: str) -> str:
     """WeCom's msg_signature: sha1 of the four strings sorted and joined."""
     signer = WeChatSigner()
@@ -70,11 +79,10 @@ class WeComCrypto:
             raise CallbackRejected("bad_base64", 400, "Encrypt is not base64") from exc
         if not raw or len(raw) % 16:
             raise CallbackRejected("bad_cipher_length", 400, "Encrypt is not whole AES blocks")
-        plain = WeChatCipher(self._key).decrypt(raw)
-        pad = plain[-1]
-        if not 1 <= pad <= _PAD_BLOCK or plain[-pad:] != bytes([pad]) * pad:
-            raise CallbackRejected("bad_padding", 400, "PKCS#7 padding out of range")
-        content = plain[_RANDOM_PREFIX:-pad]
+        try:
+            content = strip_pkcs7(WeChatCipher(self._key).decrypt(raw))[_RANDOM_PREFIX:]
+        except ValueError as exc:
+            raise CallbackRejected("bad_padding", 400, "PKCS#7 padding out of range") from exc
         if len(content) < _LENGTH_FIELD:
             raise CallbackRejected("bad_length", 400, "plaintext too short")
         (msg_len,) = struct.unpack(">I", content[:_LENGTH_FIELD])

@@ -1,11 +1,38 @@
-"""The decrypted WeCom app message (inner XML) → InboundMessage."""
+"""The decrypted WeCom app message (inner XML) → InboundMessage.
+
+The app's message types are those of WeCom doc 96467 消息格式 (developer.work.weixin.qq.com/document/path/96467,
+"消息类型支持：文本、图片、语音、视频、位置以及链接信息"): text (Content), image (PicUrl, MediaId), voice (MediaId,
+Format, and Recognition when 语音识别 is on), video (MediaId, ThumbMediaId), location (Location_X, Location_Y,
+Scale, Label) and link (Title, Description, Url, PicUrl). There is no file type, so none is read here. Media is
+named by its MediaId (valid three days, "仅三天内有效"), downloaded later through media/get
+(bots/wecom/client.py), never on the callback's fast path; PicUrl is not used (media/get, on the bot's API host,
+serves the same picture).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from bots.base import CallbackRejected, InboundMessage, ReplyTarget
+from bots.parts import Media, Part
 from bots.xml import parse_flat_xml
 
 PLATFORM = "wecom"
+
+
+def app_parts(msg_type: str, fields: Mapping[str, str]) -> tuple[str, tuple[Part, ...]]:
+    """(what the sender typed, the other parts) of one app message. A type the engine cannot read (video,
+    location, link, anything new) has neither: its msg_type says what it was, and the worker says what it can
+    read. A picture or recording without its MediaId cannot be fetched either."""
+    media_id = fields.get("MediaId", "")
+    if msg_type == "text":
+        return fields.get("Content", ""), ()
+    if msg_type == "image" and media_id:
+        return "", (Part(kind="image", media=Media(ref=media_id)),)
+    if msg_type == "voice" and (media_id or fields.get("Recognition")):
+        media = Media(ref=media_id, format=fields.get("Format", "").lower()) if media_id else None
+        return "", (Part(kind="audio", text=fields.get("Recognition", ""), media=media),)
+    return "", ()
 
 
 def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> InboundMessage | None:
@@ -21,7 +48,7 @@ def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> Inboun
     if not msg_type or not sender:
         raise CallbackRejected("missing_fields", 400, "MsgType or FromUserName missing")
     msg_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
-    text = fields.get("Content", "") if msg_type == "text" else fields.get("Recognition", "")
+    text, parts = app_parts(msg_type, fields)
     return InboundMessage(
         platform=PLATFORM,
         bot_id=bot_id,
@@ -29,7 +56,8 @@ def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> Inboun
         conversation_id=sender,
         sender_id=sender,
         text=text,
-        msg_type="text" if text else msg_type,
+        msg_type=msg_type,
+        parts=parts,
         received_at=received_at,
         reply_to=ReplyTarget(user_id=sender),
     )

@@ -18,10 +18,13 @@ MARKDOWN_MAX_BYTES = 4096
 
 
 class WeComWebhookAdapter(ChannelDefaults):
-    """One group robot. `target.chat_id` carries the format: "markdown" or "text"."""
+    """One group robot. A push names its format in `target.chat_id` ("markdown" or "text", as `botgw push` and
+    the alerts queue it); anything else is sent as the bot's reply_format says, markdown by default (a group
+    renders it, up to 4096 bytes)."""
 
     platform = "wecom-webhook"
     reply_style: ReplyStyle = "pieces"
+    default_reply_format = "markdown"
 
     def __init__(self, config: WeComWebhookConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -32,13 +35,16 @@ class WeComWebhookAdapter(ChannelDefaults):
         """WeCom drops what a robot sends beyond 20 a minute: pace every worker's sends together."""
         return [(self.bot_id, per_window(self.config.per_minute, 60))]
 
+    def msgtype_for(self, target: ReplyTarget) -> str:
+        return target.chat_id if target.chat_id in ("markdown", "text") else self.reply_format
+
     def max_bytes_for(self, target: ReplyTarget) -> int:
-        return MARKDOWN_MAX_BYTES if target.chat_id == "markdown" else TEXT_MAX_BYTES
+        return MARKDOWN_MAX_BYTES if self.msgtype_for(target) == "markdown" else TEXT_MAX_BYTES
 
     async def send_piece(
         self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = ""
     ) -> None:
-        msgtype = "markdown" if target.chat_id == "markdown" else "text"
+        msgtype = self.msgtype_for(target)
         body = {"msgtype": msgtype, msgtype: {"content": text}}
         url = f"{self.config.api_base}/cgi-bin/webhook/send"
         key = self.config.key.get_secret_value()

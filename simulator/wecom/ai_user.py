@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from bots.wecom.config import WeComAIBotConfig
-from bots.wecom.crypto import WeComCrypto
+from bots.wecom.crypto import WeComCrypto, decode_aes_key
+from bots.wecom.media import encrypt_aibot_media
 
 STREAM_LIMIT_S = 360.0
 STREAM_MAX_BYTES = 20480  # stream.content, UTF-8 (智能机器人 被动回复)
@@ -103,19 +104,55 @@ class WeComAIBotUser:
         response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url", json=body)
         return response.json()["response_url"]
 
-    def message_payload(self, user: str, text: str, response_url: str, msg_id: str = "", chat_id: str = "") -> dict:
+    def message_payload(
+        self,
+        user: str,
+        text: str,
+        response_url: str,
+        msg_id: str = "",
+        chat_id: str = "",
+        content: dict[str, Any] | None = None,
+        quote: str = "",
+    ) -> dict:
+        """A message callback's plaintext (doc 100719 消息推送): a text message, or `content` (its msgtype and
+        that type's object, as `image_content` and the others build them); `quote`: the text message it quotes."""
         payload: dict[str, Any] = {
             "msgid": msg_id or secrets.token_hex(16),
             "aibotid": f"aib-{self.bot.id}",
             "chattype": "group" if chat_id else "single",
             "from": {"userid": user},
             "response_url": response_url,
-            "msgtype": "text",
-            "text": {"content": text},
+            **(content or {"msgtype": "text", "text": {"content": text}}),
         }
         if chat_id:
             payload["chatid"] = chat_id
+        if quote:
+            payload["quote"] = {"msgtype": "text", "text": {"content": quote}}
         return payload
+
+    async def media_url(self, data: bytes) -> str:
+        """A picture or file as WeCom hands it to the bot: encrypted with the bot's key (doc 100719 结构体说明 图片),
+        at a URL that works five minutes (the simulator's)."""
+        encrypted = encrypt_aibot_media(decode_aes_key(self.bot.encoding_aes_key.get_secret_value()), data)
+        response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/media", content=encrypted)
+        response.raise_for_status()
+        return str(response.json()["url"])
+
+    async def image_content(self, data: bytes, text: str = "") -> dict[str, Any]:
+        """An image message, or with `text` a mixed one (the text, then the picture: doc 100719 图文混排)."""
+        image = {"url": await self.media_url(data)}
+        if not text:
+            return {"msgtype": "image", "image": image}
+        items = [{"msgtype": "text", "text": {"content": text}}, {"msgtype": "image", "image": image}]
+        return {"msgtype": "mixed", "mixed": {"msg_item": items}}
+
+    async def file_content(self, data: bytes) -> dict[str, Any]:
+        return {"msgtype": "file", "file": {"url": await self.media_url(data)}}
+
+    @staticmethod
+    def voice_content(recognized: str) -> dict[str, Any]:
+        """A voice message: WeCom sends only its recognition (voice.content), never the recording."""
+        return {"msgtype": "voice", "voice": {"content": recognized}}
 
     async def ask(
         self,
@@ -125,10 +162,14 @@ class WeComAIBotUser:
         interval_s: float = 0.5,
         chat_id: str = "",
         on_update: Callable[[str], Awaitable[None]] | None = None,
+        content: dict[str, Any] | None = None,
+        quote: str = "",
     ) -> StreamView:
-        """Send `text` as `user` and follow the stream to its end, as the WeCom client shows it."""
+        """Send `text` (or `content`) as `user` and follow the stream to its end, as the WeCom client shows it."""
         started = time.monotonic()
-        payload = self.message_payload(user, text, await self.new_response_url(), chat_id=chat_id)
+        payload = self.message_payload(
+            user, text, await self.new_response_url(), chat_id=chat_id, content=content, quote=quote
+        )
         view = StreamView()
         view.first_reply = await self.post(payload)
         stream = view.first_reply.get("stream") or {}

@@ -17,9 +17,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from simulator.wecom.media import app_media_router
 from simulator.wecom.state import Delivered, WeComApiState
 
 TEXT_CUT_BYTES = 2048
+# message/send markdown.content: "不能超过2048个字节" (doc 90236, platform-protocols.md §C). What WeCom does with
+# more is UNCONFIRMED: refused here (40058, the length errcode the group robot answers), the harsher reading.
+MARKDOWN_MAX_BYTES = 2048
 TOKEN_LIFETIME_S = 7200
 # 发送应用消息: one app may send one member at most 30 messages a minute and 1,000 an hour; "超过部分会被丢弃不下发".
 # Whether the dropped send is answered with an errcode is UNCONFIRMED: the harsher reading is played, errcode 0
@@ -33,8 +37,10 @@ def _error(errcode: int, errmsg: str) -> JSONResponse:
 
 
 def wecom_api_router(state: WeComApiState) -> APIRouter:
-    """WeCom's API routes over the shared state (the control routes: simulator/wecom/control.py)."""
+    """WeCom's API routes over the shared state (the control routes: simulator/wecom/control.py; media/get:
+    simulator/wecom/media.py)."""
     router = APIRouter()
+    router.include_router(app_media_router(state))
 
     @router.get("/cgi-bin/gettoken")
     async def gettoken(corpid: str = "", corpsecret: str = "") -> JSONResponse:
@@ -76,7 +82,8 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             body: dict[str, Any] = await request.json()
         except ValueError:
             return _error(47001, "data format error")
-        if body.get("msgtype") != "text" or not body.get("touser"):
+        msgtype = body.get("msgtype")
+        if msgtype not in ("text", "markdown") or not body.get("touser") or not isinstance(body.get(msgtype), dict):
             return _error(40008, "invalid message type")
         owner = state.agents.get(int(body.get("agentid") or 0))
         if owner is not None and state.token_apps.get(access_token) != owner:
@@ -86,15 +93,17 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         if str(body["touser"]) in state.unknown_users:
             # errcode 0, the user listed as invalid, nothing delivered (message/send's documented answer shape).
             return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": str(body["touser"]), "msgid": ""})
-        content = str(body.get("text", {}).get("content", ""))
+        content = str(body[msgtype].get("content", ""))
         encoded = content.encode("utf-8")
+        if msgtype == "markdown" and len(encoded) > MARKDOWN_MAX_BYTES:
+            return _error(40058, f"markdown.content exceed max length {MARKDOWN_MAX_BYTES}")
         truncated = len(encoded) > TEXT_CUT_BYTES
         if truncated:
             content = encoded[:TEXT_CUT_BYTES].decode("utf-8", errors="ignore")
         if body.get("enable_duplicate_check"):
             window = float(body.get("duplicate_check_interval", 1800))
             for earlier in state.delivered:
-                same = earlier.touser == body["touser"] and earlier.content == content
+                same = earlier.touser == body["touser"] and earlier.content == content and earlier.msgtype == msgtype
                 if same and earlier.agentid == body.get("agentid") and time.time() - earlier.at < window:
                     state.duplicates_dropped += 1
                     return JSONResponse({"errcode": 0, "errmsg": "ok", "msgid": earlier.msgid})
@@ -109,7 +118,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         state.delivered.append(
             Delivered(
                 msgid, int(body.get("agentid", 0)), str(body["touser"]), content, time.time(), truncated,
-                bool(body.get("enable_duplicate_check")),
+                bool(body.get("enable_duplicate_check")), str(msgtype),
             )
         )
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})

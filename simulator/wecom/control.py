@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from simulator.faults import faults_route
+from simulator.wecom.media import aibot_media_router
 from simulator.wecom.robots import RESPONSE_URL_LIFETIME_S, RobotState
 from simulator.wecom.state import WeComApiState
 
@@ -68,8 +69,10 @@ def wecom_control_router(state: WeComApiState) -> APIRouter:
 
 
 def robots_control_router(state: RobotState) -> APIRouter:
-    """Group robots' and AI-bot response URLs' control routes: a fresh response_url, what was pushed and posted."""
+    """Group robots' and AI-bot response URLs' control routes: a fresh response_url, what was pushed and posted;
+    the AI bot's encrypted media URLs (simulator/wecom/media.py)."""
     router = APIRouter()
+    router.include_router(aibot_media_router(state))
 
     @router.post("/__sim__/wecom-ai/response-url")
     async def issue_response_url(request: Request) -> dict[str, str]:

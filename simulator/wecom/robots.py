@@ -32,11 +32,13 @@ class RobotState:
     expired_posts: int = 0
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     response_urls_issued: dict[str, float] = field(default_factory=dict)  # token -> expires at
+    media: dict[str, Any] = field(default_factory=dict)  # AI-bot media URL token -> StoredMedia (wecom/media.py)
 
     def reset(self) -> None:
         self.pushed.clear()
         self.responses.clear()
         self.response_urls_issued.clear()
+        self.media.clear()
         self.refused = 0
 
 

@@ -24,13 +24,23 @@ def cdata(value: str) -> str:
     return "<![CDATA[" + value.replace("]]>", "]]]]><![CDATA[>") + "]]>"
 
 
-def text_message_xml(bot: WeComAppConfig, user: str, text: str, msg_id: str, create_time: int) -> str:
-    """The inner XML of a text message from `user` to the app."""
+def message_xml(
+    bot: WeComAppConfig, user: str, msg_type: str, fields: dict[str, str], msg_id: str, create_time: int
+) -> str:
+    """The inner XML of a message from `user` to the app: the common fields, then the type's own (doc 96467 消息格式:
+    text Content; image PicUrl, MediaId; voice MediaId, Format (and Recognition with 语音识别 on); video MediaId,
+    ThumbMediaId; location Location_X, Location_Y, Scale, Label; link Title, Description, Url, PicUrl)."""
+    own = "".join(f"<{name}>{cdata(value)}</{name}>" for name, value in fields.items())
     return (
         f"<xml><ToUserName>{cdata(bot.corp_id)}</ToUserName><FromUserName>{cdata(user)}</FromUserName>"
-        f"<CreateTime>{create_time}</CreateTime><MsgType>{cdata('text')}</MsgType>"
-        f"<Content>{cdata(text)}</Content><MsgId>{escape(msg_id)}</MsgId><AgentID>{bot.agent_id}</AgentID></xml>"
+        f"<CreateTime>{create_time}</CreateTime><MsgType>{cdata(msg_type)}</MsgType>"
+        f"{own}<MsgId>{escape(msg_id)}</MsgId><AgentID>{bot.agent_id}</AgentID></xml>"
     )
+
+
+def text_message_xml(bot: WeComAppConfig, user: str, text: str, msg_id: str, create_time: int) -> str:
+    """The inner XML of a text message from `user` to the app."""
+    return message_xml(bot, user, "text", {"Content": text}, msg_id, create_time)
 
 
 def event_xml(bot: WeComAppConfig, user: str, event: str, create_time: int) -> str:
@@ -79,6 +89,20 @@ class WeComCallbackSigner(EnvelopeSigner):
         self.bot = bot
 
     def text(self, user: str, text: str, msg_id: str | None = None, timestamp: int | None = None) -> SignedCallback:
+        return self.message(user, "text", {"Content": text}, msg_id, timestamp)
+
+    def message(
+        self, user: str, msg_type: str, fields: dict[str, str], msg_id: str | None = None, timestamp: int | None = None
+    ) -> SignedCallback:
+        """A message of any type (message_xml's fields), signed and encrypted."""
         ts = timestamp if timestamp is not None else int(time.time())
         msg_id = msg_id or str(secrets.randbits(63))
-        return self.sign_plaintext(text_message_xml(self.bot, user, text, msg_id, ts), timestamp=ts)
+        return self.sign_plaintext(message_xml(self.bot, user, msg_type, fields, msg_id, ts), timestamp=ts)
+
+    def image(self, user: str, media_id: str, pic_url: str) -> SignedCallback:
+        return self.message(user, "image", {"PicUrl": pic_url, "MediaId": media_id})
+
+    def voice(self, user: str, media_id: str, audio_format: str, recognition: str | None = None) -> SignedCallback:
+        """A voice message; `recognition` is what WeCom heard, present only where 语音识别 is on."""
+        fields = {"MediaId": media_id, "Format": audio_format}
+        return self.message(user, "voice", fields if recognition is None else {**fields, "Recognition": recognition})

@@ -20,6 +20,17 @@ class Delivered:
     at: float
     truncated: bool
     duplicate_check: bool = False  # the send asked for enable_duplicate_check
+    msgtype: str = "text"  # text or markdown
+
+
+@dataclass
+class StoredMedia:
+    """A file as media/get serves it: uploaded by a simulated member's client (a picture, a recording)."""
+
+    data: bytes
+    mime: str
+    name: str
+    expires_at: float
 
 
 @dataclass
@@ -32,6 +43,7 @@ class WeComApiState:
     agents: dict[int, tuple[str, str]] = field(default_factory=dict)  # agentid -> its app's (corpid, secret)
     unknown_users: set[str] = field(default_factory=set)  # userids that are not (or no longer) members
     delivered: list[Delivered] = field(default_factory=list)
+    media: dict[str, StoredMedia] = field(default_factory=dict)  # media_id -> the file
     faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, gettoken, getuserinfo
     gettoken_calls: int = 0
     send_calls: int = 0
@@ -43,6 +55,7 @@ class WeComApiState:
     def reset(self) -> None:
         self.tokens.clear()
         self.delivered.clear()
+        self.media.clear()
         self.faults.clear()
         self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = self.dropped_over_rate = 0
         self.release.set()
