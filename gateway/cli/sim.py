@@ -126,16 +126,52 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def wecom(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from bots.wecom.config import WeComAppConfig
     from simulator.wecom.signer import WeComCallbackSigner
 
     bot = _chosen_bot(args, "wecom", WeComAppConfig)
     if bot is None:
         return 2
+    # An app message is one of text, image, voice, video, location, link (doc 96467): no file, no quote, and a
+    # picture comes without text. A voice message's text is WeCom's recognition of it (语音识别 on).
+    refused = ("--file: a WeCom app has no file messages" if args.file else
+               "--quote: a WeCom app message cannot quote" if args.quote else
+               "--image and --voice are two messages: send one" if args.image and args.voice else
+               "--image: an app's image message carries no text" if args.image and args.text else "")
+    if refused:
+        print(f"botgw sim wecom: {refused}", file=sys.stderr)
+        return 2
+    attachment = args.image or args.voice
+    try:
+        data = Path(attachment).read_bytes() if attachment else b""
+    except OSError as exc:
+        print(f"botgw sim wecom: cannot read {attachment}: {exc.strerror}", file=sys.stderr)
+        return 2
     since = time.time()
-    callback = WeComCallbackSigner(bot).text(args.user, args.text)
+    signer = WeComCallbackSigner(bot)
     gateway = args.gateway.rstrip("/")
     with httpx.Client(timeout=10) as http:
+        if attachment:
+            import mimetypes
+
+            name = Path(attachment).name
+            mime = mimetypes.guess_type(name)[0] or ("image/jpeg" if args.image else "audio/amr")
+            try:  # the member's client uploads the media; the callback names it by MediaId
+                sent = http.post(f"{bot.api_base}/__sim__/wecom/media", params={"name": name, "mime": mime},
+                                 content=data)
+                sent.raise_for_status()
+            except httpx.HTTPError as exc:
+                print(f"botgw sim: the simulator at {bot.api_base} took no media ({type(exc).__name__})",
+                      file=sys.stderr)
+                return 3
+            media_id, pic_url = sent.json()["media_id"], sent.json()["pic_url"]
+            audio_format = Path(name).suffix.lstrip(".").lower() or "amr"
+            callback = (signer.image(args.user, media_id, pic_url) if args.image else
+                        signer.voice(args.user, media_id, audio_format, args.text or None))
+        else:
+            callback = signer.text(args.user, args.text)
         failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
         if failed is not None:
             return failed
@@ -148,11 +184,29 @@ def wecom(args: argparse.Namespace) -> int:
 
 
 def wecom_ai(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from bots.wecom.config import WeComAIBotConfig
     from simulator.wecom.ai_user import WeComAIBotUser
 
     bot = _chosen_bot(args, "wecom-ai", WeComAIBotConfig)
     if bot is None:
+        return 2
+    # Doc 100719: text, image, mixed (text and pictures), voice (only WeCom's recognition of it) and file messages;
+    # a quote on text and mixed ones.
+    refused = ("send one of --image, --voice, --file" if sum(map(bool, (args.image, args.voice, args.file))) > 1
+               else "--voice: WeCom sends the AI bot only its recognition: give it as the text" if args.voice
+               and not args.text else "--file: a file message carries no text" if args.file and args.text
+               else "--quote: only text (and text with a picture) messages quote" if args.quote
+               and (args.voice or args.file or (args.image and not args.text)) else "")
+    if refused:
+        print(f"botgw sim wecom-ai: {refused}", file=sys.stderr)
+        return 2
+    attachment = args.image or args.file
+    try:
+        data = Path(attachment).read_bytes() if attachment else b""
+    except OSError as exc:
+        print(f"botgw sim wecom-ai: cannot read {attachment}: {exc.strerror}", file=sys.stderr)
         return 2
     gateways = args.gateway or [os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL)]
 
@@ -162,7 +216,11 @@ def wecom_ai(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with httpx.AsyncClient(timeout=10) as http:
             user = WeComAIBotUser(bot, gateways, args.simulator, http)
-            view = await user.ask(args.user, args.text, interval_s=args.interval, on_update=show)
+            content = (await user.image_content(data, args.text) if args.image else
+                       await user.file_content(data) if args.file else
+                       user.voice_content(args.text) if args.voice else None)
+            view = await user.ask(args.user, args.text, interval_s=args.interval, on_update=show, content=content,
+                                  quote=args.quote or "")
         print(file=sys.stderr)
         print(view.text)
         print(f"[{len(view.shown)} states, finished={view.finished}]", file=sys.stderr)
