@@ -30,6 +30,7 @@ from bots.base import (
     TokenStore,
 )
 from bots.channels import CallbackRequest, Queued
+from bots.parts import Downloaded, Media
 from bots.wecom.adapter import verified_echo, verified_plaintext
 from bots.wecom_kf.client import KfApiClient
 from bots.wecom_kf.config import WeComKfConfig
@@ -160,6 +161,7 @@ class WeComKfAdapter(ChannelDefaults):
     callback_style = "queue"
     ack = ("", "text/plain")
     reply_quota = QUOTA
+    default_reply_format = "text"  # WeChat shows a customer plain text: Markdown arrives as raw ** and #
 
     def __init__(self, config: WeComKfConfig, http: httpx.AsyncClient, tokens: TokenStore) -> None:
         self.config = config
@@ -195,7 +197,11 @@ class WeComKfAdapter(ChannelDefaults):
         return None if pull is None or (served is not None and pull.conversation_id not in served) else pull
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
-        return TEXT_MAX_BYTES
+        return TEXT_MAX_BYTES  # send_piece sends text whatever the format: a Kefu customer sees no Markdown
+
+    async def download(self, media: Media) -> Downloaded:
+        """A customer's image, voice (AMR) or file, from media/get on the bot's own API base."""
+        return await self.api.media(media.ref, self.max_media_bytes)
 
     def pacing(self, target: ReplyTarget) -> Pacing:
         return []  # the 5-message rule is the reply quota, kept by the worker

@@ -73,6 +73,10 @@ class WeComKfConfig(_CallbackSecrets):
         unserved = sorted(set(self.accounts) - set(self.open_kfids)) if self.open_kfids is not None else []
         if unserved:
             raise ValueError(f"accounts names {', '.join(unserved)}, which open_kfids does not serve")
+        if self.reply_format == "markdown":
+            # kf/send_msg has no Markdown message type (wecom-kf.md §4: text, image, voice, video, file, link,
+            # miniprogram, msgmenu, location): a customer would read the raw ** and #.
+            raise ValueError("reply_format: 微信客服 sends text only (kf/send_msg has no markdown type); use text")
         return self
 
     @property

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from bots.base import CallbackRejected, InboundMessage, PulledItem, ReplyTarget
+from bots.parts import Media, Part
 from bots.xml import parse_flat_xml
 
 PLATFORM = "wecom-kf"
@@ -55,12 +56,30 @@ def number_or_zero(value: object) -> float:
     return number if number == number and abs(number) != float("inf") else 0.0
 
 
-def _text_of(item: dict[str, Any]) -> str:
+# The sync_msg items that carry media name it by `media_id` alone (image, voice, video, file: silenceper/wechat
+# work/kf/syncmsg/message.go, wecom-kf.md §2); no name, type or size comes with it: the file's name comes with
+# media/get's answer. Voice arrives as AMR because sync_msg asks for `voice_format` 0 (wecom-kf.md §2, client.py).
+# A video, location, link, business card, mini program or menu click has nothing the engine reads: its msgtype
+# alone, no parts (the worker's parts stage says what the bot can read). The documents show no quoted-message field
+# in a 微信客服 item, so a quote never arrives from here.
+_MEDIA_PARTS = {"image": "image", "voice": "audio", "file": "file"}
+VOICE_FORMAT = "amr"
+
+
+def _content_of(item: dict[str, Any]) -> tuple[str, tuple[Part, ...]]:
+    """(what the customer typed, the parts to read) of one item."""
     msgtype = str(item.get("msgtype", ""))
     body = item.get(msgtype)
-    if msgtype == "text" and isinstance(body, dict):
-        return str(body.get("content", ""))
-    return ""
+    if not isinstance(body, dict):
+        return "", ()
+    if msgtype == "text":
+        return str(body.get("content", "")), ()
+    kind = _MEDIA_PARTS.get(msgtype)
+    media_id = body.get("media_id")
+    if kind is None or not isinstance(media_id, str) or not media_id:
+        return "", ()
+    media = Media(ref=media_id, format=VOICE_FORMAT if kind == "audio" else "")
+    return "", (Part(kind=kind, media=media),)  # type: ignore[arg-type]
 
 
 def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
@@ -73,11 +92,11 @@ def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
     if not msgid or not open_kfid or not customer:
         return None
     origin = item.get("origin")
-    text = _text_of(item)
+    text, parts = _content_of(item)
     kind = {CUSTOMER: "message", AGENT: "agent", EVENT: "event"}.get(origin)  # type: ignore[arg-type]
     if kind is None:
         return None
-    msg_type = "event" if kind == "event" else ("text" if text else str(item.get("msgtype", "unknown")))
+    msg_type = "event" if kind == "event" else ("text" if text else str(item.get("msgtype") or "unknown"))
     message = InboundMessage(
         platform=PLATFORM,
         bot_id=bot_id,
@@ -86,6 +105,7 @@ def parse_item(bot_id: str, item: dict[str, Any]) -> PulledItem | None:
         sender_id=customer,
         text=str(event.get("event_type", "")) if kind == "event" else text,
         msg_type=msg_type,
+        parts=parts if kind == "message" else (),
         received_at=number_or_zero(item.get("send_time")),
         reply_to=target_of(open_kfid, customer),
     )

@@ -6,7 +6,8 @@ enqueues every item (deduplicated on its id) **before** it saves the cursor: a c
 repeats a page, whose items are then recognised, and loses nothing. Items become:
 
 - `chat`: the person's message, answered in the normal pipeline (a burst within the adapter's merge window
-  is answered together: `merge`);
+  is answered together: `merge`), once the bot's allow and deny lists admit its sender (bots.audience: pulled
+  messages never pass the gateway's ingest, which checks them for callbacks);
 - `agent`: a human agent wrote; remembered as the assistant's turn, and the bot stays quiet;
 - `event`: the adapter says what it means (a welcome to send, a new holder, a failure to count).
 """
@@ -20,7 +21,9 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
+from bots.audience import admit, restricts
 from bots.base import (
+    BotSettings,
     ConversationTaken,
     CursorRefused,
     EventEffect,
@@ -62,6 +65,7 @@ class PulledWork:
         self.conversations = Conversations(redis, keys, settings.memory.group)
         self._values = FencedValues(redis)
         self._records = ReplyRecords(redis, keys, self._dedup_ttl_s)
+        self._audiences: dict[str, BotSettings] = {bot.id: bot for bot in settings.bots if restricts(bot)}
 
     # -- the pull ------------------------------------------------------------------------------
 
@@ -102,7 +106,7 @@ class PulledWork:
             if since and not page.has_more and newest is not None and newest.message.received_at < since:
                 # The message that made WeCom call back is never history, however late the callback came.
                 fresh, skipped = [*fresh, newest], skipped - 1
-            queued += await self._enqueue(fresh)
+            queued += await self._enqueue(self._admitted(fresh))
             if page.next_cursor:
                 await self._values.set(fence, cursor_key, page.next_cursor)  # only now: every item is queued
                 cursor = page.next_cursor
@@ -121,6 +125,22 @@ class PulledWork:
             # The callback's token lasts 10 minutes; a pull that waited longer goes on without it (slower).
             log.warning("pull token refused; pulling without it", extra={"channel": channel})
             return await adapter.pull_page(channel, cursor, "")
+
+    def _admitted(self, items: list[PulledItem]) -> list[PulledItem]:
+        """The items to queue: a person's message only when their bot answers them (bots.audience); a refused one
+        is counted and dropped (its cursor still moves past it). A human agent's messages and events always pass."""
+        kept: list[PulledItem] = []
+        for item in items:
+            audience = self._audiences.get(item.message.bot_id)
+            if item.kind != "message" or audience is None:
+                kept.append(item)
+                continue
+            admitted, reason = admit(audience, item.message)
+            if admitted is None:
+                metrics.IGNORED.labels(item.message.platform, reason).inc()
+                continue
+            kept.append(item.model_copy(update={"message": admitted}))
+        return kept
 
     async def _enqueue(self, items: list[PulledItem]) -> int:
         """Queue every item in its conversation's lane, each once (dedup on its id), in one round trip."""
@@ -258,13 +278,16 @@ class PulledWork:
 
 
 def merged_message(head: InboundMessage, behind: list[InboundMessage]) -> InboundMessage:
-    """One message for a burst: its texts joined in order, answered as text when any part is text (a photo
-    followed by "这是什么问题？" is the question, not an image the bot cannot read), received with the last part."""
-    parts = [head, *behind]
-    texts = [part.text for part in parts if part.msg_type == "text"]
+    """One message for a burst: every message's text joined in order, and every message's parts (a photo, a
+    voice, a file) kept in order, so that a photo followed by "这是什么问题？" reaches the engine as the picture
+    and its question; received with the last one. Its type is text when anyone typed something (the question is
+    what is answered), else the first message's."""
+    burst = [head, *behind]
+    texts = [message.text for message in burst if message.text.strip()]
+    parts = tuple(part for message in burst for part in message.parts)
     msg_type = "text" if texts else head.msg_type
-    text = "\n".join(texts) if texts else head.text
-    return head.model_copy(update={"msg_type": msg_type, "text": text, "received_at": parts[-1].received_at})
+    update = {"msg_type": msg_type, "text": "\n".join(texts), "parts": parts, "received_at": burst[-1].received_at}
+    return head.model_copy(update=update)
 
 
 def _sessions_of(adapter: Channel) -> HumanSessions:
