@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import httpx
@@ -107,7 +108,7 @@ class EngineClient:
 
     async def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,

@@ -46,7 +46,8 @@ class EngineProfile:
     device: Literal["cpu", "gpu"]
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    chat: bool = True  # a chat model (ERNIE's chat template); False: an embedding engine, /v1/embeddings only
+    chat: bool = True  # a chat model (ERNIE's chat template); False: a pooling or transcription engine
+    own_template: bool = False  # a chat model with its own template (a vision model's places the images)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
@@ -56,7 +57,7 @@ class EngineProfile:
 
     def __hash__(self) -> int:
         return hash((self.name, self.model, self.served_model_name, self.device, self.args,
-                     tuple(sorted(self.env.items())), self.chat))
+                     tuple(sorted(self.env.items())), self.chat, self.own_template))
 
 
 def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int = 2) -> EngineProfile:
@@ -164,6 +165,60 @@ RERANK_BGE_V2_M3 = _pooling_profile(
     "for knowledge.rerank.base_url, scoring the fused candidates",
 )
 
+# ERNIE-4.5-VL's MoE has text and vision experts side by side: vLLM runs it without torch.compile or CUDA graphs
+# (vLLM's Ernie4.5-VL recipe; vllm/model_executor/models/ernie45_vl_moe.py) and offers it no EPLB (the model does not
+# implement MixtureOfExperts), so neither is asked for. It needs the repository's own code (--trust-remote-code) and
+# its own chat template, which places the images; ERNIE's text template cannot.
+ERNIE_VL_28B_A3B = EngineProfile(
+    name="ernie-vl-28b-a3b",
+    description="baidu/ERNIE-4.5-VL-28B-A3B-PT (MoE vision model, images in the chat) on one 80 GB GPU: for "
+    "engine.vision: true",
+    model="baidu/ERNIE-4.5-VL-28B-A3B-PT",
+    served_model_name="ernie-4.5-vl-28b-a3b",
+    device="gpu",
+    args=(
+        "--trust-remote-code",
+        "--dtype", "bfloat16",
+        "--max-model-len", "32768",
+        "--max-num-seqs", "64",
+        "--limit-mm-per-prompt", '{"image":4,"video":0}',
+        "--enforce-eager",
+        "--gpu-memory-utilization", "0.90",
+    ),
+    own_template=True,
+)
+
+
+WHISPER_MODEL = "openai/whisper-large-v3-turbo"
+
+
+def _whisper_profile(name: str, device: Literal["cpu", "gpu"], args: tuple[str, ...], env: dict[str, str]) -> \
+        EngineProfile:
+    """Whisper on vLLM's generate runner: OpenAI /v1/audio/transcriptions for `asr.base_url` (engine/asr.py), served
+    under its model name, the name `asr.model` asks for by default. 448 tokens is Whisper's decoder length
+    (max_target_positions); vLLM cuts the audio into 30 s windows itself. Audio decoding in the engine needs
+    vLLM's `audio` extra (av, soundfile, soxr, scipy)."""
+    return EngineProfile(
+        name=name,
+        description=f"{WHISPER_MODEL} (speech to text, Chinese among its languages) on {device.upper()}: "
+        "/v1/audio/transcriptions for asr.base_url",
+        model=WHISPER_MODEL,
+        served_model_name=WHISPER_MODEL,
+        device=device,
+        args=("--runner", "generate", "--max-model-len", "448", *args),
+        env=env,
+        chat=False,
+    )
+
+
+ASR_WHISPER_CPU = _whisper_profile(
+    "asr-whisper-cpu", "cpu", ("--dtype", "bfloat16", "--max-num-seqs", "4", "--enforce-eager"),
+    {"VLLM_CPU_KVCACHE_SPACE": "1"},
+)
+ASR_WHISPER_GPU = _whisper_profile(
+    "asr-whisper-gpu", "gpu", ("--dtype", "bfloat16", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.30"), {}
+)
+
 PROFILES: dict[str, EngineProfile] = {
     "tiny": EngineProfile(
         name="tiny",
@@ -189,6 +244,9 @@ PROFILES: dict[str, EngineProfile] = {
     "ernie-21b-a3b-multinode": ernie_21b_a3b_multinode_profile(),
     "embed-bge-m3": EMBED_BGE_M3,
     "rerank-bge-v2-m3": RERANK_BGE_V2_M3,
+    "ernie-vl-28b-a3b": ERNIE_VL_28B_A3B,
+    "asr-whisper-cpu": ASR_WHISPER_CPU,
+    "asr-whisper-gpu": ASR_WHISPER_GPU,
 }
 
 
@@ -328,7 +386,12 @@ def serve_args(
     else:
         model = profile.model
     template = chat_template or str(CHAT_TEMPLATE)
-    chat = ["--chat-template", template, "--generation-config", "vllm"] if profile.chat else []
+    if not profile.chat:
+        chat = []
+    elif profile.own_template:
+        chat = ["--generation-config", "vllm"]
+    else:
+        chat = ["--chat-template", template, "--generation-config", "vllm"]
     base = [
         "--served-model-name", profile.served_model_name,
         "--host", host,

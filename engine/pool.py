@@ -4,7 +4,8 @@ Each endpoint is watched by its own loop: /health and /v1/models say whether it 
 a one-token warm-up request must come back before it counts as ready, and its
 /metrics (vllm:num_requests_running + vllm:num_requests_waiting) say how loaded it is.
 A request goes to the ready engine with the least load; an engine that fails is taken
-out and probed again with backoff, and the request is retried on another one.
+out and probed again with backoff, and the request is retried on another one. A request that
+carries an image goes only to the engines that can see (`engine.vision`, or per endpoint).
 
 /metrics is read every poll only where it steers requests (several engines, in a process that
 sends chats): vLLM's exposition is ~57 KB and each read cost vLLM ~12 ms and each botgw process
@@ -20,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import httpx
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 Status = Literal["down", "warming", "ready"]
 StateListener = Callable[["Endpoint"], None]
+Message = dict[str, Any]  # an OpenAI chat message: content is a string, or a list of parts (text, image_url)
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
 HEALTH_FAILURES_TO_TAKE_OUT = 2
@@ -43,6 +45,23 @@ SLOW_LOAD_S = 15.0  # ... and /metrics this often
 
 class EngineUnavailable(EngineError):
     """No engine became ready in time; the message stays queued and is tried again later."""
+
+
+class NoEngineSees(EngineError):
+    """An image request, and no engine in the pool can see images: asking again will not help."""
+
+    def __init__(self) -> None:
+        super().__init__("no engine can see images", retryable=False)
+
+
+def carries_image(messages: list[Message]) -> bool:
+    """Whether a user message holds an image part (OpenAI's `{"type": "image_url", ...}` in a content list)."""
+    return any(
+        message.get("role") == "user"
+        and isinstance(message.get("content"), list)
+        and any(isinstance(part, dict) and part.get("type") == "image_url" for part in message["content"])
+        for message in messages
+    )
 
 
 @dataclass
@@ -92,6 +111,7 @@ class Endpoint:
     url: str
     client: EngineClient
     slots: asyncio.Semaphore
+    vision: bool = False  # its model can see images
     status: Status = "down"
     load: EngineLoad = field(default_factory=EngineLoad)
     in_flight: int = 0
@@ -118,8 +138,8 @@ class EnginePool:
         self._settings = settings
         self._http = http
         self.endpoints = [
-            Endpoint(url, EngineClient(settings, http, url, session), asyncio.Semaphore(settings.max_in_flight))
-            for url in settings.urls()
+            Endpoint(url, EngineClient(settings, http, url, session), asyncio.Semaphore(settings.max_in_flight), sees)
+            for url, sees in settings.targets()
         ]
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,32 +172,47 @@ class EnginePool:
     def ready(self) -> bool:
         return any(endpoint.status == "ready" for endpoint in self.endpoints)
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """True as soon as one engine is ready; False if none is within timeout_s."""
+    @property
+    def sees_images(self) -> bool:
+        """Some engine of the pool can see images (ready or not): an image is worth sending to the engine."""
+        return any(endpoint.vision for endpoint in self.endpoints)
+
+    def _ready_for(self, vision: bool) -> bool:
+        return any(e.status == "ready" and (e.vision or not vision) for e in self.endpoints)
+
+    async def wait_ready(self, timeout_s: float, *, vision: bool = False) -> bool:
+        """True as soon as one engine is ready (one that sees, with `vision`); False if none is within timeout_s."""
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.ready), timeout_s)
+                await asyncio.wait_for(self._changed.wait_for(lambda: self._ready_for(vision)), timeout_s)
             except TimeoutError:
                 return False
         return True
 
-    def _pick(self, avoid: set[str]) -> Endpoint | None:
-        ready = [e for e in self.endpoints if e.status == "ready"]
+    def _pick(self, avoid: set[str], vision: bool = False) -> Endpoint | None:
+        ready = [e for e in self.endpoints if e.status == "ready" and (e.vision or not vision)]
         preferred = [e for e in ready if e.url not in avoid] or ready
         return min(preferred, key=Endpoint.score, default=None)
 
     async def _run(
-        self, call: Callable[[Endpoint], Awaitable[Completion | int]], limited: bool, failover: bool = True
+        self,
+        call: Callable[[Endpoint], Awaitable[Completion | int]],
+        limited: bool,
+        failover: bool = True,
+        vision: bool = False,
     ) -> Completion | int:
-        """Run `call` on the best ready engine; on a retryable failure take it out and try another."""
+        """Run `call` on the best ready engine (one that sees, with `vision`); on a retryable failure take it out
+        and try another."""
+        if vision and not self.sees_images:
+            raise NoEngineSees()
         deadline = time.monotonic() + self._settings.max_wait_s
         failed: set[str] = set()
         while True:
-            endpoint = self._pick(failed)
+            endpoint = self._pick(failed, vision)
             if endpoint is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not await self.wait_ready(remaining):
-                    raise EngineUnavailable("no engine is ready")
+                if remaining <= 0 or not await self.wait_ready(remaining, vision=vision):
+                    raise EngineUnavailable(f"no engine{' that can see images' if vision else ''} is ready")
                 continue
             try:
                 if not limited:
@@ -199,7 +234,7 @@ class EnginePool:
 
     async def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[Message],
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -207,7 +242,8 @@ class EnginePool:
         extra: dict | None = None,
         failover: bool = True,
     ) -> Completion:
-        """A chat completion from the least-loaded ready engine.
+        """A chat completion from the least-loaded ready engine (of those that see, when a message carries an image:
+        NoEngineSees when none can).
 
         With failover (the default) a retryable failure is retried on another engine; a caller
         that has already shown streamed text (failover=False) gets the error and decides.
@@ -220,7 +256,7 @@ class EnginePool:
                 messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra
             )
 
-        result = await self._run(ask, limited=True, failover=failover)
+        result = await self._run(ask, limited=True, failover=failover, vision=carries_image(messages))
         assert isinstance(result, Completion)
         return result
 

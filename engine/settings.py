@@ -5,13 +5,25 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
+class EngineEndpoint(BaseModel):
+    """One engine in `engine.endpoints` written out, where engines differ: `{url: ..., vision: true}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    vision: bool | None = Field(default=None, description="can see images; unset: the engine-wide `vision`")
+
+
 class EngineSettings(BaseModel):
     """Where the vLLM engines are, how to ask them, and how to watch them."""
 
     model_config = ConfigDict(extra="forbid")
 
     base_url: str = "http://127.0.0.1:8000"
-    endpoints: list[str] = Field(default_factory=list, description="several engines; base_url when empty")
+    endpoints: list[str | EngineEndpoint] = Field(
+        default_factory=list, description="several engines (a URL, or {url, vision}); base_url when empty"
+    )
+    vision: bool = Field(default=False, description="the engines can see images (a multimodal model)")
     model: str = "ernie-tiny"
     api_key: SecretStr | None = None
     max_tokens: int = Field(default=512, ge=1)
@@ -32,8 +44,14 @@ class EngineSettings(BaseModel):
     def urls(self) -> list[str]:
         """The engines' server roots. `http://host:8000/v1`, the form OpenAI clients and vLLM's docs use, is
         taken as `http://host:8000`: botgw adds /v1 itself, and /health and /metrics live at the root."""
-        roots = []
-        for url in self.endpoints or [self.base_url]:
-            root = url.strip().rstrip("/")
-            roots.append(root.removesuffix("/v1"))
-        return roots
+        return [root for root, _ in self.targets()]
+
+    def targets(self) -> list[tuple[str, bool]]:
+        """Each engine's server root and whether it can see images (its own `vision`, else the engine-wide one)."""
+        entries = self.endpoints or [self.base_url]
+        out = []
+        for entry in entries:
+            endpoint = entry if isinstance(entry, EngineEndpoint) else EngineEndpoint(url=entry)
+            sees = self.vision if endpoint.vision is None else endpoint.vision
+            out.append((endpoint.url.strip().rstrip("/").removesuffix("/v1"), sees))
+        return out

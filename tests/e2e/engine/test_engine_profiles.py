@@ -50,7 +50,7 @@ def all_profile_commands() -> dict[str, list[str]]:
 def test_every_profile_is_accepted_by_vllms_parser() -> None:
     commands = all_profile_commands()
     wanted = {"tiny", "ernie-0.3b-cpu", "ernie-0.3b-gpu", "ernie-21b-a3b", "ernie-21b-a3b-multinode", "embed-bge-m3",
-              "rerank-bge-v2-m3"}  # fmt: skip
+              "rerank-bge-v2-m3", "ernie-vl-28b-a3b", "asr-whisper-cpu", "asr-whisper-gpu"}  # fmt: skip
     assert wanted <= set(commands)
     bogus = [*commands["tiny"], "--enable-warp-drive"]
     two_models = [*commands["tiny"], "other-model"]  # a second positional: `vllm serve` takes one model
@@ -154,6 +154,35 @@ def test_the_rerank_profile_serves_the_model_knowledge_rerank_asks_for() -> None
     assert argv[argv.index("--runner") + 1] == "pooling"
     assert argv[argv.index("--served-model-name") + 1] == RerankSettings().model
     assert "--chat-template" not in argv
+
+
+def test_the_vision_profile_serves_ernie_vl_with_its_own_code_and_template() -> None:
+    """`botgw engine plan --profile ernie-vl-28b-a3b`: the MoE vision model with --trust-remote-code, room for images
+    per prompt, and the model's own chat template (ERNIE's text template cannot place images); vLLM's parser accepts
+    it with the others (test_every_profile_is_accepted_by_vllms_parser)."""
+    argv = all_profile_commands()["ernie-vl-28b-a3b"]
+    assert argv[0] == "baidu/ERNIE-4.5-VL-28B-A3B-PT"
+    assert "--trust-remote-code" in argv and "--chat-template" not in argv
+    assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1])["image"] >= 1
+    assert int(argv[argv.index("--max-model-len") + 1]) >= 8192
+    assert "--enable-eplb" not in argv  # vLLM's ERNIE-VL is no MixtureOfExperts model: EPLB would refuse to start
+
+
+def test_the_whisper_profiles_serve_the_model_asr_asks_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """`botgw engine plan --profile asr-whisper-cpu`: Whisper on the generate runner (vLLM's transcription endpoint)
+    under the name asr.model asks for by default, without a chat template."""
+    from engine.asr import AsrSettings
+    from gateway.cli.main import main as botgw
+
+    commands = all_profile_commands()
+    for name in ("asr-whisper-cpu", "asr-whisper-gpu"):
+        argv = commands[name]
+        assert argv[0].startswith("openai/whisper-")
+        assert argv[argv.index("--runner") + 1] == "generate"
+        assert argv[argv.index("--served-model-name") + 1] == AsrSettings(base_url="http://asr:8000").model
+        assert "--chat-template" not in argv and "--generation-config" not in argv
+    assert botgw(["engine", "plan", "--profile", "asr-whisper-cpu"]) == 0
+    assert "vllm serve openai/whisper-" in capsys.readouterr().out
 
 
 def test_serve_args_take_the_model_positionally_and_overrides_replace_it() -> None:
