@@ -285,6 +285,21 @@ def wecom_kf(args: argparse.Namespace) -> int:
     bot = _chosen_bot(args, "wecom-kf", WeComKfConfig)
     if bot is None:
         return 2
+    if args.quote is not None:  # a sync_msg item has no quoted-message field (bots/wecom_kf/models.py)
+        print("botgw sim wecom-kf: --quote: a 微信客服 message cannot quote", file=sys.stderr)
+        return 2
+    # Each attachment is a message of its own (a sync_msg item is one type), sent before the text, as a customer
+    # sends a photo and then asks about it.
+    attachments = [(kind, path) for kind, path in (("image", args.image), ("voice", args.voice),
+                                                  ("file", args.file)) if path]  # fmt: skip
+    try:
+        uploads = [(kind, path, open(path, "rb").read()) for kind, path in attachments]  # noqa: SIM115
+    except OSError as exc:
+        print(f"botgw sim wecom-kf: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if not uploads and not args.text:
+        print("botgw sim wecom-kf: nothing to send (a text, or --image/--voice/--file)", file=sys.stderr)
+        return 2
     gateway, simulator = args.gateway.rstrip("/"), bot.api_base
     with httpx.Client(timeout=10) as http:
         try:
@@ -297,22 +312,36 @@ def wecom_kf(args: argparse.Namespace) -> int:
                 open_kfid = accounts[0]["open_kfid"]
             state_before = kf_state(http, simulator, open_kfid, args.customer)
             since = time.time()
-            wrote = http.post(
-                f"{simulator}/__sim__/kf/customer",
-                json={"open_kfid": open_kfid, "external_userid": args.customer, "text": args.text},
-            )
+            messages: list[dict] = []
+            for kind, path, data in uploads:  # the customer's WeChat uploads the media; the message names it
+                import mimetypes
+
+                mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+                params = {"name": os.path.basename(path), "mime": mime}
+                uploaded = http.post(f"{simulator}/__sim__/kf/media", params=params, content=data)
+                if uploaded.status_code != 200:
+                    print(f"botgw sim: simulator answered {uploaded.status_code}: {uploaded.text}", file=sys.stderr)
+                    return 1
+                messages.append({"msgtype": kind, "media_id": uploaded.json()["media_id"]})
+            if args.text:
+                messages.append({"text": args.text})
+            wrote = []
+            for message in messages:
+                body = {"open_kfid": open_kfid, "external_userid": args.customer, **message}
+                wrote.append(http.post(f"{simulator}/__sim__/kf/customer", json=body))
+                if wrote[-1].status_code != 200:
+                    print(f"botgw sim: simulator answered {wrote[-1].status_code}: {wrote[-1].text}", file=sys.stderr)
+                    return 1
         except httpx.HTTPError as exc:
             print(f"botgw sim: the simulator at {simulator} is not reachable ({type(exc).__name__})", file=sys.stderr)
             return 3
-        if wrote.status_code != 200:
-            print(f"botgw sim: simulator answered {wrote.status_code}: {wrote.text}", file=sys.stderr)
-            return 1
-        callback = WeComKfCallbackSigner(bot).kf_msg_or_event(wrote.json()["token"], open_kfid)
-        failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
-        if failed is not None:
-            return failed
+        for answer in wrote:  # WeCom calls back for each message
+            callback = WeComKfCallbackSigner(bot).kf_msg_or_event(answer.json()["token"], open_kfid)
+            failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
+            if failed is not None:
+                return failed
         held_by_human = state_before in HUMAN_KF_STATES
-        written = [str(msgid) for msgid in wrote.json().get("msgids", [])]
+        written = [str(msgid) for answer in wrote for msgid in answer.json().get("msgids", [])]
         pulled_at = 0.0
 
         def left_to_a_human(seen: list[dict]) -> bool:

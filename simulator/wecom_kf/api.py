@@ -7,6 +7,7 @@ What it plays (reference: /work/shared/reference/wecom-kf.md, cited below as [re
   quota renewed by the customer's next message, msgid rules, welcome_code/msg_code used once within 20 s.
 - kf/service_state/get and kf/service_state/trans: the state machine, with the msg_code trans hands out.
 - kf/account/list.
+- a customer's photo, voice and file: sync_msg names them by media_id, WeCom's media/get serves them (media.py).
 It records every message it "delivers", takes faults on demand (simulator/faults.py), and the tests drive the
 customer, the human agents and the platform's events through control routes under /__sim__/kf/
 (simulator/wecom_kf/control.py). Started with `--state FILE` (the playground), it
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 from simulator.wecom.state import WeComApiState
 from simulator.wecom_kf.checks import KfCalls
+from simulator.wecom_kf.media import kf_media_router
 from simulator.wecom_kf.rules import (
     ACCOUNT_LIST_MAX,
     ALLOWED_MOVES,
@@ -59,6 +61,8 @@ def kf_router(state: KfState, wecom: WeComApiState) -> APIRouter:
     refuse, before, after_delivery, json_body = calls.refuse, calls.before, calls.after_delivery, calls.json_body
     check_account, check_text, check_msgid = calls.check_account, calls.check_text, calls.check_msgid
     deliver = calls.deliver
+    # A customer's media goes into WeCom's one media table, which media/get serves (simulator/wecom_kf/media.py).
+    router.include_router(kf_media_router(wecom))
 
     # ---- the platform's routes -------------------------------------------------------------------------------
 

@@ -14,13 +14,14 @@ from simulator.faults import Fault, faults_route
 from simulator.wecom_kf.rules import (
     ENDED,
     HUMAN,
+    MEDIA_MSGTYPES,
     MSG_CODE_TTL_S,
     NEW,
     WELCOME_CODE_TTL_S,
     WELCOME_QUIET_S,
     Endpoint,
 )
-from simulator.wecom_kf.state import KfAccount, KfSession, KfState, event_item, text_item
+from simulator.wecom_kf.state import KfAccount, KfSession, KfState, event_item, media_item, text_item
 
 
 class KfFault(Fault):
@@ -39,11 +40,16 @@ def kf_control_router(state: KfState) -> APIRouter:
 
     @router.post("/__sim__/kf/customer")
     async def customer(request: Request) -> JSONResponse:
-        """The customer writes `text` (or `count` messages "text #i"); a fresh callback Token comes back."""
+        """The customer writes `text` (or `count` messages "text #i"); a fresh callback Token comes back. With
+        `msgtype` image, voice, video or file the message is that media instead (`media_id` from /__sim__/kf/media;
+        none: a media_id the platform no longer has)."""
         body = await request.json()
         open_kfid, user = body.get("open_kfid"), str(body.get("external_userid", ""))
         if (missing := control_account(open_kfid)) or not user:
             return missing or JSONResponse({"error": "external_userid is required"}, status_code=400)
+        msgtype = body.get("msgtype") or "text"
+        if msgtype != "text" and msgtype not in MEDIA_MSGTYPES:
+            return JSONResponse({"error": f"msgtype is text or one of {', '.join(MEDIA_MSGTYPES)}"}, status_code=400)
         now = time.time()
         send_time = float(body.get("send_time") or now)
         count = body.get("count")
@@ -61,10 +67,11 @@ def kf_control_router(state: KfState) -> APIRouter:
         sess.sent_since_customer = 0
         msgids = []
         for text in texts:
-            item = text_item(open_kfid, user, text, 3, send_time)
-            if body.get("msgtype") == "image":  # a photo: sync_msg gives its media_id (wecom-kf.md §2 msg_list)
-                item["msgtype"], item["image"] = "image", {"media_id": "MEDIA_" + secrets.token_hex(8)}
-                del item["text"]
+            if msgtype == "text":
+                item = text_item(open_kfid, user, text, 3, send_time)
+            else:  # sync_msg gives its media_id (wecom-kf.md §2 msg_list; rules.MEDIA_MSGTYPES)
+                media_id = str(body.get("media_id") or "MEDIA_" + secrets.token_hex(8))
+                item = media_item(open_kfid, user, msgtype, media_id, send_time)
             state.append(open_kfid, item)
             msgids.append(item["msgid"])
         return JSONResponse({"msgids": msgids, "token": state.new_sync_token(open_kfid, body.get("token_ttl_s"))})

@@ -92,3 +92,7 @@ SENDABLE_STATES = frozenset({NEW, ASSISTANT})
 Endpoint = Literal[
     "sync_msg", "send_msg", "send_msg_on_event", "service_state_get", "service_state_trans", "account_list"
 ]
+
+# What a customer can send that sync_msg names by media_id (silenceper/wechat work/kf/syncmsg/message.go: image,
+# voice, video, file each carry `media_id` alone; wecom-kf.md §2).
+MEDIA_MSGTYPES = ("image", "voice", "video", "file")

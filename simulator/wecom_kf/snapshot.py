@@ -38,8 +38,11 @@ class SavedEvent(_Saved):
     external_userid: str
 
 
+_BODIES = ("text", "image", "voice", "video", "file", "event")
+
+
 class SavedLogItem(_Saved):
-    """A sync_msg item as `text_item` / `event_item` make it (a photo is a text item with `image` for `text`)."""
+    """A sync_msg item as `text_item` / `media_item` / `event_item` make it."""
 
     msgid: str
     open_kfid: str = ""
@@ -47,14 +50,17 @@ class SavedLogItem(_Saved):
     send_time: int
     origin: Literal[3, 4, 5]
     servicer_userid: str = ""
-    msgtype: Literal["text", "image", "event"]
+    msgtype: Literal["text", "image", "voice", "video", "file", "event"]
     text: SavedText | None = None
     image: SavedMedia | None = None
+    voice: SavedMedia | None = None
+    video: SavedMedia | None = None
+    file: SavedMedia | None = None
     event: SavedEvent | None = None
 
     @model_validator(mode="after")
     def _one_body(self) -> SavedLogItem:
-        bodies = {name for name in ("text", "image", "event") if getattr(self, name) is not None}
+        bodies = {name for name in _BODIES if getattr(self, name) is not None}
         if bodies != {self.msgtype}:
             raise ValueError(f"a {self.msgtype} item carries {', '.join(sorted(bodies)) or 'no body'}")
         if self.msgtype == "event" and (self.open_kfid or self.external_userid or self.servicer_userid):

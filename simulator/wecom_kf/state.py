@@ -179,6 +179,21 @@ def new_msgid() -> str:
 
 
 def text_item(open_kfid: str, user: str, text: str, origin: int, send_time: float, servicer: str = "") -> dict:
+    item = _item(open_kfid, user, origin, send_time, servicer)
+    item["msgtype"] = "text"
+    item["text"] = {"content": text}
+    return item
+
+
+def media_item(open_kfid: str, user: str, msgtype: str, media_id: str, send_time: float) -> dict[str, Any]:
+    """A customer's image, voice, video or file: its type's object holds `media_id` alone (rules.MEDIA_MSGTYPES)."""
+    item = _item(open_kfid, user, 3, send_time)
+    item["msgtype"] = msgtype
+    item[msgtype] = {"media_id": media_id}
+    return item
+
+
+def _item(open_kfid: str, user: str, origin: int, send_time: float, servicer: str = "") -> dict[str, Any]:
     item: dict[str, Any] = {
         "msgid": new_msgid(),
         "open_kfid": open_kfid,
@@ -188,8 +203,6 @@ def text_item(open_kfid: str, user: str, text: str, origin: int, send_time: floa
     }
     if servicer:
         item["servicer_userid"] = servicer
-    item["msgtype"] = "text"
-    item["text"] = {"content": text}
     return item
 
 
