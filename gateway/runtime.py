@@ -27,6 +27,7 @@ from gateway.state.key_migration import old_keys_present
 from gateway.state.keys import Keys
 from gateway.state.redis_client import RedisConfigError, check_redis, is_cluster_url, open_redis
 from gateway.state.tokens import RedisTokenStore
+from gateway.state.uploads import RedisUploadStore
 
 HTTP_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 
@@ -96,6 +97,9 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
             engine=engine,
             adapters=build_adapters(settings.bots, http, RedisTokenStore(redis, keys)),
         )
+        for adapter in runtime.adapters.values():  # the page's adapter reads its uploads (bots/web/uploads.py)
+            if attach := getattr(adapter, "attach_uploads", None):
+                attach(RedisUploadStore(redis, keys))
         opened.push_async_callback(engine.aclose)
         await engine.start()
         yield runtime

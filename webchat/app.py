@@ -8,7 +8,9 @@ BOTGW_WEB_BOT for this module).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 import chainlit as cl
 import httpx
@@ -90,9 +92,13 @@ async def on_message(message: cl.Message) -> None:
     meta = (user.metadata or {}) if user else {}
     # The gateway qualifies the name by how it signed in: wecom → the WeCom member, dingtalk → the DingTalk staff
     # member (webchat/oauth.py), otherwise the page's own user web:<bot>:<name>.
-    body = {"user": meta.get("name") or (user.identifier if user else "anonymous"),
-            "login": meta.get("login") or "password", "text": message.content,
-            "temperature": PRESETS.get(preset, 0.1)}
+    name, login = meta.get("name") or (user.identifier if user else "anonymous"), meta.get("login") or "password"
+    attachments = await upload_files(message.elements or [], name, login)
+    if attachments is None:
+        return
+    body = {"user": name, "login": login, "text": message.content, "temperature": PRESETS.get(preset, 0.1)}
+    if attachments:
+        body["attachments"] = attachments
     if await engine_status() == "loading":
         await cl.Message(content=STATUS_TEXT["loading"], author="status").send()
     answer = cl.Message(content="")
@@ -109,6 +115,32 @@ async def on_message(message: cl.Message) -> None:
             await read_events(response, answer, bool(settings.get("experts")))
     except httpx.HTTPError:
         await cl.ErrorMessage(content="The assistant cannot be reached right now; please try again.").send()
+
+
+async def upload_files(elements: list, user: str, login: str) -> list[dict] | None:
+    """Each attached file posted to the gateway (`/web/{bot}/uploads`), which keeps it for the worker: the refs
+    it handed out, as the chat message names them; None when one was refused (the page says why)."""
+    attachments = []
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5)) as http:
+            for element in elements:
+                if not getattr(element, "path", None):
+                    continue
+                data = await asyncio.to_thread(Path(element.path).read_bytes)  # Chainlit's spool of the upload
+                response = await http.post(
+                    f"{API}/uploads", content=data, params={"user": user, "login": login, "name": element.name},
+                    headers={**AUTH, "Content-Type": element.mime or "application/octet-stream"},
+                )
+                if response.status_code != 201:
+                    refusal = response.json().get("message") if response.headers.get("content-type", "").startswith(
+                        "application/json") else None
+                    await cl.ErrorMessage(content=f"{element.name}: {refusal or 'the file was not taken.'}").send()
+                    return None
+                attachments.append(response.json())
+    except httpx.HTTPError:
+        await cl.ErrorMessage(content="The assistant cannot be reached right now; please try again.").send()
+        return None
+    return attachments
 
 
 async def read_events(response: httpx.Response, answer: cl.Message, show_experts: bool) -> None:

@@ -12,11 +12,11 @@
   its `Host` header, also https when the page is reached as http through a TLS proxy that does not say so, or of
   `CHAINLIT_URL`) is refused: 403, or the websocket closed before it is accepted.
 - **Small bodies.** The page posts small JSON: a body over `MAX_BODY_BYTES` (1 MB) is answered 413, unread when its
-  Content-Length says so, else as soon as the bytes received pass the bound.
+  Content-Length says so, else as soon as the bytes received pass the bound. An upload (`POST /project/file`, the
+  attach button) may be the bot's `max_media_bytes` and a multipart envelope (`UPLOAD_SLACK_BYTES`): the same
+  413 past that, before Chainlit spools it (Chainlit then checks its type and size, and the gateway again).
 - **One trusted header.** The trusted header sent more than once (by a proxy that appends rather than sets) is not
   believed: no header sign-in, as for the secret.
-- **No uploads.** No botgw bot takes files yet: `POST /project/file` is answered 403 before its body is read
-  (Chainlit's own check would come after it had spooled the whole file). Issue 23 turns uploads on, bounded.
 - **No remote content.** Every response carries the Content-Security-Policy: images only from the page's own
   origin and `data:`, scripts from the page (and the inline ones it serves, by hash), connections to itself.
 - **Sign-in refusals.** A sign-in the login limits refused (webchat/passwords.py) is answered 429 with its message
@@ -43,9 +43,9 @@ from bots.web.config import WebBotConfig
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # what a page user may be called (WebUser.name): fullmatch
 UPLOAD_PATH = "/project/file"
 SOCKET_PATH = "/ws/socket.io"
-MAX_BODY_BYTES = 1 << 20  # the page posts small JSON; uploads are off
+MAX_BODY_BYTES = 1 << 20  # the page posts small JSON
+UPLOAD_SLACK_BYTES = 64 * 1024  # an upload's multipart envelope: its boundaries, headers and file name
 DEFAULT_PORTS = {"http": 80, "https": 443}
-UPLOADS_OFF = "Uploads are off on this page: no bot here accepts files yet."
 TOO_LARGE = "The request is too large for this page."
 
 
@@ -157,6 +157,7 @@ class PageGuard:
         self.bot = bot
         self.csp = csp.encode()
         self.upload_path = root_path.rstrip("/") + UPLOAD_PATH
+        self.upload_bytes = bot.max_media_bytes + UPLOAD_SLACK_BYTES
         self.socket_path = root_path.rstrip("/") + SOCKET_PATH
         self.page_url = os.environ.get("CHAINLIT_URL") or None
         self._user_header = (bot.trusted_header or "").lower().encode()
@@ -211,24 +212,23 @@ class PageGuard:
                 return await self.app(scope, receive, send)
             if foreign:
                 return await self._answer(send, 403, {"detail": "This page's socket is for this page only."})
-            if scope["path"] == self.upload_path and scope["method"] != "GET":
-                return await self._answer(send, 403, {"detail": UPLOADS_OFF})
-            if declared_length(headers) > MAX_BODY_BYTES:
+            bound = self.upload_bytes if scope["path"] == self.upload_path else MAX_BODY_BYTES
+            if declared_length(headers) > bound:
                 return await self._answer(send, 413, {"detail": TOO_LARGE}, [(b"connection", b"close")])
-            await self._bounded(scope, receive, send, facts)
+            await self._bounded(scope, receive, send, facts, bound)
         finally:
             FACTS.reset(token)
 
-    async def _bounded(self, scope: Scope, receive: Receive, send: Send, facts: RequestFacts) -> None:
-        """The app, with the bytes of the body counted as it reads them: over MAX_BODY_BYTES, the app's read
-        raises BodyTooLarge and the request is answered 413 (whatever the app answers then is dropped)."""
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send, facts: RequestFacts, bound: int) -> None:
+        """The app, with the bytes of the body counted as it reads them: over `bound`, the app's read raises
+        BodyTooLarge and the request is answered 413 (whatever the app answers then is dropped)."""
         state = {"received": 0, "over": False, "started": False}
 
         async def counted() -> Message:
             message = await receive()
             if message["type"] == "http.request":
                 state["received"] += len(message.get("body", b""))
-                if state["received"] > MAX_BODY_BYTES:
+                if state["received"] > bound:
                     state["over"] = True
                     raise BodyTooLarge
             return message

@@ -16,10 +16,12 @@ from pathlib import Path
 from string import Template
 
 from bots.web.config import WebBotConfig
+from bots.web.uploads import MAX_ATTACHMENTS, TYPES
 
 DESCRIPTION = "团队 AI 助手，企业微信、钉钉和网页上同一个助手 · The team's AI assistant, on WeCom, DingTalk and the web"
 
-# $name, $description, $meta_url, $meta_image and $version are filled in at start (TOML basic strings).
+# $name, $description, $meta_url, $meta_image and $version are filled in at start (TOML basic strings), and the
+# uploads' $accept (an inline table), $max_files and $max_size_mb.
 CONFIG_TOML = Template("""\
 # Written by `botgw web` at every start (webchat/page.py): edits here are overwritten.
 
@@ -46,13 +48,13 @@ favorites = false
 [features.slack]
 reaction_on_message_received = false
 
-# No botgw bot accepts files yet: off (webchat/guard.py also refuses POST /project/file). Issue 23 turns
-# uploads on, bounded by type, size and count.
+# The attach button: images and documents the worker reads (bots/web/uploads.py), each at most the bot's
+# max_media_bytes (the gateway holds the exact bound; webchat/guard.py the request's), a few per message.
 [features.spontaneous_file_upload]
-    enabled = false
-    accept = []
-    max_files = 0
-    max_size_mb = 0
+    enabled = true
+    accept = $accept
+    max_files = $max_files
+    max_size_mb = $max_size_mb
 
 [features.audio]
     enabled = false
@@ -169,6 +171,18 @@ def toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
+def accept_table() -> str:
+    """Chainlit's `accept` as a TOML inline table: each type with the extensions a file of it may have."""
+    entries = ", ".join(f"{toml_string(mime)} = [{', '.join(map(toml_string, extensions))}]"
+                        for mime, (extensions, _) in TYPES.items())
+    return "{ " + entries + " }"
+
+
+def max_size_mb(bot: WebBotConfig) -> int:
+    """Chainlit's bound is whole megabytes (MiB): rounded up, the gateway then holds the exact bytes."""
+    return -(-bot.max_media_bytes // (1024 * 1024))
+
+
 def merged(base: dict, changes: dict) -> dict:
     """`base` with `changes` laid over it, nested mappings key by key (the frontend needs every key: whole files)."""
     out = dict(base)
@@ -195,6 +209,7 @@ def write_app_root(app_root: Path, chainlit_dir: Path, version: str, bot: WebBot
     (target / "config.toml").write_text(CONFIG_TOML.substitute(
         name=toml_string(bot.title), description=toml_string(DESCRIPTION), meta_url=toml_string(page_url),
         meta_image=toml_string(f"{page_url}logo?theme=light"), version=toml_string(version),
+        accept=accept_table(), max_files=MAX_ATTACHMENTS, max_size_mb=max_size_mb(bot),
     ), encoding="utf-8")
     for source in sorted((chainlit_dir / "translations").glob("*.json")):
         text = translation(source.stem, json.loads(source.read_text(encoding="utf-8")))

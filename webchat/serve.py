@@ -2,14 +2,15 @@
 differences.
 
 - Chainlit's settings are botgw's (webchat/page.py): `.chainlit/config.toml`, translations, `chainlit.md` and the
-  logo are written into the app root at every start (uploads off, no HTML in messages, no CORS for other origins,
-  the page named after the bot's `title`, a sign-in form that asks for a user name). The app root is
+  logo are written into the app root at every start (uploads of the types and sizes the gateway takes, no HTML in
+  messages, no CORS for other origins, the page named after the bot's `title`, a sign-in form that asks for a user
+  name). The app root is
   CHAINLIT_APP_ROOT (`botgw web --app-root`), else ~/.cache/botgw/web: never the cwd, where Chainlit would
   otherwise create its stock files; Chainlit's `.env` is looked for there too, not in the cwd (and what would give
   Chainlit a data layer of its own, LITERAL_API_KEY or DATABASE_URL, is dropped from it too).
 - `webchat/guard.py` stands in front of the app (it also refuses the chat socket to other origins, which
-  Chainlit's socket.io server does not check, and bodies over 1 MB), and uvicorn's own proxy-header handling is
-  off: uvicorn would otherwise rewrite the client address from `X-Forwarded-For` for any peer in
+  Chainlit's socket.io server does not check, and bodies over 1 MB but uploads), and uvicorn's own proxy-header
+  handling is off: uvicorn would otherwise rewrite the client address from `X-Forwarded-For` for any peer in
   `forwarded_allow_ips` (127.0.0.1 by default) before anything of botgw's could see the real peer.
 - The page's HTML loads nothing from elsewhere (Chainlit links Google's fonts and a KaTeX stylesheet from a CDN);
   its inline scripts are allowed by hash in the Content-Security-Policy.

@@ -4,6 +4,9 @@ which streams the answer back from the same stream store the WeCom AI bot uses.
 The page says how the person signed in (`login`): through WeCom or DingTalk they are that platform's member
 (the same identity, memory and limits as in the bot whose login the page uses); with a password or the
 proxy's header they are the page's own user, `web:<bot>:<name>`.
+
+Attached files come as refs the gateway handed out for the page's uploads (bots/web/uploads.py): each becomes an
+image or file part whose media is the ref bound to its owner, and `download` reads it from the upload store.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from bots.base import (
     InboundMessage,
     ReplyStyle,
     ReplyTarget,
+    qualified,
 )
+from bots.parts import Downloaded, Media, MediaError, Part
 from bots.web.config import WebBotConfig
+from bots.web.uploads import MAX_ATTACHMENTS, REF, UploadStore, kind_of, media_ref, split_media_ref
 from bots.wecom.aibot import stream_id_for
 
 PLATFORM = "web"
@@ -42,6 +48,11 @@ class WebAdapter(ChannelDefaults):
         self.answer_timeout_s = float(config.answer_timeout_s)
         self._own = Identity(PLATFORM, config.id)
         self._logins: dict[str, Identity] = {}
+        self.uploads: UploadStore | None = None
+
+    def attach_uploads(self, store: UploadStore) -> None:
+        """Where the page's uploads are kept (the gateway's and the worker's runtime give it; none: no files)."""
+        self.uploads = store
 
     def join_bots(self, bots: Mapping[str, Any]) -> None:
         """The identities of the bots whose company logins the page offers (`web_login`)."""
@@ -56,6 +67,14 @@ class WebAdapter(ChannelDefaults):
         if login in self._logins:
             return self._logins[login]
         raise CallbackRejected("unknown_login", 400, f"this page offers no {login!r} sign-in")
+
+    def owner_of(self, user: str, login: str) -> str:
+        """Who a page user is, as `InboundMessage.person` names them (`web:<bot>:<name>`, `wecom:<corp>:<userid>`):
+        the name their uploads are kept under. CallbackRejected: a name no user could have, a login not offered."""
+        if not USER_ID.fullmatch(user):
+            raise CallbackRejected("malformed_fields", 400, "user must be 1-128 of A-Z a-z 0-9 _ . @ -")
+        identity = self.identity_of(login or "password")
+        return qualified(identity.family or PLATFORM, identity.tenant or self.bot_id, user)
 
     def authorize(self, headers: Mapping[str, str]) -> None:
         expected = f"Bearer {self.config.api_key.get_secret_value()}"
@@ -75,9 +94,8 @@ class WebAdapter(ChannelDefaults):
             raise CallbackRejected("text_too_long", 413, f"text over {MAX_TEXT_CHARS} characters")
         temperature = payload.get("temperature")
         user = str(payload["user"])
-        if not USER_ID.fullmatch(user):
-            raise CallbackRejected("malformed_fields", 400, "user must be 1-128 of A-Z a-z 0-9 _ . @ -")
         login = str(payload.get("login") or "password")
+        self.owner_of(user, login)  # a name no user could have, a login not offered: refused here
         identity = self.identity_of(login)
         # A company member's conversation on the page is named apart from a page user's of the same name: the
         # per-bot memory name (`bot_session_key`) of a page user must never be adopted as the member's memory.
@@ -97,4 +115,57 @@ class WebAdapter(ChannelDefaults):
             memory_by_person=identity.memory_by_person,
         )
         stream_id = stream_id_for(message.dedup_key)
-        return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+        parts = attached_parts(payload.get("attachments"), message.person)  # the uploads are the sender's own
+        return message.model_copy(update={
+            "reply_to": message.reply_to.model_copy(update={"stream_id": stream_id}),
+            "parts": parts, "msg_type": "attachments" if parts else "text",
+        })
+
+    async def check_uploads(self, message: InboundMessage) -> None:
+        """Every attachment is an upload of the sender's that is still kept, as the page described it: otherwise
+        a 400 before anything is queued (a ref never handed out, expired, or another user's)."""
+        for part in message.parts:
+            found = split_media_ref(part.media.ref) if part.media else None
+            if found is None or self.uploads is None:
+                raise CallbackRejected("unknown_upload", 400, "this page takes no attachments")
+            ref, owner = found
+            info = await self.uploads.info(self.bot_id, owner, ref)
+            if info is None:
+                raise CallbackRejected("unknown_upload", 400, "no such upload: it expired or is not yours")
+            if (info.mime, info.size) != (part.media.mime, part.media.size):
+                raise CallbackRejected("unknown_upload", 400, "the attachment is not the upload its ref names")
+
+    async def download(self, media: Media) -> Downloaded:
+        """The upload from the store, as its owner kept it (nothing is fetched from anywhere else)."""
+        found = split_media_ref(media.ref)
+        if found is None:
+            raise MediaError("refused", "not a page upload's ref")
+        if self.uploads is None:
+            raise MediaError("unavailable", "this process has no upload store")
+        ref, owner = found
+        kept = await self.uploads.get(self.bot_id, owner, ref)
+        if kept is None:
+            raise MediaError("expired", "the upload is no longer kept")
+        if len(kept.data) > self.max_media_bytes:
+            raise MediaError("too_large", f"over {self.max_media_bytes} bytes")
+        return kept
+
+
+def attached_parts(attachments: object, owner: str) -> tuple[Part, ...]:
+    """The parts a message's `attachments` (`[{ref, name, mime, size}]`, as the upload route answered) become,
+    in order; CallbackRejected for anything else (checked against the store by `check_uploads`)."""
+    if attachments is None:
+        return ()
+    if not isinstance(attachments, list) or len(attachments) > MAX_ATTACHMENTS:
+        raise CallbackRejected("malformed_fields", 400, f"attachments: a list of at most {MAX_ATTACHMENTS}")
+    parts = []
+    for item in attachments:
+        if not isinstance(item, dict):
+            raise CallbackRejected("malformed_fields", 400, "an attachment is {ref, name, mime, size}")
+        ref, mime, size = str(item.get("ref", "")), str(item.get("mime", "")), item.get("size")
+        kind = kind_of(mime)
+        if not REF.fullmatch(ref) or kind is None or not isinstance(size, int) or isinstance(size, bool):
+            raise CallbackRejected("malformed_fields", 400, "an attachment is {ref, name, mime, size}")
+        media = Media(ref=media_ref(ref, owner), name=str(item.get("name", ""))[:200], mime=mime, size=size)
+        parts.append(Part(kind=kind, media=media))
+    return tuple(parts)

@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Literal
 
+from limits import parse_many
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from bots.base import BotSettings, Identity
@@ -187,6 +188,20 @@ class WebBotConfig(BotSettings):
     auth_secret: SecretStr | None = Field(default=None, description="Chainlit's session signing secret")
     answer_timeout_s: float = Field(default=300.0, gt=0)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
+    uploads_per_user: str = Field(
+        default="10/minute;100/day",
+        description="files a page user may attach (each at most max_media_bytes), in moving windows",
+    )
+    upload_ttl_s: int = Field(default=3600, ge=60, le=86400, description="how long an attached file is kept")
+
+    @field_validator("uploads_per_user")
+    @classmethod
+    def _upload_windows(cls, value: str) -> str:
+        try:
+            parse_many(value)
+        except ValueError as exc:
+            raise ValueError(f"uploads_per_user: {value!r} is not like '10/minute;100/day'") from exc
+        return value
 
     def check_peers(self, bots: Sequence[BotSettings]) -> None:
         """`web_login` names a bot whose credentials sign people in: a WeCom app (an AI bot has no secret to

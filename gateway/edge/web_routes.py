@@ -4,11 +4,17 @@ The message takes the same path as every platform's (limits, memory, queue, work
 answer is read from the stream store as the worker writes it, so any gateway replica can
 serve the page. The store publishes every update, and the page's request waits on that
 notification (its own pub/sub subscription) instead of polling Redis.
+
+A file the page user attaches is posted first, alone (`POST /web/{bot}/uploads`): checked (the key, the size
+against the bot's max_media_bytes, the type against its name and its bytes, the user's allowance of uploads) and
+kept under its owner's name for `upload_ttl_s` (gateway/state/uploads.py); the chat message then names the ref
+it got, and a ref that is not the sender's is refused before anything is queued.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -19,8 +25,11 @@ from redis.asyncio import Redis
 from bots.base import CallbackRejected, InboundMessage
 from bots.channels import PageChannel
 from bots.safe_json import parse_json_object
+from bots.web.adapter import WebAdapter
+from bots.web.uploads import Upload, canonical_type, clean_name, content_matches
 from gateway import metrics
 from gateway.edge.routes import BodyTooLarge, read_body
+from gateway.state.limits import MovingWindowLimiter, windows
 from gateway.state.streams import StreamStore
 
 router = APIRouter()
@@ -101,6 +110,8 @@ async def web_chat(bot_id: str, request: Request) -> Response:
     try:
         body = await read_body(request, runtime.settings.max_body_bytes)
         message = parse_message(adapter, request.headers, body, time.time())
+        if isinstance(adapter, WebAdapter):
+            await adapter.check_uploads(message)  # every attachment the sender's own upload, still kept
     except BodyTooLarge:
         return JSONResponse({"error": "body_too_large"}, status_code=413)
     except CallbackRejected as exc:
@@ -144,3 +155,51 @@ async def web_status(bot_id: str, request: Request) -> JSONResponse:
     else:
         status = "ready"
     return JSONResponse({"engine": status, "endpoints": {e.url: e.status for e in pool.endpoints}})
+
+
+def _refused(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
+
+
+def _upload_limiter(request: Request) -> MovingWindowLimiter:
+    """The uploads' moving windows, shared by every replica (opened on first use)."""
+    state = request.app.state
+    if getattr(state, "upload_limiter", None) is None:
+        settings, keys = state.runtime.settings, state.runtime.keys
+        state.upload_limiter = MovingWindowLimiter(
+            settings.redis_url, f"{keys.limits_prefix}:upload", **settings.redis_options()
+        )
+    return state.upload_limiter
+
+
+@router.post("/web/{bot_id}/uploads")
+async def web_upload(bot_id: str, request: Request, user: str = "", login: str = "", name: str = "") -> Response:
+    """One attached file, the body as it is (its type in Content-Type, its name in `name`), for the page user
+    `user` signed in by `login`: 201 with its ref, or a 4xx that says why and keeps nothing."""
+    adapter = request.app.state.runtime.adapters.get(bot_id)
+    if not isinstance(adapter, WebAdapter) or adapter.uploads is None:
+        return _refused(404, "unknown_web_bot", "no web page with uploads here")
+    try:
+        adapter.authorize(request.headers)  # first: nothing of the checks below is told without the key
+        owner = adapter.owner_of(user, login)
+        data = await read_body(request, adapter.max_media_bytes)
+    except BodyTooLarge:
+        return _refused(413, "too_large", f"files are taken up to {adapter.max_media_bytes // 1024} KB")
+    except CallbackRejected as exc:
+        metrics.REJECTED.labels(adapter.platform, exc.reason).inc()
+        return _refused(exc.status, exc.reason, exc.detail)
+    name = clean_name(name)
+    mime = canonical_type(request.headers.get("content-type", ""), name)
+    if not data:
+        return _refused(400, "empty", "the file is empty")
+    if mime is None or not content_matches(mime, data):
+        return _refused(415, "unsupported_type",
+                        "images (PNG, JPEG, WebP, GIF) and documents (TXT, MD, PDF, DOCX, XLSX) only, "
+                        "and the file must be what its name says")
+    decision = await _upload_limiter(request).hit(owner, windows(adapter.config.uploads_per_user))
+    if not decision.allowed:
+        return _refused(429, "too_many_uploads", f"too many files: try again in {decision.retry_after_s} s",
+                        {"Retry-After": str(decision.retry_after_s)})
+    ref = secrets.token_hex(16)
+    await adapter.uploads.put(bot_id, owner, ref, Upload(data, mime, name), adapter.config.upload_ttl_s)
+    return JSONResponse({"ref": ref, "name": name, "mime": mime, "size": len(data)}, status_code=201)

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bots.parts import DEFAULT_MAX_MEDIA_BYTES
 from bots.web.config import WebBotConfig, hash_password
 from testkit.browser import chromium_browser
 from testkit.configs import stack_config, write_config
@@ -151,7 +152,7 @@ def test_the_guard_with_either_config() -> None:
     `allow_unlisted`, a chain of proxies, and the headers Chainlit's app is left with."""
     from starlette.datastructures import Headers
 
-    from webchat.guard import FACTS, PageGuard, header_user
+    from webchat.guard import FACTS, UPLOAD_SLACK_BYTES, PageGuard, header_user
 
     seen: list[dict] = []
 
@@ -187,8 +188,10 @@ def test_the_guard_with_either_config() -> None:
         assert facts["user"] is None, "a name with a trailing newline ($ matches before it)"
         facts, _ = asyncio.run(ask("::ffff:10.9.9.9", {**request, USER_HEADER: "alice"}))
         assert facts["user"] == "alice", "a trusted proxy seen through a dual-stack socket"
-        upload = asyncio.run(_upload(PageGuard(chainlit_stand_in, bot, "")))
-        assert upload.status_code == 403 and "Uploads are off" in upload.json()["detail"]
+        small = bot.model_copy(update={"max_media_bytes": 4096})
+        assert asyncio.run(_upload(PageGuard(chainlit_stand_in, small, ""), 4096)).status_code == 200
+        over = asyncio.run(_upload(PageGuard(chainlit_stand_in, small, ""), 4096 + UPLOAD_SLACK_BYTES))
+        assert over.status_code == 413, "an upload past max_media_bytes and its envelope reached Chainlit"
 
 
 def test_a_header_without_trusted_proxies_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
@@ -203,9 +206,9 @@ def test_a_header_without_trusted_proxies_is_warned_about(caplog: pytest.LogCapt
     assert not caplog.records
 
 
-async def _upload(app: object) -> httpx.Response:
+async def _upload(app: object, size: int) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://page") as client:  # type: ignore[arg-type]
-        return await client.post("/project/file?session_id=x", files={"file": ("a.txt", b"x" * 1000)})
+        return await client.post("/project/file?session_id=x", files={"file": ("a.txt", b"x" * size)})
 
 
 # Login
@@ -291,7 +294,9 @@ def test_unknown_and_known_names_take_the_same_time(pages: Pages) -> None:
 # Uploads
 
 
-def test_an_upload_is_refused(pages: Pages, chromium: object) -> None:
+def test_uploads_are_bounded(pages: Pages, chromium: object) -> None:
+    """The attach button is on (issue 23), for the types the gateway reads and up to the bot's max_media_bytes:
+    a file past that is refused by the guard before Chainlit spools it, another type by Chainlit's check."""
     context = chromium.new_context()  # type: ignore[attr-defined]
     page = context.new_page()
     sessions: list[str] = []
@@ -300,12 +305,20 @@ def test_an_upload_is_refused(pages: Pages, chromium: object) -> None:
     page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sessions.append(str(frame))))
     sign_in(page, pages.web, "erin")
     session_id = next(text.split('"sessionId":"')[1].split('"')[0] for text in sessions if '"sessionId":"' in text)
-    upload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"x" * 4096}
-    response = page.request.post(f"{pages.web}/project/file?session_id={session_id}", multipart={"file": upload})
-    assert response.status == 403, f"an upload was taken: {response.status} {response.text()}"
-    assert not any(path.is_file() for path in (pages.web_root / ".files").rglob("*"))
+    url = f"{pages.web}/project/file?session_id={session_id}"
+    files = pages.web_root / ".files"
+    too_large = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"x" * (DEFAULT_MAX_MEDIA_BYTES + 70_000)}
+    response = page.request.post(url, multipart={"file": too_large})
+    assert response.status == 413, f"an oversized upload was taken: {response.status} {response.text()}"
+    assert not any(path.is_file() for path in files.rglob("*"))
+    program = {"name": "tool.exe", "mimeType": "application/x-msdownload", "buffer": b"MZ" + b"x" * 100}
+    assert page.request.post(url, multipart={"file": program}).status == 400
+    assert not any(path.is_file() for path in files.rglob("*"))
+    notes = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"x" * 4096}
+    assert page.request.post(url, multipart={"file": notes}).status == 200
     settings = page.request.get(f"{pages.web}/project/settings?language=en-US").json()
-    assert settings["features"]["spontaneous_file_upload"]["enabled"] is False, "the page offers uploads"
+    offered = settings["features"]["spontaneous_file_upload"]
+    assert offered["enabled"] is True and offered["max_size_mb"] == 10 and "image/png" in offered["accept"]
     context.close()
 
 

@@ -166,7 +166,9 @@ def test_the_app_root_gets_botgw_s_files_over_chainlit_s(tmp_path: Path) -> None
     config = tomllib.loads((tmp_path / ".chainlit/config.toml").read_text())
     assert config["UI"]["name"] == "back\\slash 名字 #1 [x]"
     assert config["UI"]["custom_meta_url"] == "https://bot.example.com/chat/"
-    assert config["features"]["spontaneous_file_upload"]["enabled"] is False
+    uploads = config["features"]["spontaneous_file_upload"]
+    assert uploads["enabled"] is True and uploads["max_files"] == 4 and uploads["max_size_mb"] == 10
+    assert uploads["accept"]["image/jpeg"] == [".jpg", ".jpeg"] and ".docx" in str(uploads["accept"])
     assert config["meta"]["generated_by"] == "2.12.0"
     assert (tmp_path / "chainlit.md").read_text() == README
     assert not (tmp_path / "chainlit_zh-CN.md").exists(), "a stock translated Readme would be shown instead"
