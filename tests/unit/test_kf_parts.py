@@ -174,3 +174,20 @@ def test_a_stale_token_is_refetched_once() -> None:
 def test_over_the_cap_is_too_large() -> None:
     got, _ = download([httpx.Response(200, content=b"x" * 2048, headers={"content-type": "image/png"})])
     assert isinstance(got, MediaError) and got.reason == "too_large"
+
+
+def test_the_simulators_saved_state_keeps_voice_video_and_file_items() -> None:
+    from simulator.wecom_kf.snapshot import KfSnapshot
+    from simulator.wecom_kf.state import KfState, media_item
+
+    config = WeComKfConfig(id="kefu", corp_id="ww1", secret="s", token="t", encoding_aes_key=random_aes_key(),
+                           open_kfids=["wk1"])  # fmt: skip
+    state = KfState.from_bots([config])
+    for msgtype in ("image", "voice", "video", "file"):
+        state.append("wk1", media_item("wk1", "wm1", msgtype, f"MEDIA_{msgtype}", 100.0))
+    saved = state.snapshot()
+    again = KfState.from_bots([config])
+    again.restore(KfSnapshot.model_validate_json(json.dumps(saved)))
+    assert again.snapshot() == saved
+    assert [item["msgtype"] for _, item in again.log] == ["image", "voice", "video", "file"]
+    assert again.log[1][1]["voice"] == {"media_id": "MEDIA_voice"}
