@@ -16,6 +16,7 @@ import pytest
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
 from gateway import texts
+from simulator.dingtalk import messages
 from simulator.dingtalk.user import DingTalkUser, robot_payload
 from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT, write_config
 from testkit.fakes.holding_proxy import HoldingProxy
@@ -131,13 +132,14 @@ def test_one_to_one_and_group_through_the_engine(
     assert answer[0]["content"] == engine_answer(live_engine, " Summarise the meeting".strip(), max_tokens)
 
 
-def test_non_text_message_gets_text_only_notice(stack: Stack, user: str) -> None:
+def test_a_message_nothing_can_read_gets_the_notice_of_what_can_be(stack: Stack, user: str) -> None:
+    """A video (pictures, voice and files: test_dingtalk_media.py)."""
     payload = send(stack, "ding-http", user, "/help")  # the first one sets a session up
     wait_replies(stack, payload["conversationId"], 1)
-    picture = {**payload, "msgtype": "picture", "msgId": payload["msgId"] + "-pic", "content": {"downloadCode": "x"}}
-    picture.pop("text")
-    send(stack, "ding-http", user, "", payload=picture)
-    assert "text" in wait_replies(stack, payload["conversationId"], 2)[1]["content"].lower()
+    video = {**payload, "msgId": payload["msgId"] + "-video", **messages.video_message("x")}
+    video.pop("text")
+    send(stack, "ding-http", user, "", payload=video)
+    assert wait_replies(stack, payload["conversationId"], 2)[1]["content"] == texts.UNSUPPORTED_TEXT
 
 
 # -- Stream connection trouble ---------------------------------------------------------------
