@@ -86,7 +86,8 @@ class DingTalkApiClient:
         try:
             data = await self.call("POST", "/v1.0/robot/messageFiles/download", body)
         except PermanentSendError as exc:
-            reason = "refused" if str(exc.code).startswith("Forbidden") else "expired"
+            refused = str(exc.code).startswith("Forbidden") or exc.code == TOKEN_REFUSED_CODE  # access, not the code
+            reason = "refused" if refused else "expired"
             raise MediaError(reason, f"messageFiles/download: {exc}") from exc
         except SendError as exc:  # unreachable, 5xx, a rate limit: it may pass
             raise MediaError("unavailable", f"messageFiles/download: {exc}") from exc

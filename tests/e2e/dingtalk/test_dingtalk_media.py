@@ -10,7 +10,9 @@ import asyncio
 import io
 import json
 import secrets
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +25,7 @@ from simulator.dingtalk import messages
 from simulator.dingtalk.user import DingTalkUser
 from testkit.configs import dingtalk_bot
 from testkit.fakes.stub_engine import answer_for
-from testkit.processes import wait_for
+from testkit.processes import BOTGW, ROOT, child_env, wait_for
 from testkit.stacks import Cluster, Stack
 from tests.e2e.dingtalk.test_dingtalk import bot
 from tests.e2e.knowledge.test_document_bounds import docx, pdf
@@ -183,3 +185,29 @@ def test_a_group_answer_through_the_openapi_is_sample_markdown_with_a_title(
     answer = answer_for(question)
     assert (reply["via"], reply["format"], reply["content"]) == ("openapi", "markdown", answer)
     assert reply["title"] == title_of(answer) and "**" not in reply["title"] and reply["title"].startswith("answer")
+
+
+def sim_cli(made: Cluster, user: str, *args: str) -> str:
+    """`botgw sim dingtalk` as a person of ding-http, through the cluster's gateway: what it printed."""
+    command = [*BOTGW, "sim", "dingtalk", "--config", str(made.path), "--bot", "ding-http", "--user", user,
+               "--gateway", made.stack.gateway_url, "--simulator", made.stack.sim_url, "--timeout", "60", *args]
+    done = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_sim_cli_sends_voice_files_pictures_and_quotes(seeing: Cluster, user: str, tmp_path: Path) -> None:
+    """--voice (the text stands for DingTalk's recognition), --file then a question, --image with text (rich
+    text), --quote: each answered, printed."""
+    voice, document, picture = tmp_path / "voice.amr", tmp_path / "退货政策.pdf", tmp_path / "shot.png"
+    voice.write_bytes(b"#!AMR\n" + bytes(64))
+    document.write_bytes(pdf())
+    picture.write_bytes(png())
+    assert answer_for(f"几点开会 {user}") in sim_cli(seeing, user, "--voice", str(voice), f"几点开会 {user}")
+    shown = sim_cli(seeing, user, "--file", str(document), f"多久可以退货 {user}")
+    assert "退货政策.pdf" in shown and answer_for(f"多久可以退货 {user}") in shown
+    assert PDF_LINE in json.dumps(engine_saw(seeing, f"多久可以退货 {user}"), ensure_ascii=False)
+    assert answer_for(f"什么颜色 {user}") in sim_cli(seeing, user, "--image", str(picture), f"什么颜色 {user}")
+    assert engine_saw(seeing, f"什么颜色 {user}")[0]["images"]
+    sim_cli(seeing, user, "--quote", f"周三放假 {user}", "什么意思")
+    assert engine_saw(seeing, f"周三放假 {user}")
