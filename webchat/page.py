@@ -38,7 +38,10 @@ allow_origins = []  # CORS for Chainlit's HTTP routes only: the socket's Origin 
 unsafe_allow_html = false  # never: answers and knowledge passages are not trusted HTML
 latex = false
 user_message_markdown = true
-user_message_autoscroll = true
+# Off: Chainlit would pin the newest question to the top of the view with a spacer under it, so that everything
+# before it (a whole conversation, across settings changes) is scrolled out of sight and only the last exchange
+# shows. The view follows the answer instead (assistant_message_autoscroll).
+user_message_autoscroll = false
 assistant_message_autoscroll = true
 auto_tag_thread = true
 edit_message = true
