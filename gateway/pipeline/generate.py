@@ -98,8 +98,8 @@ class Generate:
         answer = completion.text if completion.text.strip() else texts.EMPTY_ANSWER_TEXT
         if job.grounding is not None:
             answer = job.grounding.cite(answer)
-        if job.attachment_note:
-            answer = f"{answer}\n\n{job.attachment_note}"
+        if job.answer_notes:
+            answer = "\n\n".join([answer, *job.answer_notes])
         if completion.routed_experts:
             answer = await self._record_experts(job, completion.routed_experts, answer)
         user_tokens = user_turn_tokens(plan, completion.prompt_tokens, system_tokens(services, job, separator=0))

@@ -59,7 +59,7 @@ class Job:
     images: list[str] = dataclasses.field(default_factory=list)  # data: URLs, set by the parts stage
     attachments: list[Attachment] = dataclasses.field(default_factory=list)  # files' text (the parts stage)
     attachment_tokens: int = 0  # what the attachments take of the prompt (the prompt-planning stage)
-    attachment_note: str = ""  # said under the answer when the files were cut to fit
+    answer_notes: list[str] = dataclasses.field(default_factory=list)  # said under the answer (a file cut to fit)
     tokens_used: int = 0  # what the engine took, failed attempts included (settled by the budget stage)
 
     @property

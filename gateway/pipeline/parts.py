@@ -54,59 +54,60 @@ class ReadParts:
         media = [part for part in message.parts if part.kind != "text"]
         if not media and (message.msg_type != "text" or not message.text.strip()):
             return await services.commit(job, texts.UNSUPPORTED_TEXT)
-        try:
-            read = await self._read(job, media)
-        except MediaError as exc:
-            metrics.MEDIA.labels(message.platform, exc.reason).inc()
-            log.info("an attachment could not be had", extra={"reason": exc.reason, "error": str(exc)})
-            return await services.commit(job, texts.media_error_text(exc.reason, job.adapter.max_media_bytes))
-        if isinstance(read, str):
-            return await services.commit(job, read)
-        question, images, files = read
-        if files:
-            await self._files.keep(job, files)
-        if not question and not images:
-            if files:
-                return await services.commit(job, texts.file_received_text(files))
-            return await services.commit(job, texts.UNSUPPORTED_TEXT)
-        job.images = images
+        read = await self._read(job, media)
+        if read.files:
+            await self._files.keep(job, read.files)
+        if not read.question and not read.images:
+            if read.files:
+                return await services.commit(job, "\n".join([texts.file_received_text(read.files), *read.notes]))
+            return await services.commit(job, "\n".join(read.notes) or texts.UNSUPPORTED_TEXT)
+        job.images = read.images
+        job.answer_notes += read.notes  # a part that could not be read beside a question: said under the answer
         job.attachments = await self._files.load(job)
-        if question != message.text:
-            job.message = message.model_copy(update={"text": question})
+        if read.question != message.text:
+            job.message = message.model_copy(update={"text": read.question})
         return await next(job)
 
-    async def _read(self, job: Job, media: list[Part]) -> tuple[str, list[str], list[Attachment]] | str:
-        """(the question, the images as data URLs, the files read), or the reply when something cannot be read."""
-        services = self._services
-        spoken: list[str] = []
-        quotes: list[str] = []
-        images: list[str] = []
-        files: list[Attachment] = []
+    async def _read(self, job: Job, media: list[Part]) -> Read:
+        """Every part that can be read; for each one that cannot, the reply that says why (a burst merged into one
+        message may hold a photo the engine cannot see and a question it can answer: the question is kept)."""
+        read, spoken, quotes = Read(), [], []
         for part in media:
-            if part.kind == "quote":
-                quotes.append(part.text.strip())
-            elif part.kind == "audio":
-                heard = part.text.strip() or await self._transcribe(job, part)
-                if not heard:
-                    return texts.VOICE_NOT_READ_TEXT
-                spoken.append(heard)
-            elif part.kind == "image":
-                if not services.engine.sees_images:
-                    return texts.IMAGE_NEEDS_VISION_TEXT
-                if len(images) == MAX_IMAGES:
-                    return texts.TOO_MANY_IMAGES_TEXT.format(count=MAX_IMAGES)
-                images.append(await self._image(job, part))
-            elif part.kind == "file":
-                file = await self._file(job, part)
-                if isinstance(file, str):
-                    return file
-                files.append(file)
+            try:
+                if part.kind == "quote":
+                    quotes.append(part.text.strip())
+                elif part.kind == "audio":
+                    heard = part.text.strip() or await self._transcribe(job, part)
+                    if not heard:
+                        read.note(texts.VOICE_NOT_READ_TEXT)
+                        continue
+                    spoken.append(heard)
+                elif part.kind == "image":
+                    if not self._services.engine.sees_images:
+                        read.note(texts.IMAGE_NEEDS_VISION_TEXT)
+                        continue
+                    if len(read.images) == MAX_IMAGES:
+                        read.note(texts.TOO_MANY_IMAGES_TEXT.format(count=MAX_IMAGES))
+                        continue
+                    read.images.append(await self._image(job, part))
+                elif part.kind == "file":
+                    file = await self._file(job, part)
+                    if isinstance(file, str):
+                        read.note(file)
+                        continue
+                    read.files.append(file)
+            except MediaError as exc:
+                metrics.MEDIA.labels(job.message.platform, exc.reason).inc()
+                log.info("an attachment could not be had", extra={"reason": exc.reason, "error": str(exc)})
+                read.note(texts.media_error_text(exc.reason, job.adapter.max_media_bytes))
+                continue
             metrics.MEDIA.labels(job.message.platform, f"read_{part.kind}").inc()
         question = "\n".join([*spoken, job.message.text.strip()]).strip()
         quoted = "\n".join(quote for quote in quotes if quote)
-        if quoted and (question or images):
+        if quoted and (question or read.images):
             question = texts.QUOTED.format(quoted=quoted, question=question or texts.IMAGE_QUESTION)
-        return question, images, files
+        read.question = question
+        return read
 
     async def _transcribe(self, job: Job, part: Part) -> str:
         """The transcription endpoint's text of a voice message ('' when there is none or it failed)."""
@@ -126,17 +127,41 @@ class ReadParts:
         return await asyncio.to_thread(image_data_url, picture.data)
 
     async def _file(self, job: Job, part: Part) -> Attachment | str:
+        """A file's text, or the reply that says why not. Where the message names the file, its kind is checked
+        before the download; where it does not (微信客服, the AI bot), on the name the download gave."""
         assert part.media is not None, "a file part names its media"
-        name = part.media.name or "file"
-        if not any(name.lower().endswith(suffix) for suffix in PARSERS):
-            return texts.FILE_TYPE_TEXT.format(name=name, kinds=", ".join(sorted(PARSERS)))
+        if part.media.name and not readable_name(part.media.name):
+            return texts.FILE_TYPE_TEXT.format(name=part.media.name, kinds=", ".join(sorted(PARSERS)))
         document = await job.adapter.download(part.media)
+        name = part.media.name or document.name or "file"
+        if not readable_name(name):
+            return texts.FILE_TYPE_TEXT.format(name=name, kinds=", ".join(sorted(PARSERS)))
         try:
             parsed = await asyncio.to_thread(parse, name, document.data)
         except FileRejected as exc:
             return texts.FILE_UNREADABLE_TEXT.format(name=name, why=str(exc))
         lines = [block.text.strip() for block in parsed.blocks if block.text.strip()]
         return Attachment(name, "\n".join(lines))
+
+
+def readable_name(name: str) -> bool:
+    """Whether the knowledge base's parsers read a file of this name (by its extension)."""
+    return any(name.lower().endswith(suffix) for suffix in PARSERS)
+
+
+@dataclasses.dataclass
+class Read:
+    """What the parts stage read of a message: the question, the pictures, the files, and the replies to the
+    parts it could not read."""
+
+    question: str = ""
+    images: list[str] = dataclasses.field(default_factory=list)
+    files: list[Attachment] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
 
 def image_data_url(data: bytes) -> str:
@@ -202,10 +227,13 @@ class KeptFiles:
             pipe.hset(self._key(job), mapping=fields)
             pipe.expire(self._key(job), self._services.memory.ttl_s)
             await pipe.execute()
+        job.record.files = None  # what the record read is stale now
 
     async def load(self, job: Job) -> list[Attachment]:
-        """The newest KEPT_FILES files, oldest first."""
-        stored = await self._services.redis.hgetall(self._key(job))
+        """The newest KEPT_FILES files, oldest first (as read with the reply record, unless this job kept one)."""
+        stored = job.record.files
+        if stored is None:
+            stored = await self._services.redis.hgetall(self._key(job))
         if not stored:
             return []
         files = []
@@ -217,9 +245,6 @@ class KeptFiles:
                 continue  # an unreadable entry is left out, not fatal
         files.sort(key=lambda pair: pair[0])
         return [file for _, file in files[-KEPT_FILES:]]
-
-    async def forget(self, job: Job) -> None:
-        await self._services.redis.delete(self._key(job))
 
 
 def attachments_text(files: list[Attachment]) -> str:

@@ -173,5 +173,5 @@ class PromptPlanning:
         fraction = free / exact * TRIM_MARGIN
         job.attachments = trimmed(job.attachments, fraction)
         job.attachment_tokens = free
-        job.attachment_note = texts.FILE_TRIMMED_NOTE.format(percent=max(1, int(fraction * 100)))
+        job.answer_notes.append(texts.FILE_TRIMMED_NOTE.format(percent=max(1, int(fraction * 100))))
         return True

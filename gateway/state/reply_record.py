@@ -186,10 +186,13 @@ class ReplyRecords:
         self._ttl_s = ttl_s
         self._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
 
-    def open(self, dedup_key: str, fence: Fence | None = None, memory_key: str = "") -> ReplyRecord:
-        """`memory_key`: the conversation memory the answer will be planned on, read with the record's first
-        load (one round trip for both)."""
-        return ReplyRecord(self._redis, self._keys.reply(dedup_key), self._ttl_s, fence, self._scripts, memory_key)
+    def open(
+        self, dedup_key: str, fence: Fence | None = None, memory_key: str = "", files_key: str = ""
+    ) -> ReplyRecord:
+        """`memory_key`: the conversation memory the answer will be planned on, and `files_key` the files it was
+        sent (gateway/pipeline/parts.py), read with the record's first load (one round trip for all)."""
+        key = self._keys.reply(dedup_key)
+        return ReplyRecord(self._redis, key, self._ttl_s, fence, self._scripts, memory_key, files_key=files_key)
 
 
 @dataclass
@@ -203,6 +206,8 @@ class ReplyRecord:
     _scripts: dict = field(default_factory=dict, repr=False)
     memory_key: str = ""
     memory: list[Turn] | None = field(default=None, repr=False)  # as read with the record; None: not read
+    files_key: str = ""
+    files: dict[bytes, bytes] | None = field(default=None, repr=False)  # as read with the record; None: not read
 
     def _fence_args(self) -> tuple[str, str]:
         return fence_args(self.fence, self.key)
@@ -219,8 +224,11 @@ class ReplyRecord:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.key)
             pipe.lrange(self.memory_key, 0, -1)
-            raw, turns = await pipe.execute()
+            if self.files_key:
+                pipe.hgetall(self.files_key)
+            raw, turns, *files = await pipe.execute()
         self.memory = turns_of(turns)
+        self.files = files[0] if files else None
         return ReplyState.from_hash(raw)
 
     def forget_memory(self) -> None:

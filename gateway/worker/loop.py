@@ -270,7 +270,9 @@ class Worker:
         fence = Fence(services.keys.lease(lease.lane), lease.epoch)
         scope = Scope.of(message, self._settings.memory.group)
         # a chat is planned on its memory: read it with the reply record
-        memory_key = services.keys.memory(scope.lane) if lease.entry.kind == EntryKind.CHAT else ""
-        record = services.records.open(message.dedup_key, fence, memory_key)
+        chat = lease.entry.kind == EntryKind.CHAT
+        memory_key = services.keys.memory(scope.lane) if chat else ""
+        files_key = services.keys.attachments(scope.lane) if chat else ""
+        record = services.records.open(message.dedup_key, fence, memory_key, files_key)
         presenter = presenter_for(services.delivery, adapter, message, record, fence)
         return Job(lease, message, scope, adapter, record, presenter)

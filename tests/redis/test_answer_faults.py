@@ -79,6 +79,7 @@ class KfStandIn:
     reply_quota: ReplyQuota | None = QUOTA
     duplicate_check_window_s: float = 0.0
     max_stream_bytes: int = 20480
+    reply_format: str = "text"
 
     def max_bytes_for(self, target: ReplyTarget) -> int:
         return 2048
