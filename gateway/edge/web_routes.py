@@ -158,6 +158,8 @@ async def web_status(bot_id: str, request: Request) -> JSONResponse:
 
 
 def _refused(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An upload refused, counted like a refused message."""
+    metrics.REJECTED.labels("web", error).inc()
     return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
 
 
@@ -186,7 +188,6 @@ async def web_upload(bot_id: str, request: Request, user: str = "", login: str =
     except BodyTooLarge:
         return _refused(413, "too_large", f"files are taken up to {adapter.max_media_bytes // 1024} KB")
     except CallbackRejected as exc:
-        metrics.REJECTED.labels(adapter.platform, exc.reason).inc()
         return _refused(exc.status, exc.reason, exc.detail)
     name = clean_name(name)
     mime = canonical_type(request.headers.get("content-type", ""), name)
