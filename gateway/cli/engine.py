@@ -14,6 +14,8 @@ HUB_PROBE = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from engine.launcher import PROFILES  # names only: the launcher imports nothing heavy
+
     engine = sub.add_parser("engine", help="the co-located vLLM engine")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True)
     for name, func, help_text in (
@@ -24,8 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         cmd.add_argument(
             "--profile",
             default="tiny",
-            help="tiny, ernie-0.3b(-cpu), ernie-0.3b-gpu, ernie-21b-a3b, ernie-21b-a3b-multinode, embed-bge-m3, "
-            "rerank-bge-v2-m3, auto",
+            help=f"{', '.join(sorted(PROFILES))}, auto",
         )
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=8000)
