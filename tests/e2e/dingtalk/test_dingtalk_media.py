@@ -211,3 +211,21 @@ def test_sim_cli_sends_voice_files_pictures_and_quotes(seeing: Cluster, user: st
     assert engine_saw(seeing, f"什么颜色 {user}")[0]["images"]
     sim_cli(seeing, user, "--quote", f"周三放假 {user}", "什么意思")
     assert engine_saw(seeing, f"周三放假 {user}")
+
+
+def test_a_file_too_long_for_the_context_is_cut_with_a_note(stack: Stack, seeing: Cluster, user: str) -> None:
+    """The stub engine's window is 2,048 tokens: a 40 KB handbook does not fit. Its beginning is read, the rest cut,
+    and the answer says how much was read."""
+    lines = [f"第{index}条：报销须附发票原件，编号 R{index:04d}。" for index in range(1, 1201)]
+    handbook = "\n".join(lines).encode()
+    assert 30_000 < len(handbook) < MAX_MEDIA_BYTES
+    question = f"报销要附什么？{user}"
+    payload = talk(seeing.stack, user, ("upload", (handbook, "手册.txt", "text/plain")),
+                   ("send", lambda code: messages.file_message(code, "手册.txt")),
+                   ("send", lambda _: messages.text_message(question)))  # fmt: skip
+    received = answers(stack, payload["conversationId"], 2)
+    (request,) = engine_saw(seeing, question)
+    assert lines[0] in request["system"] and lines[-1] not in request["system"], "the beginning is read, not the end"
+    answer = received[1]["content"]
+    assert answer.startswith(answer_for(request["user"]))
+    assert "只读了前" in answer and "%" in answer, "the cut is said under the answer"
