@@ -152,11 +152,6 @@ class Keys:
         no one else's (gateway/state/uploads.py)."""
         return f"{self.namespace}:upload:{bot_id}:{owner}:{ref}"
 
-    def web_upload(self, bot_id: str, owner: str, ref: str) -> str:
-        """A file a page user attached (a hash: data, mime, name; expires): named by its owner, so that a ref is
-        no one else's (gateway/state/uploads.py)."""
-        return f"{self.namespace}:upload:{bot_id}:{owner}:{ref}"
-
     def memory_adopted(self, session_key: str) -> str:
         """Set once a person's memory has taken over their one-to-one memory kept per bot before (never again)."""
         return f"{self.core}:memadopt:{session_key}"
