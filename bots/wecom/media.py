@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import unquote
 
 import httpx
 from wechatpy.crypto.cryptography import WeChatCipher
@@ -22,7 +23,8 @@ from bots.wecom.crypto import strip_pkcs7
 INVALID_MEDIA_ID = 40007
 MEDIA_TOO_LARGE = 830002
 _ERROR_PROBE_BYTES = 4096  # an error answer is a short JSON object; a file this small may be one
-_FILENAME = re.compile(r'filename\*?=(?:UTF-8\'\')?"?([^";]+)"?', re.IGNORECASE)
+_FILENAME_STAR = re.compile(r"filename\*=UTF-8'[^']*'([^;\s]+)", re.IGNORECASE)  # RFC 5987, percent-encoded
+_FILENAME = re.compile(r'filename="?([^";]+)"?', re.IGNORECASE)
 
 
 def platform_error(data: bytes, headers: httpx.Headers) -> tuple[int, str] | None:
@@ -55,8 +57,11 @@ def media_error_for(errcode: int, errmsg: str) -> MediaError:
 
 
 def filename_from(headers: httpx.Headers) -> str:
-    """The file's name from Content-disposition ('' when none is given)."""
-    found = _FILENAME.search(headers.get("content-disposition", ""))
+    """The file's name from Content-disposition ('' when none is given); `filename*` (RFC 5987) percent-decoded."""
+    disposition = headers.get("content-disposition", "")
+    if found := _FILENAME_STAR.search(disposition):
+        return unquote(found.group(1)).strip()
+    found = _FILENAME.search(disposition)
     return found.group(1).strip() if found else ""
 
 

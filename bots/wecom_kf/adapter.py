@@ -201,7 +201,7 @@ class WeComKfAdapter(ChannelDefaults):
 
     async def download(self, media: Media) -> Downloaded:
         """A customer's image, voice (AMR) or file, from media/get on the bot's own API base."""
-        return await self.api.media(media.ref, self.max_media_bytes)
+        return await self.api.download_media(media.ref, self.max_media_bytes)
 
     def pacing(self, target: ReplyTarget) -> Pacing:
         return []  # the 5-message rule is the reply quota, kept by the worker

@@ -6,16 +6,9 @@ like an app's (one refresher at a time, refetched once on 40014/42001).
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
-from urllib.parse import unquote
-
-import httpx
 
 from bots.base import RetryableSendError, SendError
-from bots.http import download_bounded
-from bots.parts import Downloaded, MediaError
 from bots.wecom.client import WeComApiClient
 from bots.wecom.exceptions import TOKEN_INVALID_CODES
 from bots.wecom_kf.exceptions import SESSION_ENDED, error_for
@@ -25,10 +18,6 @@ SESSION_STATE_ENDED = 4  # service_state 4: 已结束 (reference wecom-kf.md, "S
 # media/get answers an unknown or expired media_id (kept 3 days: "该media_id仅三天内有效", the Kefu 素材管理 page,
 # kancloud wikizhima/wechatkf-api 2376706) with errcode JSON instead of the bytes: 40007 "无效媒体文件 ID" (the
 # media/get pages' error example).
-INVALID_MEDIA_ID = 40007
-_ERROR_TYPES = ("application/json", "text/plain")  # what an errcode answer comes as, instead of the media
-_FILENAME_STAR = re.compile(r"filename\*=UTF-8'[^']*'([^;\s]+)", re.IGNORECASE)  # RFC 5987, percent-encoded
-_FILENAME = re.compile(r'filename="?([^";]+)"?', re.IGNORECASE)
 
 
 class KfApiClient(WeComApiClient):
@@ -53,24 +42,6 @@ class KfApiClient(WeComApiClient):
     async def sync_msg(self, open_kfid: str, cursor: str, token: str) -> dict[str, Any]:
         payload = {"cursor": cursor, "token": token, "limit": SYNC_LIMIT, "voice_format": 0, "open_kfid": open_kfid}
         return await self.call("/cgi-bin/kf/sync_msg", payload)
-
-    async def media(self, media_id: str, max_bytes: int) -> Downloaded:
-        """GET media/get on the bot's API base, at most `max_bytes`; a stale token is refetched once; an errcode
-        answer becomes MediaError ("expired" for 40007, else "refused")."""
-        token = await self.access_token()
-        for _ in range(2):
-            params = {"access_token": token, "media_id": media_id}
-            url = f"{self._config.api_base}/cgi-bin/media/get"
-            data, headers = await download_bounded(self._http, url, "WeCom media/get", max_bytes, params=params)
-            errcode = _errcode_of(data, headers)
-            if errcode is None:
-                mime = headers.get("content-type", "").split(";")[0].strip()
-                return Downloaded(data, mime, _filename_of(headers))
-            if errcode in TOKEN_INVALID_CODES:
-                token = await self.access_token(stale=token)
-                continue
-            raise MediaError("expired" if errcode == INVALID_MEDIA_ID else "refused", f"media/get errcode {errcode}")
-        raise MediaError("unavailable", "WeCom kept rejecting fresh access tokens")
 
     async def send_text(self, open_kfid: str, customer: str, content: str, msgid: str) -> None:  # type: ignore[override]
         text = {"content": content}
@@ -114,23 +85,3 @@ class KfApiClient(WeComApiClient):
             if len(page) < 100:
                 return found
 
-
-def _errcode_of(data: bytes, headers: httpx.Headers) -> int | None:
-    """The errcode of an error answer (JSON where the media was expected), or None for media."""
-    if not headers.get("content-type", "").lower().startswith(_ERROR_TYPES):
-        return None
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        return None
-    code = answer.get("errcode") if isinstance(answer, dict) else None
-    return code if isinstance(code, int) and code != 0 else None
-
-
-def _filename_of(headers: httpx.Headers) -> str:
-    """The file's name from Content-Disposition ('' none); `filename*` (RFC 5987) is percent-decoded."""
-    disposition = headers.get("content-disposition", "")
-    if found := _FILENAME_STAR.search(disposition):
-        return unquote(found.group(1)).strip()
-    found = _FILENAME.search(disposition)
-    return found.group(1).strip() if found else ""

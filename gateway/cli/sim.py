@@ -84,6 +84,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim_ai.set_defaults(run=wecom_ai)
 
 
+def _read_attachment(command: str, path: str | None) -> bytes | None:
+    """The file a flag names (b"" for none), or None after saying why it cannot be read."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_bytes() if path else b""
+    except OSError as exc:
+        print(f"botgw sim {command}: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return None
+
+
 def _chosen_bot(args: argparse.Namespace, platform: str, kind: type[T]) -> T | None:
     """The bot --bot names when it is a `platform` bot; else None, with one line naming that platform's bots. Asked
     before anything is posted."""
@@ -144,10 +155,8 @@ def wecom(args: argparse.Namespace) -> int:
         print(f"botgw sim wecom: {refused}", file=sys.stderr)
         return 2
     attachment = args.image or args.voice
-    try:
-        data = Path(attachment).read_bytes() if attachment else b""
-    except OSError as exc:
-        print(f"botgw sim wecom: cannot read {attachment}: {exc.strerror}", file=sys.stderr)
+    data = _read_attachment("wecom", attachment)
+    if data is None:
         return 2
     since = time.time()
     signer = WeComCallbackSigner(bot)
@@ -184,7 +193,6 @@ def wecom(args: argparse.Namespace) -> int:
 
 
 def wecom_ai(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from bots.wecom.config import WeComAIBotConfig
     from simulator.wecom.ai_user import WeComAIBotUser
@@ -203,10 +211,8 @@ def wecom_ai(args: argparse.Namespace) -> int:
         print(f"botgw sim wecom-ai: {refused}", file=sys.stderr)
         return 2
     attachment = args.image or args.file
-    try:
-        data = Path(attachment).read_bytes() if attachment else b""
-    except OSError as exc:
-        print(f"botgw sim wecom-ai: cannot read {attachment}: {exc.strerror}", file=sys.stderr)
+    data = _read_attachment("wecom-ai", attachment)
+    if data is None:
         return 2
     gateways = args.gateway or [os.environ.get("BOTGW_GATEWAY_URL", DEFAULT_GATEWAY_URL)]
 
@@ -292,10 +298,8 @@ def wecom_kf(args: argparse.Namespace) -> int:
     # sends a photo and then asks about it.
     attachments = [(kind, path) for kind, path in (("image", args.image), ("voice", args.voice),
                                                   ("file", args.file)) if path]  # fmt: skip
-    try:
-        uploads = [(kind, path, open(path, "rb").read()) for kind, path in attachments]  # noqa: SIM115
-    except OSError as exc:
-        print(f"botgw sim wecom-kf: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+    uploads = [(kind, path, _read_attachment("wecom-kf", path)) for kind, path in attachments]
+    if any(data is None for _, _, data in uploads):
         return 2
     if not uploads and not args.text:
         print("botgw sim wecom-kf: nothing to send (a text, or --image/--voice/--file)", file=sys.stderr)

@@ -73,11 +73,9 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             if fault.errcode in (40014, 42001):
                 state.tokens.pop(access_token, None)
             return _error(fault.errcode, fault.errmsg or "simulated")
-        expires_at = state.tokens.get(access_token)
-        if expires_at is None:
-            return _error(40014, "invalid access_token")
-        if expires_at < time.time():
-            return _error(42001, "access_token expired")
+        refused = state.token_refusal(access_token)
+        if refused:
+            return _error(*refused)
         try:
             body: dict[str, Any] = await request.json()
         except ValueError:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -48,17 +49,19 @@ def app_media_router(state: WeComApiState) -> APIRouter:
             return JSONResponse({"error": "simulated"}, status_code=fault.http_status)
         if fault and fault.errcode is not None:
             return _error(fault.errcode, fault.errmsg or "simulated")
-        expires_at = state.tokens.get(access_token)
-        if expires_at is None:
-            return _error(40014, "invalid access_token")
-        if expires_at < time.time():
-            return _error(42001, "access_token expired")
+        refused = state.token_refusal(access_token)
+        if refused:
+            return _error(*refused)
         stored = state.media.get(media_id)
         if stored is None or stored.expires_at < time.time():
             return _error(40007, "invalid media_id")
         if len(stored.data) > WHOLE_DOWNLOAD_MAX_BYTES:
             return _error(830002, "file too large, use Range to download")
-        headers = {"Content-disposition": f'attachment; filename="{stored.name}"', "Cache-Control": "no-cache"}
+        # 96486's sample answer: Content-disposition: attachment; filename="MEDIA_ID.jpg". A name that is not ASCII
+        # is sent as RFC 5987's filename* beside an ASCII one (UNCONFIRMED how WeCom writes one).
+        ascii_name = stored.name.encode("ascii", "replace").decode().replace("?", "_").replace('"', "_")
+        disposition = f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(stored.name)}"
+        headers = {"Content-disposition": disposition, "Cache-Control": "no-cache"}
         return Response(stored.data, media_type=stored.mime, headers=headers)
 
     @router.post("/__sim__/wecom/media")

@@ -4,6 +4,7 @@ plays the API over it, simulator/wecom/control.py drives it)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from simulator.faults import FaultQueue
@@ -51,6 +52,15 @@ class WeComApiState:
     dropped_over_rate: int = 0  # sends past a member's allowance: answered ok, never shown
     held: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def token_refusal(self, token: str) -> tuple[int, str] | None:
+        """(errcode, errmsg) for an access_token WeCom would refuse (unknown: 40014, past its time: 42001)."""
+        expires_at = self.tokens.get(token)
+        if expires_at is None:
+            return 40014, "invalid access_token"
+        if expires_at < time.time():
+            return 42001, "access_token expired"
+        return None
 
     def reset(self) -> None:
         self.tokens.clear()

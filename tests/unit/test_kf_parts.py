@@ -129,7 +129,7 @@ def download(answers: list[httpx.Response], max_bytes: int = 1024) -> tuple[obje
     async def run() -> object:
         async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as http:
             try:
-                return await KfApiClient(config, http, MemoryTokens()).media("MEDIA_1", max_bytes)  # type: ignore[arg-type]
+                return await KfApiClient(config, http, MemoryTokens()).download_media("MEDIA_1", max_bytes)  # type: ignore[arg-type]
             except MediaError as exc:
                 return exc
 
