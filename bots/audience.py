@@ -8,7 +8,11 @@ external_userid; a chat id for groups), so an operator copies them from the cons
 
 from __future__ import annotations
 
+import re
+
 from bots.base import BotSettings, InboundMessage
+
+LEADING_MENTION = re.compile(r"^@\S+\s+")  # WeCom doc 100719's group example: "@RobotA hello robot"
 
 
 def admit(settings: BotSettings, message: InboundMessage) -> tuple[InboundMessage | None, str]:
@@ -25,7 +29,7 @@ def admit(settings: BotSettings, message: InboundMessage) -> tuple[InboundMessag
             return None, "not_allowed_group"
         prefix = settings.group_prefix
         if prefix:
-            text = message.text.lstrip()
+            text = LEADING_MENTION.sub("", message.text.lstrip())  # the AI bot's group text starts "@bot …"
             if not text.startswith(prefix):
                 return None, "no_prefix"
             return message.model_copy(update={"text": text[len(prefix) :].lstrip()}), ""

@@ -7,6 +7,7 @@ again only when the platform says the cached one is stale.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 
@@ -16,6 +17,7 @@ from bots.base import PermanentSendError, RetryableSendError, TokenStore
 from bots.parts import MediaError
 
 TOKEN_EARLY_REFRESH_S = 300
+DOWNLOAD_DEADLINE_S = 120.0  # one attachment's whole download (10 MB at a slow 100 KB/s)
 TokenFetch = Callable[[], Awaitable[tuple[str, float]]]
 
 
@@ -65,6 +67,17 @@ async def download_bounded(
     """GET an attachment, at most `max_bytes` of it, never following a redirect (a redirect could lead off the
     platform); MediaError says why not. A JSON body where media was expected is the platform's error answer:
     the caller reads it from `headers` and the bytes (WeCom answers an expired media_id with errcode JSON)."""
+    headers = {**dict(kwargs.pop("headers", None) or {}), "Accept-Encoding": "identity"}  # type: ignore[call-overload]
+    try:
+        async with asyncio.timeout(DOWNLOAD_DEADLINE_S):  # a host that drips bytes does not hold the job
+            return await _download(http, url, what, max_bytes, headers=headers, **kwargs)
+    except TimeoutError:
+        raise MediaError("unavailable", f"{what}: not downloaded within {DOWNLOAD_DEADLINE_S:.0f} s") from None
+
+
+async def _download(
+    http: httpx.AsyncClient, url: str, what: str, max_bytes: int, **kwargs: object
+) -> tuple[bytes, httpx.Headers]:
     try:
         async with http.stream("GET", url, follow_redirects=False, **kwargs) as response:  # type: ignore[arg-type]
             if response.status_code >= 500 or response.status_code == 429:

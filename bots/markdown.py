@@ -21,7 +21,7 @@ def to_text(markdown: str) -> str:
     writer = _Writer()
     for token in _PARSER.parse(markdown):
         writer.block(token)
-    return writer.text()
+    return writer.text() or markdown  # all marks and nothing else ("#", "---"): sent as it is, never empty
 
 
 class _Writer:
@@ -40,7 +40,8 @@ class _Writer:
         if kind == "bullet_list_open":
             self.lists.append([])
         elif kind == "ordered_list_open":
-            self.lists.append([int(token.attrGet("start") or 1)])
+            start = token.attrGet("start")
+            self.lists.append([int(start) if start is not None else 1])
         elif kind in ("bullet_list_close", "ordered_list_close"):
             self.lists.pop()
             if not self.lists:
@@ -53,6 +54,8 @@ class _Writer:
                 numbering[0] += 1
             else:
                 self.item_prefix = f"{indent}• "
+        elif kind == "list_item_close":
+            self.item_prefix = ""  # an empty item: its bullet does not fall onto what follows
         elif kind == "blockquote_open":
             self.quote_depth += 1
         elif kind == "blockquote_close":

@@ -127,9 +127,11 @@ async def convert_to_wav(data: bytes, demuxer: str, timeout_s: float = CONVERT_T
     try:
         pcm, errors = await asyncio.wait_for(process.communicate(data), timeout_s)
     except TimeoutError:
-        process.kill()
-        await process.wait()
         raise TranscriptionError("timed out") from None
+    finally:  # timed out, or the job was cancelled (a lost lease, a shutdown): ffmpeg goes with it
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     if process.returncode != 0 or not pcm:
         log.warning("ffmpeg could not read a voice message",
                     extra={"demuxer": demuxer, "error": errors.decode(errors="replace")[-300:]})

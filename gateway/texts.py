@@ -20,6 +20,7 @@ VOICE_NOT_READ_TEXT = "I could not turn your voice message into text; please typ
 IMAGE_NEEDS_VISION_TEXT = (
     "My model cannot see pictures; please describe it in words. 当前模型看不了图片，请用文字描述。"
 )
+TOO_MANY_PARTS_TEXT = "I read only the first {count} attachments. 只读取了前 {count} 个附件。"
 TOO_MANY_IMAGES_TEXT = "Please send at most {count} pictures at a time. 一次最多发 {count} 张图片。"
 FILE_TYPE_TEXT = "I can read {kinds} files; 《{name}》 is not one of them. 只能读取 {kinds} 文件，《{name}》不在其中。"
 FILE_UNREADABLE_TEXT = "I could not read 《{name}》: {why}. 无法读取《{name}》：{why}。"
@@ -31,7 +32,7 @@ FILE_TRIMMED_NOTE = "（Note: the file was long; I read only its first {percent}
 QUOTED = "（引用：「{quoted}」）\n{question}"
 IMAGE_QUESTION = "请看这张图片。"
 IMAGE_MARK = "[图片]"
-ATTACHMENT = "用户发来的文件《{name}》的内容：\n{text}"
+ATTACHMENT = "【我发来的文件《{name}》，内容如下】\n{text}\n【文件《{name}》结束】"
 MEDIA_ERROR_TEXTS = {
     "expired": "That attachment has expired on the platform; please send it again. 附件已过期，请重新发送。",
     "too_large": "That attachment is too large: the limit is {mb} MB. 附件太大，上限 {mb} MB。",

@@ -132,7 +132,7 @@ class WebAdapter(ChannelDefaults):
             info = await self.uploads.info(self.bot_id, owner, ref)
             if info is None:
                 raise CallbackRejected("unknown_upload", 400, "no such upload: it expired or is not yours")
-            if (info.mime, info.size) != (part.media.mime, part.media.size):
+            if (info.mime, info.size, info.name) != (part.media.mime, part.media.size, part.media.name):
                 raise CallbackRejected("unknown_upload", 400, "the attachment is not the upload its ref names")
 
     async def download(self, media: Media) -> Downloaded:

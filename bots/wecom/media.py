@@ -29,6 +29,8 @@ _FILENAME = re.compile(r'filename="?([^";]+)"?', re.IGNORECASE)
 
 def platform_error(data: bytes, headers: httpx.Headers) -> tuple[int, str] | None:
     """(errcode, errmsg) when the answer is WeCom's JSON error rather than the file; None for a file."""
+    if headers.get("content-disposition"):  # WeCom sends every file with one, never an error answer: a user's
+        return None  # own small JSON file is not taken for WeCom's error (and cannot make the token be dropped)
     declared = headers.get("content-type", "").lower()
     looks_json = "json" in declared or "text/plain" in declared or data[:1] == b"{"
     if not looks_json or len(data) > _ERROR_PROBE_BYTES:

@@ -14,7 +14,7 @@ from engine.pool import EngineUnavailable
 from gateway import metrics, texts
 from gateway.delivery.presenters import Presenter
 from gateway.pipeline.job import Composed, Job, PromptPlan, Services
-from gateway.pipeline.parts import remembered_turn, user_content
+from gateway.pipeline.parts import remembered_turn, user_content, user_text
 from gateway.pipeline.prompt_plan import system_prompt, system_tokens, user_turn_tokens
 from gateway.pipeline.stage import Next
 from gateway.state.limits import Refusal
@@ -82,7 +82,7 @@ class Generate:
         prompt = [
             {"role": "system", "content": system_prompt(services, job)},
             *({"role": turn.role, "content": turn.content} for turn in plan.history),
-            {"role": "user", "content": user_content(message.text, job.images)},
+            {"role": "user", "content": user_content(user_text(job), job.images)},
         ]
         if job.presenter.streams:
             await job.presenter.open(job.state)

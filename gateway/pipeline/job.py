@@ -40,6 +40,7 @@ class Attachment:
 
     name: str
     text: str
+    part: int = 0  # its place among the message's attachments (kept under it: a retry keeps it once)
 
 
 @dataclasses.dataclass

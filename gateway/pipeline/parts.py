@@ -21,7 +21,7 @@ import json
 import logging
 import time
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from bots.parts import MediaError, Part
 from engine.asr import TranscriptionError
@@ -36,9 +36,11 @@ log = logging.getLogger(__name__)
 IMAGE_MAX_SIDE = 1024  # pixels: ERNIE-4.5-VL reads 28×28 patches, so about 1,340 image tokens at most
 IMAGE_TOKEN_BOUND = 1400  # what one image may add to the prompt, for the prompt plan
 IMAGE_FORMATS = {"JPEG", "PNG", "GIF", "WEBP", "BMP"}
-MAX_IMAGE_PIXELS = 40_000_000  # a decompression bomb is refused before it is decoded
+MAX_IMAGE_PIXELS = 16_000_000  # a decompression bomb is refused before it is decoded (a 16 Mpx RGBA decode: 64 MB)
 MAX_IMAGES = 4  # per message: more is refused rather than silently dropped
-KEPT_FILES = 3  # the newest files of a conversation that join its questions
+KEPT_FILES = 3  # the newest files of a conversation that join its questions (older ones are dropped)
+MAX_KEPT_CHARS = 60_000  # of one file's text: more than any context window here takes (a note says it was cut)
+MAX_PARTS = 8  # attachments read for one message (a merged burst): more get a reply, not minutes of downloads
 
 
 class ReadParts:
@@ -72,7 +74,10 @@ class ReadParts:
         """Every part that can be read; for each one that cannot, the reply that says why (a burst merged into one
         message may hold a photo the engine cannot see and a question it can answer: the question is kept)."""
         read, spoken, quotes = Read(), [], []
-        for part in media:
+        for index, part in enumerate(media):
+            if index == MAX_PARTS:
+                read.note(texts.TOO_MANY_PARTS_TEXT.format(count=MAX_PARTS))
+                break
             try:
                 if part.kind == "quote":
                     quotes.append(part.text.strip())
@@ -95,7 +100,7 @@ class ReadParts:
                     if isinstance(file, str):
                         read.note(file)
                         continue
-                    read.files.append(file)
+                    read.files.append(dataclasses.replace(file, part=index))
             except MediaError as exc:
                 metrics.MEDIA.labels(job.message.platform, exc.reason).inc()
                 log.info("an attachment could not be had", extra={"reason": exc.reason, "error": str(exc)})
@@ -140,6 +145,9 @@ class ReadParts:
             parsed = await asyncio.to_thread(parse, name, document.data)
         except FileRejected as exc:
             return texts.FILE_UNREADABLE_TEXT.format(name=name, why=str(exc))
+        except Exception as exc:  # a damaged file the parsers do not name (zipfile's NotImplementedError…)
+            log.info("a file could not be parsed", extra={"error": type(exc).__name__})
+            return texts.FILE_UNREADABLE_TEXT.format(name=name, why="damaged")
         lines = [block.text.strip() for block in parsed.blocks if block.text.strip()]
         return Attachment(name, "\n".join(lines))
 
@@ -174,8 +182,12 @@ def image_data_url(data: bytes) -> str:
             if opened.width * opened.height > MAX_IMAGE_PIXELS:
                 raise MediaError("too_large", f"{opened.width}×{opened.height} pixels")
             opened.seek(0)  # an animated GIF: its first frame
+            if opened.format == "JPEG":
+                opened.draft("RGB", (IMAGE_MAX_SIDE, IMAGE_MAX_SIDE))  # decoded at a smaller scale: less memory
             picture = opened.convert("RGBA" if _has_alpha(opened) else "RGB")
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except MediaError:
+        raise
+    except Exception as exc:  # Pillow raises ValueError, SyntaxError… on damaged files: none may fail the job
         raise MediaError("unsupported", f"not a picture: {type(exc).__name__}") from exc
     picture.thumbnail((IMAGE_MAX_SIDE, IMAGE_MAX_SIDE))
     out = io.BytesIO()
@@ -201,6 +213,13 @@ def user_content(text: str, images: list[str]) -> str | list[dict]:
     return parts
 
 
+def user_text(job: Job) -> str:
+    """The user's turn as the engine reads it: the files the conversation was sent, marked as such, then the
+    message. In the user's turn, not the system prompt: a document is the user's words, with no authority."""
+    files = attachments_text(job.attachments)
+    return f"{files}\n\n{job.message.text}" if files else job.message.text
+
+
 def remembered_turn(text: str, images: list[str]) -> str:
     """What memory keeps of a user turn with pictures: the text and a mark per picture (not the picture)."""
     marks = " ".join(texts.IMAGE_MARK for _ in images)
@@ -218,14 +237,24 @@ class KeptFiles:
         return self._services.keys.attachments(job.scope.lane)
 
     async def keep(self, job: Job, files: list[Attachment]) -> None:
+        """Keep the files by message and part (a retried job keeps them once), each cut to MAX_KEPT_CHARS, and
+        no more than KEPT_FILES in all: the oldest go."""
         at = time.time()
         fields = {
-            f"{job.message.msg_id}:{index}": json.dumps({"name": file.name, "text": file.text, "at": at})
-            for index, file in enumerate(files)
+            f"{job.message.msg_id}:{file.part}": json.dumps(
+                {"name": file.name, "text": file.text[:MAX_KEPT_CHARS], "at": at}, ensure_ascii=False
+            )
+            for file in files
         }
+        key = self._key(job)
+        kept = {field.decode(): raw for field, raw in (await self._services.redis.hgetall(key)).items()}
+        older = sorted((field for field in kept if field not in fields), key=lambda field: _kept_at(kept[field]))
+        stale = older[: max(0, len(older) + len(fields) - KEPT_FILES)]
         async with self._services.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key(job), mapping=fields)
-            pipe.expire(self._key(job), self._services.memory.ttl_s)
+            if stale:
+                pipe.hdel(key, *stale)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, self._services.memory.ttl_s)
             await pipe.execute()
         job.record.files = None  # what the record read is stale now
 
@@ -245,6 +274,13 @@ class KeptFiles:
                 continue  # an unreadable entry is left out, not fatal
         files.sort(key=lambda pair: pair[0])
         return [file for _, file in files[-KEPT_FILES:]]
+
+
+def _kept_at(raw: bytes) -> float:
+    try:
+        return float(json.loads(raw)["at"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0  # unreadable: the first to go
 
 
 def attachments_text(files: list[Attachment]) -> str:

@@ -95,15 +95,16 @@ def passages(job: Job) -> str:
 
 
 def system_prompt(services: Services, job: Job) -> str:
-    """The bot's prompt, then the knowledge passages and the files the conversation was sent, if any."""
-    extra = [text for text in (passages(job), attachments_text(job.attachments)) if text]
-    return "\n\n".join([base_prompt(services, job), *extra])
+    """The bot's prompt, then the knowledge passages (the operator's words: a file a user sent is the user's,
+    and goes in the user's turn, gateway/pipeline/parts.py user_text)."""
+    base = base_prompt(services, job)
+    return f"{base}\n\n{passages(job)}" if passages(job) else base
 
 
 def system_tokens(services: Services, job: Job, *, separator: int = 2) -> int:
-    """The system prompt's size in tokens: the bot's prompt as counted (once per process), the knowledge
-    passages bounded by their UTF-8 length (they change with every question) plus the separator's tokens, and
-    the files as the planning counted them."""
+    """The size in tokens of what the prompt holds besides history and the question: the bot's prompt as
+    counted (once per process), the knowledge passages bounded by their UTF-8 length (they change with every
+    question) plus the separator's tokens, and the files (in the user's turn) as the planning counted them."""
     files = job.attachment_tokens + separator if job.attachments else 0
     return system_tokens_before_files(services, job, separator) + files
 

@@ -34,3 +34,8 @@ def test_groups_and_prefix() -> None:
     admitted, _ = admit(rules, message(group="g1", text="  #ai 报销怎么走？"))
     assert admitted is not None and admitted.text == "报销怎么走？"
     assert admit(rules, message(text="hi"))[0] is not None, "one-to-one needs no prefix"
+
+
+def test_a_leading_mention_does_not_hide_the_prefix() -> None:
+    admitted, _ = admit(settings(group_prefix="/ai"), message(group="g", text="@RobotA /ai 几点开会"))
+    assert admitted is not None and admitted.text == "几点开会"

@@ -33,3 +33,9 @@ def test_nested_lists_are_indented() -> None:
     text = to_text("1. 第一步\n   - 细节甲\n   - 细节乙\n2. 第二步\n")
     lines = text.splitlines()
     assert lines[0] == "1. 第一步" and lines[1] == "  • 细节甲" and lines[-1] == "2. 第二步"
+
+
+def test_odd_answers_keep_their_content() -> None:
+    assert to_text("0. zero\n1. one") == "0. zero\n1. one"
+    assert to_text("#") == "#" and to_text("*") == "*", "never an empty piece"
+    assert "• paragraph" not in to_text("- a\n-\n\nparagraph")

@@ -115,9 +115,10 @@ def test_rich_text_with_a_picture_reaches_an_engine_that_sees(stack: Stack, seei
 
 
 def test_a_picture_to_an_engine_that_cannot_see_gets_the_clear_reply(stack: Stack, user: str) -> None:
-    """The stack's own worker: its engine has no `vision`."""
+    """The stack's own worker: its engine has no `vision`. (A picture beside a question: the question is answered
+    and the reply said under it, tests/e2e/wecom_kf/test_kf_media.py.)"""
     payload = talk(stack, user, ("upload", (png(), "shot.png", "image/png")),
-                   ("send", lambda code: messages.rich_text_message("看看这个", (code,))))  # fmt: skip
+                   ("send", lambda code: messages.picture_message(code)))  # fmt: skip
     (reply,) = answers(stack, payload["conversationId"], 1)
     assert reply["content"] == texts.IMAGE_NEEDS_VISION_TEXT
 
@@ -205,9 +206,10 @@ def test_sim_cli_sends_voice_files_pictures_and_quotes(seeing: Cluster, user: st
     picture.write_bytes(png())
     assert answer_for(f"几点开会 {user}") in sim_cli(seeing, user, "--voice", str(voice), f"几点开会 {user}")
     shown = sim_cli(seeing, user, "--file", str(document), f"多久可以退货 {user}")
-    assert "退货政策.pdf" in shown and answer_for(f"多久可以退货 {user}") in shown
+    assert "退货政策.pdf" in shown and f"多久可以退货 {user}" in shown.split("answer to:")[-1]
     assert PDF_LINE in json.dumps(engine_saw(seeing, f"多久可以退货 {user}"), ensure_ascii=False)
-    assert answer_for(f"什么颜色 {user}") in sim_cli(seeing, user, "--image", str(picture), f"什么颜色 {user}")
+    shown = sim_cli(seeing, user, "--image", str(picture), f"什么颜色 {user}")  # the PDF's text still joins it
+    assert "answer to:" in shown and f"什么颜色 {user}" in shown
     assert engine_saw(seeing, f"什么颜色 {user}")[0]["images"]
     sim_cli(seeing, user, "--quote", f"周三放假 {user}", "什么意思")
     assert engine_saw(seeing, f"周三放假 {user}")
@@ -223,9 +225,14 @@ def test_a_file_too_long_for_the_context_is_cut_with_a_note(stack: Stack, seeing
     payload = talk(seeing.stack, user, ("upload", (handbook, "手册.txt", "text/plain")),
                    ("send", lambda code: messages.file_message(code, "手册.txt")),
                    ("send", lambda _: messages.text_message(question)))  # fmt: skip
-    received = answers(stack, payload["conversationId"], 2)
+    url = f"{stack.sim_url}/__sim__/dingtalk/messages"
+
+    def said() -> list[str]:
+        return [m["content"] for m in httpx.get(url, params={"conversation": payload["conversationId"]}).json()]
+
+    wait_for(lambda: any("只读了前" in text for text in said()), 60, "the answer with its note")
     (request,) = engine_saw(seeing, question)
-    assert lines[0] in request["system"] and lines[-1] not in request["system"], "the beginning is read, not the end"
-    answer = received[1]["content"]
-    assert answer.startswith(answer_for(request["user"]))
-    assert "只读了前" in answer and "%" in answer, "the cut is said under the answer"
+    assert lines[0] in request["user"] and lines[-1] not in request["user"], "the beginning is read, not the end"
+    assert lines[0] not in request["system"], "a file is the user's words, never the system prompt"
+    answer = "".join(said()[1:])  # the answer, in as many pieces as DingTalk's cap needs
+    assert answer.startswith(answer_for(request["user"])) and "%" in answer, "the cut is said under the answer"

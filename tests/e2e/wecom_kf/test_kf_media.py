@@ -25,6 +25,7 @@ from gateway import texts
 from testkit.configs import random_aes_key, stack_config, write_config
 from testkit.processes import BOTGW, Proc, free_port, wait_http
 from testkit.services import start_gateway, start_worker
+from testkit.fakes.stub_engine import answer_for
 from testkit.stacks import start_stub_engine, stub_requests
 from tests.e2e.knowledge.test_document_bounds import docx, pdf
 from tests.kf_env import KFID, Kf, customer
@@ -124,6 +125,19 @@ def test_a_photo_to_a_text_engine_gets_the_clear_reply(stacks: Stacks) -> None:
     person = customer()
     send(stacks.blind, person, "image", png(), "photo.png", "image/png")
     assert contents(stacks.blind.wait_sent(person, 1, settle=2.0)) == [texts.IMAGE_NEEDS_VISION_TEXT]
+
+
+def test_a_photo_then_a_question_to_a_text_engine_answers_the_question_and_says_why_not_the_photo(
+    stacks: Stacks,
+) -> None:
+    """The outside review's lost question: a photo the engine cannot see, merged with the question after it."""
+    person, question = customer(), f"退货地址是哪里？{secrets.token_hex(3)}"
+    send(stacks.blind, person, "image", png(), "photo.png", "image/png")
+    stacks.blind.write(person, question)
+    (answer,) = contents(stacks.blind.wait_sent(person, 1, settle=4.0))
+    (asked,) = requests_about(stacks.engine_url, question)
+    assert not asked["images"]
+    assert answer.startswith(answer_for(asked["user"])) and answer.endswith(texts.IMAGE_NEEDS_VISION_TEXT), answer
 
 
 def test_a_voice_without_speech_recognition_gets_the_clear_reply(stacks: Stacks) -> None:
