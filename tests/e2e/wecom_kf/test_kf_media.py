@@ -23,9 +23,9 @@ from PIL import Image
 
 from gateway import texts
 from testkit.configs import random_aes_key, stack_config, write_config
+from testkit.fakes.stub_engine import answer_for
 from testkit.processes import BOTGW, Proc, free_port, wait_http
 from testkit.services import start_gateway, start_worker
-from testkit.fakes.stub_engine import answer_for
 from testkit.stacks import start_stub_engine, stub_requests
 from tests.e2e.knowledge.test_document_bounds import docx, pdf
 from tests.kf_env import KFID, Kf, customer
