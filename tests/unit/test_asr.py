@@ -4,18 +4,16 @@ too slow, one that refuses, and what is not audio at all."""
 
 from __future__ import annotations
 
-import io
 import math
 import random
 import subprocess
-import wave
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 from pydantic import ValidationError
 
-from engine.asr import AsrSettings, Transcriber, TranscriptionError, audio_format, convert_to_wav
+from engine.asr import AsrSettings, Transcriber, TranscriptionError, audio_format, convert_to_wav, pcm_to_wav
 from testkit.fakes.stub_asr import heard, start_stub_asr
 from testkit.processes import free_port
 
@@ -28,13 +26,7 @@ def sine_wav(seconds: float, rate: int = 8000, frequency: float = 440.0) -> byte
         int(12000 * math.sin(2 * math.pi * frequency * i / rate)).to_bytes(2, "little", signed=True)
         for i in range(int(seconds * rate))
     )
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(frames)
-    return buffer.getvalue()
+    return pcm_to_wav(frames, rate)
 
 
 def speex_from(wav: bytes) -> bytes:
