@@ -7,6 +7,7 @@ import json
 
 import httpx
 
+from bots.markdown import to_text
 from gateway.state.keys import Keys
 from testkit.configs import ENGINE_MODEL, SYSTEM_PROMPT
 from testkit.fakes.stub_engine import answer_for
@@ -39,20 +40,21 @@ def test_answer_is_the_engines_and_memory_carries_the_first_turn(stack: Stack, l
     first = stack.wait_delivered(user, 1)[0]["content"]
     q1 = {"role": "user", "content": "What is the capital of France?"}
     expected_first = engine_answer(live_engine, [system, q1], max_tokens)
-    assert first == expected_first
+    assert first == to_text(expected_first), "the WeCom app shows text: the answer's Markdown made readable"
 
     assert stack.post_callback(signer.text(user, "And of Italy?")).status_code == 200
     second = stack.wait_delivered(user, 2)[1]["content"]
     q2 = {"role": "user", "content": "And of Italy?"}
-    with_history = engine_answer(live_engine, [system, q1, {"role": "assistant", "content": first}, q2], max_tokens)
+    answered = {"role": "assistant", "content": expected_first}  # memory keeps what the engine wrote
+    with_history = engine_answer(live_engine, [system, q1, answered, q2], max_tokens)
     without_history = engine_answer(live_engine, [system, q2], max_tokens)
-    assert second == with_history
+    assert second == to_text(with_history)
     # The tiny model must tell the two prompts apart, or this test would prove nothing.
     assert with_history != without_history
 
     turns = memory_turns(stack, user)
     assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
-    assert turns[0]["content"] == q1["content"] and turns[1]["content"] == first
+    assert turns[0]["content"] == q1["content"] and turns[1]["content"] == expected_first
     assert all(t["tokens"] > 0 for t in turns)
 
     assert stack.post_callback(signer.text(user, "/reset")).status_code == 200
@@ -60,7 +62,7 @@ def test_answer_is_the_engines_and_memory_carries_the_first_turn(stack: Stack, l
     assert memory_turns(stack, user) == []
 
     assert stack.post_callback(signer.text(user, "And of Italy?")).status_code == 200
-    assert stack.wait_delivered(user, 4)[3]["content"] == without_history
+    assert stack.wait_delivered(user, 4)[3]["content"] == to_text(without_history)
 
 
 def test_duplicate_deliveries_call_the_engine_once(cluster, user: str) -> None:
@@ -93,4 +95,4 @@ def test_message_longer_than_the_context_window_gets_a_clear_reply(stack: Stack,
     second = stack.wait_delivered(user, 2, settle=0.5)[1]["content"]
     system = {"role": "system", "content": SYSTEM_PROMPT}
     q = {"role": "user", "content": "What is the capital of France?"}
-    assert second == engine_answer(live_engine, [system, q], stack.config["engine"]["max_tokens"])
+    assert second == to_text(engine_answer(live_engine, [system, q], stack.config["engine"]["max_tokens"]))
