@@ -9,6 +9,7 @@ external_userid; a chat id for groups), so an operator copies them from the cons
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 from bots.base import BotSettings, InboundMessage
 
@@ -42,3 +43,21 @@ def restricts(settings: BotSettings) -> bool:
         settings.allow_users or settings.deny_users or settings.allow_groups or settings.deny_groups
         or settings.group_prefix
     )
+
+
+class Audiences:
+    """Every bot's lists, for where messages enter (the gateway's ingest, the pulled channel): `admit` gives the
+    message to answer, or None after `count(platform, reason)` was told why not."""
+
+    def __init__(self, bots: Sequence[BotSettings], count: Callable[[str, str], None]) -> None:
+        self._restricted = {bot.id: bot for bot in bots if restricts(bot)}
+        self._count = count
+
+    def admit(self, message: InboundMessage) -> InboundMessage | None:
+        audience = self._restricted.get(message.bot_id)
+        if audience is None:
+            return message
+        admitted, reason = admit(audience, message)
+        if admitted is None:
+            self._count(message.platform, reason)
+        return admitted

@@ -23,6 +23,10 @@ MEDIA = Counter(
     "Attachments read (read_image, read_audio, read_file, read_quote) or refused (expired, too_large, …)",
     ["platform", "outcome"],
 )
+def count_ignored(platform: str, reason: str) -> None:
+    IGNORED.labels(platform, reason).inc()
+
+
 LIMIT_HITS = Counter(
     "botgw_limit_hits_total",
     "Messages refused by a limit, by kind (messages, tokens_per_minute, …)",

@@ -14,8 +14,8 @@ from typing import Literal
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-from bots.audience import admit, restricts
-from bots.base import BotSettings, InboundMessage
+from bots.audience import Audiences
+from bots.base import InboundMessage
 from gateway import metrics
 from gateway.config import Settings
 from gateway.edge.batching import RedisBatcher
@@ -37,18 +37,12 @@ class Ingest:
         self._scheduler = scheduler
         self._settings = settings
         self._dedup_ttl_s = settings.effective_dedup_ttl_s()
-        self._audiences: dict[str, BotSettings] = {bot.id: bot for bot in settings.bots if restricts(bot)}
+        self._audiences = Audiences(settings.bots, metrics.count_ignored)
 
     def admit(self, message: InboundMessage) -> InboundMessage | None:
         """The message as its bot answers it (a group prefix taken off), or None: the bot does not answer this
         sender or group (bots.audience), counted and dropped."""
-        audience = self._audiences.get(message.bot_id)
-        if audience is None:
-            return message
-        admitted, reason = admit(audience, message)
-        if admitted is None:
-            metrics.IGNORED.labels(message.platform, reason).inc()
-        return admitted
+        return self._audiences.admit(message)
 
     async def accept(self, message: InboundMessage, signature: str = "", kind: EntryKind = EntryKind.CHAT) -> Outcome:
         """Queue the message unless this delivery was seen before (a platform retry). `kind` says what the

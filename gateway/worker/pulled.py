@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from bots.audience import admit, restricts
+from bots.audience import Audiences
 from bots.base import (
-    BotSettings,
     ConversationTaken,
     CursorRefused,
     EventEffect,
@@ -65,7 +64,7 @@ class PulledWork:
         self.conversations = Conversations(redis, keys, settings.memory.group)
         self._values = FencedValues(redis)
         self._records = ReplyRecords(redis, keys, self._dedup_ttl_s)
-        self._audiences: dict[str, BotSettings] = {bot.id: bot for bot in settings.bots if restricts(bot)}
+        self._audiences = Audiences(settings.bots, metrics.count_ignored)
 
     # -- the pull ------------------------------------------------------------------------------
 
@@ -131,15 +130,10 @@ class PulledWork:
         is counted and dropped (its cursor still moves past it). A human agent's messages and events always pass."""
         kept: list[PulledItem] = []
         for item in items:
-            audience = self._audiences.get(item.message.bot_id)
-            if item.kind != "message" or audience is None:
+            if item.kind != "message":
                 kept.append(item)
-                continue
-            admitted, reason = admit(audience, item.message)
-            if admitted is None:
-                metrics.IGNORED.labels(item.message.platform, reason).inc()
-                continue
-            kept.append(item.model_copy(update={"message": admitted}))
+            elif (admitted := self._audiences.admit(item.message)) is not None:
+                kept.append(item if admitted is item.message else item.model_copy(update={"message": admitted}))
         return kept
 
     async def _enqueue(self, items: list[PulledItem]) -> int:

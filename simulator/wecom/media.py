@@ -38,6 +38,13 @@ def _error(errcode: int, errmsg: str) -> Response:
     return Response(f'{{"errcode": {errcode}, "errmsg": "{errmsg}"}}', media_type="text/plain")
 
 
+def _expire(media: dict[str, StoredMedia], key: str) -> dict[str, bool]:
+    stored = media.get(key)
+    if stored is not None:
+        stored.expires_at = 0.0
+    return {"expired": stored is not None}
+
+
 def app_media_router(state: WeComApiState) -> APIRouter:
     """media/get, and the control routes a simulated member's client uses to send a file (and a test to age it)."""
     router = APIRouter()
@@ -84,10 +91,7 @@ def app_media_router(state: WeComApiState) -> APIRouter:
     @router.post("/__sim__/wecom/media/{media_id}/expire")
     async def expire_media(media_id: str) -> dict[str, bool]:
         """The media_id's three days are over."""
-        stored = state.media.get(media_id)
-        if stored is not None:
-            stored.expires_at = 0.0
-        return {"expired": stored is not None}
+        return _expire(state.media, media_id)
 
     return router
 
@@ -115,9 +119,7 @@ def aibot_media_router(state: RobotState) -> APIRouter:
 
     @router.post("/__sim__/wecom-ai/media/{token}/expire")
     async def expire_aibot_media(token: str) -> dict[str, bool]:
-        stored = state.media.get(token)
-        if stored is not None:
-            stored.expires_at = 0.0
-        return {"expired": stored is not None}
+        """The URL's five minutes are over."""
+        return _expire(state.media, token)
 
     return router
