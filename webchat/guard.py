@@ -15,6 +15,9 @@
   Content-Length says so, else as soon as the bytes received pass the bound. An upload (`POST /project/file`, the
   attach button) may be the bot's `max_media_bytes` and a multipart envelope (`UPLOAD_SLACK_BYTES`): the same
   413 past that, before Chainlit spools it (Chainlit then checks its type and size, and the gateway again).
+  An oversized upload is read and thrown away up to `DRAIN_BYTES` within `DRAIN_S` before the 413 is sent, as
+  nginx's lingering close does: a browser still writing its body when the server closes sees a reset, not the
+  answer. Past those bounds the connection is closed unread.
 - **One trusted header.** The trusted header sent more than once (by a proxy that appends rather than sets) is not
   believed: no header sign-in, as for the secret.
 - **No remote content.** Every response carries the Content-Security-Policy: images only from the page's own
@@ -27,6 +30,7 @@ What the middleware learned is put in `FACTS` for the sign-in callbacks in webch
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -47,6 +51,8 @@ MAX_BODY_BYTES = 1 << 20  # the page posts small JSON
 UPLOAD_SLACK_BYTES = 64 * 1024  # an upload's multipart envelope: its boundaries, headers and file name
 DEFAULT_PORTS = {"http": 80, "https": 443}
 TOO_LARGE = "The request is too large for this page."
+DRAIN_BYTES = 64 << 20  # an oversized upload read and dropped so its sender sees the 413 (lingering close)
+DRAIN_S = 10.0
 
 
 @dataclass
@@ -149,6 +155,21 @@ class BodyTooLarge(Exception):
     """A request body passed MAX_BODY_BYTES while the app read it."""
 
 
+async def drain(receive: Receive, received: int) -> None:
+    """Read and drop the rest of a refused body, up to DRAIN_BYTES in all and for DRAIN_S at most."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while received <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                received += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
+
+
 class PageGuard:
     """The middleware: `PageGuard(chainlit_app, bot, csp)`."""
 
@@ -212,8 +233,12 @@ class PageGuard:
                 return await self.app(scope, receive, send)
             if foreign:
                 return await self._answer(send, 403, {"detail": "This page's socket is for this page only."})
-            bound = self.upload_bytes if scope["path"] == self.upload_path else MAX_BODY_BYTES
-            if declared_length(headers) > bound:
+            upload = scope["path"] == self.upload_path
+            bound = self.upload_bytes if upload else MAX_BODY_BYTES
+            declared = declared_length(headers)
+            if declared > bound:
+                if upload and declared <= DRAIN_BYTES:
+                    await drain(receive, 0)
                 return await self._answer(send, 413, {"detail": TOO_LARGE}, [(b"connection", b"close")])
             await self._bounded(scope, receive, send, facts, bound)
         finally:
@@ -239,6 +264,8 @@ class PageGuard:
             if not state["over"]:
                 raise
         if state["over"] and not state["started"]:
+            if scope["path"] == self.upload_path:
+                await drain(receive, state["received"])
             await self._answer(send, 413, {"detail": TOO_LARGE}, [(b"connection", b"close")])
 
     def _sender(self, send: Send, facts: RequestFacts, state: dict) -> Send:
