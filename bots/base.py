@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from bots.parts import DEFAULT_MAX_MEDIA_BYTES, Downloaded, Media, MediaError, Part
+from tools.config import BotTools
 
 
 class ReplyTarget(BaseModel):
@@ -135,6 +136,7 @@ class BotSettings(BaseModel):
     max_media_bytes: int = Field(
         default=DEFAULT_MAX_MEDIA_BYTES, ge=1024, description="the largest image, voice or file downloaded"
     )
+    tools: BotTools | None = Field(default=None, description="MCP tools the answers may call (tools.servers)")
 
     def check_peers(self, bots: Sequence[BotSettings]) -> None:
         """Check (and complete) this bot's settings against the other configured bots: a name that must resolve,

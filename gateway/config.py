@@ -26,6 +26,7 @@ from gateway.state.identities import IdentityError, qualify, tenants_by_family
 from gateway.state.limits import LimitSettings
 from gateway.state.memory import GroupMemory
 from knowledge.config import KnowledgeSettings, KnowledgeUse
+from tools.config import ToolsSettings
 
 T = TypeVar("T")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -119,6 +120,7 @@ class Settings(BaseSettings):
         description="an OpenAI-compatible /v1/audio/transcriptions endpoint for voice messages the platform did not "
         "recognise (vLLM serving Whisper: engine profile asr-whisper-*); null: such voice gets a reply asking to type",
     )
+    tools: ToolsSettings = Field(default_factory=ToolsSettings, description="MCP servers bots may call (issue 24)")
     bots: list[BotConfig] = Field(default_factory=list)
     alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 
@@ -180,6 +182,28 @@ class Settings(BaseSettings):
                 except IdentityError as exc:
                     raise ValueError(f"limits.{field}: {exc}") from None
             setattr(self.limits, field, full)
+        return self
+
+    @model_validator(mode="after")
+    def _tools_resolve(self) -> Settings:
+        """A bot's `tools.use` names configured servers; its `access` names people and groups as limits do."""
+        tenants = tenants_by_family(self.bots)
+        for bot in self.bots:
+            if bot.tools is None:
+                continue
+            unknown = [name for name in bot.tools.use if name not in self.tools.servers]
+            if unknown:
+                known = ", ".join(self.tools.servers) or "none configured"
+                raise ValueError(f"bots.{bot.id}.tools.use: {', '.join(unknown)} not in tools.servers ({known})")
+            for tool, access in bot.tools.access.items():
+                for field in ("users", "groups"):
+                    written = getattr(access, field)
+                    if written is None:
+                        continue
+                    try:
+                        setattr(access, field, [qualify(name, tenants) for name in written])
+                    except IdentityError as exc:
+                        raise ValueError(f"bots.{bot.id}.tools.access.{tool}.{field}: {exc}") from None
         return self
 
     @model_validator(mode="after")

@@ -71,6 +71,18 @@ LEASE_TAKEOVERS = Counter(
     "botgw_lease_takeovers_total", "Messages whose worker stopped renewing its lease, handed on to another worker"
 )
 LEASES_LOST = Counter("botgw_leases_lost_total", "Answers this worker stopped because its lease had passed on")
+# Tools (issue 24): labelled by server.tool, a set the configuration bounds.
+TOOL_CALLS = Counter(
+    "botgw_tool_calls_total", "MCP tool calls by tool and outcome (ok, error, timeout, refused, unknown)",
+    ["tool", "outcome"],
+)
+TOOL_CALL_SECONDS = Histogram(
+    "botgw_tool_call_seconds", "How long an MCP tool call took", ["tool"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60),
+)
+TOOL_CONFIRMATIONS = Counter(
+    "botgw_tool_confirmations_total", "Confirmations before a tool call: asked, given, cancelled, expired", ["event"]
+)
 # Per user would be an unbounded label set; per bot shows which bot's users wait (`botgw limits show` per user).
 QUEUE_WAIT = Histogram(
     "botgw_queue_wait_seconds",

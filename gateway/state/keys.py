@@ -152,6 +152,19 @@ class Keys:
         no one else's (gateway/state/uploads.py)."""
         return f"{self.namespace}:upload:{bot_id}:{owner}:{ref}"
 
+    def tool_ledger(self, call_set: str) -> str:
+        """One answer's tool calls (issue 24): each recorded before it is made and its result after (a hash)."""
+        return f"{self.namespace}:tools:ledger:{call_set}"
+
+    def tool_confirmation(self, session_key: str) -> str:
+        """The tool call waiting for the asker's 确认/取消 in one conversation (a JSON string with a TTL)."""
+        return f"{self.namespace}:tools:confirm:{session_key}"
+
+    @property
+    def tools_audit(self) -> str:
+        """The tools' audit trail: a stream, trimmed by age and length."""
+        return f"{self.namespace}:tools:audit"
+
     def memory_adopted(self, session_key: str) -> str:
         """Set once a person's memory has taken over their one-to-one memory kept per bot before (never again)."""
         return f"{self.core}:memadopt:{session_key}"
