@@ -13,14 +13,14 @@ import warnings
 import httpx
 from pydantic import ValidationError
 
-from gateway.cli import config_check, dlq, engine, kb, kf, limits, migrate_keys, processes, push, sim
+from gateway.cli import config_check, dlq, engine, kb, kf, limits, migrate_keys, processes, push, sim, tools
 from gateway.cli.common import UsageError
 from gateway.config import ConfigError, describe_errors
 
 LONG_RUNNING = {"serve", "worker", "dingtalk-stream", "web", "sim serve", "engine serve"}
 
 # In the order `botgw --help` lists them.
-COMMAND_GROUPS = (processes, push, kf, limits, migrate_keys, dlq, config_check, kb, engine, sim)
+COMMAND_GROUPS = (processes, push, kf, limits, migrate_keys, dlq, tools, config_check, kb, engine, sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
-"""The operators' HTTP API: the same operations as the `botgw limits` commands, behind a bearer token (the
-knowledge bases' are in gateway/edge/kb_routes.py).
+"""The operators' HTTP API: the same operations as the `botgw limits` commands and `botgw tools audit`, behind a
+bearer token (the knowledge bases' are in gateway/edge/kb_routes.py).
 
 Off (404) unless `admin.token` is configured; a wrong or missing token gets 401 and changes nothing.
 """
@@ -17,6 +17,7 @@ from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.queue.push import enqueue_handoff
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
 from gateway.state.limits import Budgets
+from tools.audit import MAX_READ, ToolAudit, parse_duration
 
 router = APIRouter(prefix="/admin")
 
@@ -110,3 +111,27 @@ async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
         return JSONResponse({"error": f"cannot ask the platform for the conversation: {exc}"}, status_code=502)
     place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
     return JSONResponse({"queued": True, "place": place}, status_code=202)
+
+
+@router.get("/tools/audit")
+async def tools_audit(request: Request, user: str | None = None, since: str | None = None,
+                      limit: str = "1000") -> JSONResponse:
+    """The tools' audit trail (as `botgw tools audit --json`): {"records": [...]}, newest last; `user` as limits
+    take it, `since` a duration (90s, 30m, 12h, 7d, bare seconds), `limit` the most recent that many."""
+    refusal = refused(request)
+    if refusal:
+        return refusal
+    who = _identity(user, request) if user else None
+    if isinstance(who, JSONResponse):
+        return who
+    try:
+        since_s = parse_duration(since) if since else None
+    except ValueError as exc:
+        return JSONResponse({"error": "bad_since", "message": str(exc)}, status_code=400)
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_READ:
+        return JSONResponse({"error": "bad_limit", "message": f"limit is a whole number from 1 to {MAX_READ}"},
+                            status_code=400)
+    runtime = request.app.state.runtime
+    records = await ToolAudit(runtime.redis, runtime.keys, runtime.settings.tools).read(
+        user=who, since_s=since_s, limit=int(limit))
+    return JSONResponse({"records": [record.to_json() for record in records]})
