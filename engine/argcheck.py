@@ -2,8 +2,10 @@
 
 `python -m engine.argcheck` reads a JSON list of argument lists on stdin (each what follows
 `vllm serve`: the model, then the flags) and prints a JSON list of error strings ("" where vLLM accepts the
-arguments). Parsing alone is checked, not whether the hardware exists, so GPU and multi-node
-profiles can be checked on a CPU machine.
+arguments). Parsing is checked, then the checks `vllm serve` makes before it loads anything (a flag that needs
+another, the chat template, the tool-call parser's name: an unknown `--tool-call-parser` passes the parser and
+would stop the server only at start), not whether the hardware exists, so GPU and multi-node profiles can be
+checked on a CPU machine.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import sys
 
 def check(argv_list: list[list[str]]) -> list[str]:
     import vllm.entrypoints.launchers.api_server.entry  # noqa: F401 - import order the server itself uses
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     errors = []
@@ -25,10 +28,17 @@ def check(argv_list: list[list[str]]) -> list[str]:
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured):
-                parser.parse_args(argv)
-            errors.append("")
+                args = parser.parse_args(argv)
         except SystemExit:
             errors.append(captured.getvalue().strip().splitlines()[-1] if captured.getvalue() else "rejected")
+            continue
+        try:
+            validate_parsed_serve_args(args)  # what `vllm serve` checks right after parsing
+            validate_api_server_args(args)  # ... and as the API server starts: the tool and reasoning parsers' names
+        except (TypeError, ValueError, KeyError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        errors.append("")
     return errors
 
 

@@ -1,6 +1,8 @@
 """Async client for one vLLM endpoint's OpenAI-compatible API: streamed chat, token counting, readiness.
 
-It knows nothing of platforms or Redis. Backpressure (at most `max_in_flight` requests open
+A chat may offer the model OpenAI `tools`; the functions it asks for come back as `Completion.tool_calls`, from whole
+and streamed answers alike (vLLM's tool-call parser turns the model's own format into OpenAI's). It knows nothing of
+platforms, Redis or what the tools do. Backpressure (at most `max_in_flight` requests open
 per engine) and routing between engines are the pool's job (engine/pool.py).
 """
 
@@ -70,8 +72,19 @@ class EngineError(Exception):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function the model asks to run. `arguments` is the JSON text as the engine wrote it: the caller parses it
+    (and decides what a malformed one means), as a model may well write invalid JSON."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Completion:
-    """A finished answer with the engine's own token counts."""
+    """A finished answer with the engine's own token counts; `tool_calls` when the model asked for functions
+    (finish_reason "tool_calls", `text` then usually empty)."""
 
     text: str
     prompt_tokens: int
@@ -80,6 +93,48 @@ class Completion:
     first_token_s: float
     total_s: float
     routed_experts: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def whole_tool_calls(message: dict) -> tuple[ToolCall, ...]:
+    """The tool calls of a whole answer's message (OpenAI's `message.tool_calls`)."""
+    calls = []
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        calls.append(ToolCall(call.get("id") or f"call_{index}", function.get("name") or "",
+                              function.get("arguments") or ""))
+    return tuple(calls)
+
+
+class StreamedToolCalls:
+    """Tool calls assembled from a stream's `delta.tool_calls` pieces, by their `index`.
+
+    The id, type and name come once, in a call's first piece (OpenAI's and vLLM's way), so the first one given is
+    kept; the arguments come in pieces to be joined in order.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[int, str] = {}
+        self._names: dict[int, str] = {}
+        self._arguments: dict[int, list[str]] = {}
+
+    def add(self, pieces: list[dict]) -> None:
+        for piece in pieces:
+            index = int(piece.get("index", 0))
+            function = piece.get("function") or {}
+            self._arguments.setdefault(index, [])
+            if piece.get("id") and index not in self._ids:
+                self._ids[index] = piece["id"]
+            if function.get("name") and index not in self._names:
+                self._names[index] = function["name"]
+            if function.get("arguments"):
+                self._arguments[index].append(function["arguments"])
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(self._ids.get(index, f"call_{index}"), self._names.get(index, ""), "".join(self._arguments[index]))
+            for index in sorted(self._arguments)
+        )
 
 
 class EngineClient:
@@ -114,10 +169,13 @@ class EngineClient:
         temperature: float | None = None,
         on_delta: DeltaCallback | None = None,
         extra: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> Completion:
-        """One chat completion; with `on_delta` it is streamed and `on_delta` sees each piece as it arrives.
+        """One chat completion; with `on_delta` it is streamed and `on_delta` sees each piece of text as it arrives.
 
-        `extra` adds vLLM request fields, e.g. continue_final_message to extend a partial answer.
+        `extra` adds vLLM request fields, e.g. continue_final_message to extend a partial answer. `tools` (OpenAI
+        function definitions) are offered with tool_choice "auto"; without them (or with none: vLLM refuses an empty
+        list) the body carries neither key.
         """
         body = {
             **(extra or {}),
@@ -128,6 +186,9 @@ class EngineClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = "auto"
         # Streamed only when someone watches the text grow: a whole answer costs far less CPU to receive.
         run = self._stream if on_delta is not None and not self._settings.expert_trace else self._whole
         try:
@@ -143,6 +204,7 @@ class EngineClient:
         started = time.monotonic()
         first_token_at = 0.0
         parts: list[str] = []
+        tool_calls = StreamedToolCalls()
         usage: dict = {}
         finish_reason = ""
         url = f"{self._base}/v1/chat/completions"
@@ -162,12 +224,16 @@ class EngineClient:
                         if chunk.get("usage"):
                             usage = chunk["usage"]
                         for choice in chunk.get("choices", []):
-                            delta = (choice.get("delta") or {}).get("content") or ""
+                            message = choice.get("delta") or {}
+                            delta = message.get("content") or ""
                             finish_reason = choice.get("finish_reason") or finish_reason
+                            asked = message.get("tool_calls")
+                            if asked:
+                                tool_calls.add(asked)
+                            if (delta or asked) and not first_token_at:
+                                first_token_at = time.monotonic()
+                                first_token.reschedule(None)
                             if delta:
-                                if not first_token_at:
-                                    first_token_at = time.monotonic()
-                                    first_token.reschedule(None)
                                 parts.append(delta)
                                 if on_delta:
                                     await on_delta(delta)
@@ -180,6 +246,7 @@ class EngineClient:
             finish_reason=finish_reason,
             first_token_s=(first_token_at or time.monotonic()) - started,
             total_s=time.monotonic() - started,
+            tool_calls=tool_calls.calls(),
         )
 
     async def _whole(self, body: dict, on_delta: DeltaCallback | None) -> Completion:
@@ -207,6 +274,7 @@ class EngineClient:
             first_token_s=elapsed,
             total_s=elapsed,
             routed_experts=choice.get("routed_experts"),
+            tool_calls=whole_tool_calls(choice["message"]),
         )
 
     async def _post(self, url: str, body: dict) -> tuple[int, bytes]:

@@ -33,6 +33,10 @@ TINY_MODEL = "botgw:tiny"  # placeholder resolved to the locally built tiny mode
 DEFAULT_TINY_MODEL_DIR = "~/.cache/botgw/models/ernie-tiny"
 DEFAULT_ENGINE_PYTHON = "~/.cache/botgw/engine-venv/bin/python"
 EPLB_CONFIG = '{"window_size":1000,"step_interval":3000,"num_redundant_experts":2,"log_balancedness":true}'
+# Function calling for the ERNIE-4.5 text profiles: vLLM lets the model choose a tool (tool_choice "auto") and its
+# ernie45 parser turns the model's `<tool_call>{"name": ..., "arguments": ...}</tool_call>` into OpenAI tool_calls.
+# A request without `tools` is untouched (its tool_choice is "none": the text passes as written).
+TOOL_CALLING = ("--enable-auto-tool-choice", "--tool-call-parser", "ernie45")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int
             "--enable-expert-parallel",
             "--enable-eplb",
             "--eplb-config", EPLB_CONFIG,
+            *TOOL_CALLING,
         ),
     )
 
@@ -111,6 +116,7 @@ def ernie_21b_a3b_multinode_profile(nodes: int = 2, gpus_per_node: int = 8) -> E
             "--enable-expert-parallel",
             "--enable-eplb",
             "--eplb-config", EPLB_CONFIG,
+            *TOOL_CALLING,
         ),
     )
 
@@ -132,7 +138,7 @@ _ERNIE_03B_CPU = EngineProfile(
     model="baidu/ERNIE-4.5-0.3B-PT",
     served_model_name="ernie-4.5-0.3b",
     device="cpu",
-    args=("--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "16", "--enforce-eager"),
+    args=("--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "16", "--enforce-eager", *TOOL_CALLING),
     env={"VLLM_CPU_KVCACHE_SPACE": "4"},
 )
 
@@ -226,7 +232,8 @@ PROFILES: dict[str, EngineProfile] = {
         model=TINY_MODEL,
         served_model_name="ernie-tiny",
         device="cpu",
-        args=("--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager", "--dtype", "bfloat16"),
+        args=("--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager", "--dtype", "bfloat16",
+              *TOOL_CALLING),
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     ),
     "ernie-0.3b-cpu": _ERNIE_03B_CPU,
@@ -238,7 +245,7 @@ PROFILES: dict[str, EngineProfile] = {
         served_model_name="ernie-4.5-0.3b",
         device="gpu",
         args=("--dtype", "bfloat16", "--max-model-len", "32768", "--max-num-seqs", "256",
-              "--gpu-memory-utilization", "0.90"),
+              "--gpu-memory-utilization", "0.90", *TOOL_CALLING),
     ),
     "ernie-21b-a3b": ernie_21b_a3b_profile(),
     "ernie-21b-a3b-multinode": ernie_21b_a3b_multinode_profile(),

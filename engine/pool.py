@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 Status = Literal["down", "warming", "ready"]
 StateListener = Callable[["Endpoint"], None]
-Message = dict[str, Any]  # an OpenAI chat message: content is a string, or a list of parts (text, image_url)
+Message = dict[str, Any]  # an OpenAI chat message: content is a string or a list of parts (text, image_url);
+# an assistant message may carry `tool_calls` (content None), answered by {"role": "tool", "tool_call_id", "content"}
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
 HEALTH_FAILURES_TO_TAKE_OUT = 2
@@ -241,9 +242,10 @@ class EnginePool:
         on_delta: DeltaCallback | None = None,
         extra: dict | None = None,
         failover: bool = True,
+        tools: list[dict] | None = None,
     ) -> Completion:
         """A chat completion from the least-loaded ready engine (of those that see, when a message carries an image:
-        NoEngineSees when none can).
+        NoEngineSees when none can). `tools`: OpenAI function definitions offered to the model (EngineClient.chat).
 
         With failover (the default) a retryable failure is retried on another engine; a caller
         that has already shown streamed text (failover=False) gets the error and decides.
@@ -253,7 +255,7 @@ class EnginePool:
 
         async def ask(endpoint: Endpoint) -> Completion:
             return await endpoint.client.chat(
-                messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra
+                messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra, tools=tools
             )
 
         result = await self._run(ask, limited=True, failover=failover, vision=carries_image(messages))

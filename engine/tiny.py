@@ -4,7 +4,8 @@ Why this exists: there is no model hub reachable from CI or from the offline dem
 machines, yet the gateway must be exercised against a real vLLM engine running the
 same architecture as production (``Ernie4_5_MoeForCausalLM``, with routed and shared
 experts). This module produces such a model from nothing: a small byte-level BPE
-tokenizer trained on a built-in English/Chinese corpus, the ERNIE-4.5 chat template,
+tokenizer trained on a built-in English/Chinese corpus (plus ERNIE's tool-call and thinking markers as single
+tokens, as vLLM's ernie45 parsers expect), the ERNIE-4.5 chat template,
 and a ~1M-parameter bf16 MoE with fixed-seed random weights. Its replies are
 gibberish and it never emits EOS on its own, so always send ``max_tokens``.
 
@@ -30,11 +31,15 @@ from pathlib import Path
 
 # Bump when anything below changes what gets written; a directory whose marker
 # carries another recipe is rebuilt.
-RECIPE = "ernie45-tiny-moe-v2"
+RECIPE = "ernie45-tiny-moe-v3"
 MARKER = ".botgw-complete"
 SEED = 20250630
 VOCAB_SIZE = 2000
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|begin_of_sentence|>", "<|end_of_sentence|>"]
+# ERNIE-4.5's markers for thinking, answers and tool calls, single tokens of its vocabulary: vLLM's ernie45 tool parser
+# finds `<tool_call>` in a stream only when it arrives whole, as one token. Ordinary (not special) tokens, as decoding
+# skips special ones and the parser must see them in the text.
+MARKER_TOKENS = ["<think>", "</think>", "<response>", "</response>", "<tool_call>", "</tool_call>"]
 TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "ernie45.jinja"
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -140,7 +145,7 @@ def is_complete(model_dir: Path) -> bool:
 
 def build_tokenizer(chat_template: str):
     """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -157,6 +162,7 @@ def build_tokenizer(chat_template: str):
     tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
     for i, name in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(name) == i, f"special token {name!r} is not id {i}"
+    tok.add_tokens([AddedToken(name, normalized=False, special=False) for name in MARKER_TOKENS])
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -13,6 +13,15 @@ be told to report extra load or to answer slower (POST /__stub__/load {"running"
 A user message containing `fail-once` is refused with HTTP 503 the first time that exact text arrives
 (an engine restarting under a retry), and answered after that.
 
+Tools, for tests of function calling: when a request offers OpenAI `tools`, every line of the last user message of
+the form `tool:<name> <JSON object>` whose name is one of the offered functions becomes a tool call (in the order
+written: id `call_<request number>_<i>`, the arguments the rest of the line verbatim, `{}` when it is empty, so a
+test may also send malformed JSON); the answer then has content null and finish_reason "tool_calls", streamed as
+vLLM does (a call's id and name first, its arguments in pieces). A line naming a tool not offered stays text. When
+the last message is a `tool` message, the answer is "tool results: " + the trailing tool messages' contents joined
+by " | ". Recorded requests carry "tools" (the offered function names), "tool_results" (those contents),
+"tool_choice" and "fields" (the request body's top-level keys, sorted).
+
     python -m testkit.fakes.stub_engine --port 8011 --delay 1.0 [--chunk-delay 0] [--model ernie-tiny] \
         [--max-model-len 2048]
 """
@@ -32,6 +41,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 CHUNKS = 4
 SLEEP = re.compile(r"sleep=([0-9.]+)")
 FAIL_ONCE = "fail-once"
+TOOL_LINE = re.compile(r"^tool:(\S+)(?:[ \t]+(.*))?$")
 
 
 def answer_for(user_text: str) -> str:
@@ -43,6 +53,47 @@ def text_of(content: str | list[dict]) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
+
+
+def offered_names(tools: list[dict] | None) -> list[str]:
+    """The function names a request offers (OpenAI `tools`)."""
+    return [str((tool.get("function") or {}).get("name", "")) for tool in tools or []]
+
+
+def trailing_tool_results(messages: list[dict]) -> list[str]:
+    """The contents of the `tool` messages that end the conversation (the results the model is to answer from)."""
+    results: list[str] = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, text_of(message.get("content") or ""))
+    return results
+
+
+def asked_tools(user_text: str, offered: list[str], request_number: int) -> list[dict]:
+    """The OpenAI tool calls the `tool:<name> <JSON>` lines of the user's text ask for, among the offered tools."""
+    calls = []
+    for line in user_text.splitlines():
+        match = TOOL_LINE.match(line.strip())
+        if match is None or match.group(1) not in offered:
+            continue
+        arguments = (match.group(2) or "").strip() or "{}"
+        call_id = f"call_{request_number}_{len(calls)}"
+        calls.append({"id": call_id, "type": "function", "function": {"name": match.group(1), "arguments": arguments}})
+    return calls
+
+
+def tool_call_chunks(calls: list[dict]) -> list[dict]:
+    """The stream deltas of `calls`, as vLLM sends them: id, type and name first, then the arguments in two pieces."""
+    chunks = []
+    for index, call in enumerate(calls):
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        head = {"index": index, "id": call["id"], "type": "function", "function": {"name": name, "arguments": ""}}
+        chunks.append({"tool_calls": [head]})
+        half = len(arguments) // 2
+        for piece in (arguments[:half], arguments[half:]):
+            chunks.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    return chunks
 
 
 def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: float = 0.0) -> FastAPI:
@@ -94,22 +145,30 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
         content = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         last_user = text_of(content)
         continued = messages[-1]["content"] if body.get("continue_final_message") and messages else None
-        prompt_tokens = max(1, len(json.dumps(messages, ensure_ascii=False).encode()) // 3)
+        offered = offered_names(body.get("tools"))
+        prompt = json.dumps(messages, ensure_ascii=False) + (json.dumps(body["tools"]) if offered else "")
+        prompt_tokens = max(1, len(prompt.encode()) // 3)
         warmup = body.get("max_tokens") == 1
         system = next((m["content"] for m in messages if m.get("role") == "system"), "")
+        results = trailing_tool_results(messages)
         record = {"user": last_user, "max_tokens": body.get("max_tokens"), "start": time.time(), "warmup": warmup,
                   "images": [part["image_url"]["url"] for part in content if part.get("type") == "image_url"]
                   if isinstance(content, list) else [],
                   "continued": continued, "system": system,
-                  "history": [m["content"] for m in messages[:-1] if m.get("role") != "system"]}
+                  "history": [m["content"] for m in messages[:-1] if m.get("role") != "system"],
+                  "tools": offered, "tool_results": results, "tool_choice": body.get("tool_choice"),
+                  "fields": sorted(body)}
         requests.append(record)
         if FAIL_ONCE in last_user and last_user not in failed:
             failed.add(last_user)
             return JSONResponse({"error": {"message": "engine restarting"}}, status_code=503)
-        answer = answer_for(last_user)
+        calls = [] if results else asked_tools(last_user, offered, len(requests))
+        answer = ("tool results: " + " | ".join(results)) if results else answer_for(last_user)
         if continued is not None:
             answer = answer[len(continued) :] if answer.startswith(continued) else ""
         pieces = [answer[len(answer) * i // CHUNKS : len(answer) * (i + 1) // CHUNKS] for i in range(CHUNKS)]
+        deltas = tool_call_chunks(calls) if calls else [{"content": piece} for piece in pieces]
+        finish_reason = "tool_calls" if calls else "stop"
         sleep = SLEEP.search(last_user)
         running["n"] += 1
         try:
@@ -122,18 +181,20 @@ def create_app(model: str, delay_s: float, max_model_len: int, chunk_delay_s: fl
             running["n"] -= 1
             record["end"] = time.time()
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": CHUNKS}
-            choice = {"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
+            message = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
+                {"role": "assistant", "content": answer}
+            choice = {"message": message, "finish_reason": finish_reason}
             return JSONResponse({"choices": [choice], "usage": usage})
 
         async def events():  # type: ignore[no-untyped-def]
             try:
-                for index, piece in enumerate(pieces):
+                for index, delta in enumerate(deltas):
                     if index and chunk_delay_s:
                         await asyncio.sleep(chunk_delay_s)
-                    chunk = {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
+                    chunk = {"choices": [{"delta": delta, "finish_reason": None}]}
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": CHUNKS}
-                final = {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": usage}
+                final = {"choices": [{"delta": {}, "finish_reason": finish_reason}], "usage": usage}
                 yield f"data: {json.dumps(final)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
