@@ -31,7 +31,7 @@ from pathlib import Path
 
 # Bump when anything below changes what gets written; a directory whose marker
 # carries another recipe is rebuilt.
-RECIPE = "ernie45-tiny-moe-v3"
+RECIPE = "ernie45-tiny-moe-v4"
 MARKER = ".botgw-complete"
 SEED = 20250630
 VOCAB_SIZE = 2000

@@ -72,3 +72,25 @@ EMPTY_ANSWER_TEXT = "(The assistant returned an empty answer; please rephrase.) 
 ENGINE_UNAVAILABLE_TEXT = (
     "Sorry, the assistant is unavailable right now. Please try again later. 助手暂时不可用，请稍后再试。"
 )
+
+# Tools (issue 24)
+TOOL_CONFIRM_TEXT = (
+    "将要执行「{tool}」：\n{arguments}\n回复「确认」执行，回复「取消」放弃（{minutes} 分钟内有效）。\n"
+    "About to run {tool} with the above. Reply 确认 to confirm or 取消 to cancel (valid {minutes} min)."
+)
+TOOL_CANCELLED_TEXT = "已取消，「{tool}」没有执行。Cancelled: {tool} was not run."
+TOOL_CONFIRM_EXPIRED_TEXT = (
+    "这次确认已过期，「{tool}」没有执行；如仍需要，请重新提出。The confirmation expired: {tool} was not run."
+)
+TOOL_ALREADY_CONFIRMED_TEXT = "「{tool}」已经确认过，不会重复执行。{tool} was confirmed already; it is not run twice."
+TOOL_OUTCOME_UNKNOWN_TEXT = (
+    "执行「{tool}」时处理中断，结果未知：它可能已经完成。为避免重复，我没有再次执行，请先核实，需要时再让我重试。\n"
+    "{tool} was interrupted and may have been done; it was not run again. Please check, then ask again if needed."
+)
+TOOL_LIMIT_TEXT = (
+    "这个问题需要的工具调用超过了上限（{count} 次），我先停在这里。"
+    "This question needed more than {count} tool calls; I stopped there."
+)
+TOOL_RUNNING_TEXT = "正在调用 {tool}…"
+TOOL_UNAVAILABLE_NOTE = "（工具暂时不可用：{servers}。Tools unavailable now: {servers}.）"
+TOOL_RESULT_CUT = "\n…（结果过长，已截断 / result cut to fit）"

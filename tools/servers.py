@@ -72,15 +72,19 @@ class ToolSpec:
 @dataclass(frozen=True)
 class CallResult:
     """What became of one call: `ok` and `error` are the tool's own answers; `timeout` means sent and not answered
-    in time (it may have run); `unavailable` means the server could not be reached, or the connection was lost."""
+    in time (it may have run); `unavailable` means the server could not be reached (nothing ran); `lost` means the
+    connection went while the call was out (it may have run)."""
 
-    outcome: Literal["ok", "error", "timeout", "unavailable"]
+    outcome: Literal["ok", "error", "timeout", "unavailable", "lost"]
     text: str
     duration_ms: int
 
 
 class ServerUnavailable(Exception):
     """A tool server that cannot be used now; the message says which and why, and holds no secret."""
+
+
+NOT_CONNECTED = "cannot connect"  # the request never reached the server
 
 
 class _Lost(Exception):
@@ -346,7 +350,7 @@ class ToolServers:
         `timeout_s`."""
         started = time.monotonic()
 
-        def result(outcome: Literal["ok", "error", "timeout", "unavailable"], text: str) -> CallResult:
+        def result(outcome: Literal["ok", "error", "timeout", "unavailable", "lost"], text: str) -> CallResult:
             return CallResult(outcome, text, int((time.monotonic() - started) * 1000))
 
         try:
@@ -375,7 +379,9 @@ class ToolServers:
             return result("unavailable", str(exc))
         except _Lost as lost:
             why = str(lost) or "the connection was lost before it answered"
-            return result("unavailable", f"tool server {server!r} is unavailable: {why}")
+            # Sent and then lost: it may have run. Never sent, or refused at connect: nothing ran.
+            delivered = bool(sent) and why != NOT_CONNECTED
+            return result("lost" if delivered else "unavailable", f"tool server {server!r} is unavailable: {why}")
         except McpError as exc:
             return result("error", _bounded(f"tool server {server!r} refused the call: {exc.error.message}"))
         except Exception as exc:  # e.g. a result that does not match the tool's output schema
@@ -486,7 +492,7 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, httpx.HTTPStatusError):
         return f"answered HTTP {exc.response.status_code}"
     if isinstance(exc, httpx.ConnectError):
-        return "cannot connect"
+        return NOT_CONNECTED
     if isinstance(exc, httpx.TimeoutException):
         return "timed out on HTTP"
     if isinstance(exc, httpx.HTTPError):

@@ -1,6 +1,7 @@
 """The answer path of one adapter, built from what it declares.
 
-    ready notice → [human gate] → message limits → parts → adopt memory → commands → engine failures ⟨ knowledge
+    ready notice → [human gate] → message limits → parts → adopt memory → commands → tool confirmations →
+    engine failures ⟨ knowledge
     grounding → engine ready → prompt planning → token budget ⟨ generate ⟩⟩
 
 A platform with human agents (`adapter.sessions`) gets the gate; the others do not. A new limit is a stage
@@ -20,6 +21,7 @@ from gateway.pipeline.notice import ReadyNotice
 from gateway.pipeline.parts import ReadParts
 from gateway.pipeline.prompt_plan import PromptPlanning
 from gateway.pipeline.stage import Next, Stage, chain
+from gateway.pipeline.tool_use import ToolConfirmations
 
 
 def answer_stages(adapter: Channel, services: Services) -> list[Stage]:
@@ -31,6 +33,7 @@ def answer_stages(adapter: Channel, services: Services) -> list[Stage]:
         ReadParts(services),
         AdoptMemory(services),
         Commands(services),
+        ToolConfirmations(services),
         EngineFailures(services),
         KnowledgeGrounding(services),
         EngineReady(services),

@@ -17,6 +17,7 @@ from gateway.pipeline.job import Composed, Job, PromptPlan, Services
 from gateway.pipeline.parts import remembered_turn, user_content, user_text
 from gateway.pipeline.prompt_plan import system_prompt, system_tokens, user_turn_tokens
 from gateway.pipeline.stage import Next
+from gateway.pipeline.tool_use import ToolRounds, bot_tools
 from gateway.state.limits import Refusal
 from gateway.state.memory import Turn
 
@@ -84,12 +85,25 @@ class Generate:
             *({"role": turn.role, "content": turn.content} for turn in plan.history),
             {"role": "user", "content": user_content(user_text(job), job.images)},
         ]
-        if job.presenter.streams:
+        remember = remembered_turn(message.text, job.images)
+        tools = bot_tools(services, job)
+        offer = await services.tools.offer(tools, message.person, job.group_id) if services.tools and tools else None
+        counted = False  # the tool rounds count every round's tokens themselves
+        if services.tools and tools and (job.tool_resume or (offer and offer.tools)):
+            assert offer is not None
+            outcome = await ToolRounds(services, services.tools, tools).answer(job, prompt, plan, offer, remember)
+            if isinstance(outcome, Composed):
+                return outcome
+            completion, remember, counted = outcome.completion, outcome.remember or remember, True
+        elif job.presenter.streams:
             await job.presenter.open(job.state)
             completion = await self._stream_to_user(job, prompt, plan)
         else:
             completion = await services.engine.chat(prompt, max_tokens=plan.max_tokens, temperature=message.temperature)
-        job.tokens_used += completion.prompt_tokens + completion.completion_tokens
+        if offer is not None and offer.unavailable:
+            job.answer_notes.append(texts.TOOL_UNAVAILABLE_NOTE.format(servers=", ".join(offer.unavailable)))
+        if not counted:
+            job.tokens_used += completion.prompt_tokens + completion.completion_tokens
         if job.presenter.streams:  # a whole (unstreamed) answer has no first token of its own
             metrics.ENGINE_LATENCY.labels("first_token").observe(completion.first_token_s)
         metrics.ENGINE_LATENCY.labels("total").observe(completion.total_s)
@@ -104,7 +118,7 @@ class Generate:
             answer = await self._record_experts(job, completion.routed_experts, answer)
         user_tokens = user_turn_tokens(plan, completion.prompt_tokens, system_tokens(services, job, separator=0))
         exchange = (
-            Turn("user", remembered_turn(message.text, job.images), user_tokens),
+            Turn("user", remember, user_tokens),
             Turn("assistant", completion.text, completion.completion_tokens),
         )
         return await services.commit(job, answer, exchange)

@@ -25,7 +25,7 @@ class KnowledgeGrounding:
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         use = job.adapter.knowledge_for(job.message)
-        if use is None:
+        if use is None or job.tool_resume is not None:  # a 确认 continues a question grounded when it was asked
             return await next(job)
         message = job.message
         try:

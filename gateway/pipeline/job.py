@@ -24,6 +24,8 @@ from gateway.state.limits import Budgets
 from gateway.state.memory import ConversationMemory, Scope, Turn
 from gateway.state.reply_record import ReplyRecord, ReplyRecords, ReplyState
 from knowledge.retrieval import Retriever
+from tools.confirmations import PendingCall
+from tools.kit import ToolKit
 
 
 @dataclasses.dataclass
@@ -62,6 +64,7 @@ class Job:
     attachment_tokens: int = 0  # what the attachments take of the prompt (the prompt-planning stage)
     answer_notes: list[str] = dataclasses.field(default_factory=list)  # said under the answer (a file cut to fit)
     tokens_used: int = 0  # what the engine took, failed attempts included (settled by the budget stage)
+    tool_resume: PendingCall | None = None  # a confirmed tool call this message continues (the confirmation stage)
 
     @property
     def entry(self) -> QueueEntry:
@@ -110,6 +113,7 @@ class Services:
     system_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # a bot prompt's size, counted once
     retriever: Retriever | None = None  # opened on the first grounded question
     transcriber: Transcriber | None = None  # the `asr:` endpoint, when one is configured
+    tools: ToolKit | None = None  # MCP servers, audit and confirmations, when `tools.servers` names any
 
     async def commit(
         self, job: Job, text: str, exchange: tuple[Turn, ...] | None = None, *, clear_memory: bool = False

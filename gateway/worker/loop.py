@@ -45,6 +45,7 @@ from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
 from gateway.worker.failures import failed
 from gateway.worker.pulled import PulledWork
+from tools.kit import ToolKit
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
         records=ReplyRecords(redis, keys, settings.effective_dedup_ttl_s()),
         http=runtime.http,
         transcriber=Transcriber(settings.asr, runtime.http) if settings.asr else None,
+        tools=ToolKit(settings.tools, redis, keys) if settings.tools.servers else None,
     )
 
 
@@ -120,6 +122,8 @@ class Worker:
         for task in keeping:
             task.cancel()
         await asyncio.gather(*keeping, return_exceptions=True)
+        if self.services.tools is not None:
+            await self.services.tools.aclose()  # stdio servers are child processes
         if self.services.retriever is not None:
             await self.services.retriever.aclose()  # lets go of an embedded knowledge store's folder
         log.info("worker stopped", extra={"consumer": self._consumer, "handed_back": handed_back})

@@ -51,6 +51,7 @@ CALLS: dict[str, list[str]] = {
     "dlq show": ["--config", "{config}", "1712345678901-0"],
     "dlq replay": ["--config", "{config}", "1712345678901-0"],
     "dlq purge": ["--config", "{config}", "--all"],
+    "tools audit": ["--config", "{config}"],
     "config check": ["--config", "{config}"],
     "kb add": ["--config", "{config}", "support", "README.md"],
     "kb list": ["--config", "{config}"],
@@ -67,7 +68,7 @@ CALLS: dict[str, list[str]] = {
 # What uses Redis at once (the three long-running ones are tried in subprocesses: they would wait 30 s for a
 # Redis that is not there, so they are tried with the wrong password only).
 REDIS_COMMANDS = ["push", "limits show", "limits reset", "migrate-keys", "dlq list", "dlq show", "dlq replay",
-                  "dlq purge"]  # fmt: skip
+                  "dlq purge", "tools audit"]  # fmt: skip
 PROCESSES = ["serve", "worker", "dingtalk-stream"]
 PYTHON_EXCEPTION_LINE = re.compile(r"^\s*[\w.]+(Error|Exception|Interrupt|Exit)\b(:|$)", re.MULTILINE)
 

@@ -1,0 +1,292 @@
+"""Tools in the answer path (issue 24): the engine asks for calls, the worker makes the ones the asker may make and
+feeds the results back, round after round up to the bot's `max_calls`.
+
+Exactly once: every round and call goes through the ledger (tools/ledger.py) before and after it happens, so a
+worker that takes over replays them; a call that started without a recorded result is made again only when the
+tool says it is read-only, otherwise the person is told its outcome is unknown. A `confirm` tool is not called when
+the model asks: the person is asked, and the call waits (tools/confirmations.py) for their 确认 or 取消, which
+`ToolConfirmations` settles before the message would be taken for a question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from bots.text import utf8_len, utf8_prefix
+from engine.client import Completion, ToolCall
+from gateway import metrics, texts
+from gateway.pipeline.job import Composed, Job, PromptPlan, Services
+from gateway.pipeline.stage import Next
+from tools.audit import AuditRecord
+from tools.config import BotTools
+from tools.confirmations import PendingCall, reply_verdict
+from tools.kit import Offer, ToolKit
+from tools.ledger import CallSlot, ToolLedger
+from tools.servers import CallResult, ToolSpec
+
+log = logging.getLogger(__name__)
+
+MIN_RESULT_BYTES = 512  # a tool result is never cut below this, whatever the context window has left
+
+
+def bot_tools(services: Services, job: Job) -> BotTools | None:
+    """The bot's `tools:` when the worker has tool servers at all."""
+    if services.tools is None:
+        return None
+    return services.settings.bot(job.message.bot_id).tools
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolAnswer:
+    """The answer the rounds ended with; `remember` is the question as memory keeps it when this message is not it
+    (a 确认 continues the question that asked for the call)."""
+
+    completion: Completion
+    remember: str | None = None
+
+
+class ToolConfirmations:
+    """A 确认 or 取消 from the person a call waits for settles it (once); from anyone else it is just a message."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def __call__(self, job: Job, next: Next) -> Composed:
+        services, message = self._services, job.message
+        tools = bot_tools(services, job)
+        verdict = reply_verdict(message.text) if tools is not None and not job.images else None
+        if tools is None or services.tools is None or verdict is None:
+            return await next(job)
+        kit = services.tools
+        key = services.keys.tool_confirmation(job.scope.lane)
+        pending = await kit.confirmations.get(key)
+        if pending is None or pending.asker != message.person or pending.bot != message.bot_id:
+            return await next(job)
+        settled = await kit.confirmations.settle(key, message.dedup_key, "expired" if pending.expired() else verdict)
+        if settled.by != message.dedup_key:  # a second tap: it was settled already, and stays as it was
+            said = {"confirmed": texts.TOOL_ALREADY_CONFIRMED_TEXT, "expired": texts.TOOL_CONFIRM_EXPIRED_TEXT}
+            return await services.commit(job, said.get(settled.verdict, texts.TOOL_CANCELLED_TEXT).format(
+                tool=pending.tool))
+        if settled.verdict == "expired":
+            if settled.first:
+                metrics.TOOL_CONFIRMATIONS.labels("expired").inc()
+                await self._audit(kit, pending, "cancelled", "timeout")
+            return await services.commit(job, texts.TOOL_CONFIRM_EXPIRED_TEXT.format(tool=pending.tool))
+        if settled.verdict == "cancelled":
+            if settled.first:
+                metrics.TOOL_CONFIRMATIONS.labels("cancelled").inc()
+                await self._audit(kit, pending, "cancelled", "")
+            return await services.commit(job, texts.TOOL_CANCELLED_TEXT.format(tool=pending.tool))
+        ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(pending.call_set))
+        slot = CallSlot(pending.round, pending.index)
+        if not ledger.confirmed(slot):
+            await ledger.mark_confirmed(slot)
+            metrics.TOOL_CONFIRMATIONS.labels("given").inc()
+            await self._audit(kit, pending, "confirmed", "")
+        job.tool_resume = pending
+        return await next(job)
+
+    async def _audit(self, kit: ToolKit, pending: PendingCall, kind: str, outcome: str) -> None:
+        await kit.audit.record(
+            AuditRecord(time.time(), pending.bot, pending.asker, pending.tool, kind,  # type: ignore[arg-type]
+                        pending.arguments, outcome, 0)  # type: ignore[arg-type]
+        )
+
+
+class ToolRounds:
+    """The rounds of one answer that may call tools."""
+
+    def __init__(self, services: Services, kit: ToolKit, tools: BotTools) -> None:
+        self._services = services
+        self._kit = kit
+        self._tools = tools
+        self._progress = ""  # what a streamed reply shows of the calls so far (the answer extends it)
+        self._call_set = ""  # the ledger's name: the question's dedup key
+
+    async def answer(self, job: Job, prompt: list[dict[str, Any]], plan: PromptPlan, offer: Offer,
+                     remember: str) -> ToolAnswer | Composed:
+        """Run the rounds from the ledger's last step; a Composed when the answer is a question to the asker or a
+        note (a confirmation, an unknown outcome), else the engine's final answer."""
+        services, pending = self._services, job.tool_resume
+        self._call_set = pending.call_set if pending is not None else job.message.dedup_key
+        ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(self._call_set))
+        if ledger.empty:
+            if pending is not None:  # the question's ledger is gone (older than a week): nothing to continue
+                return await services.commit(job, texts.TOOL_CONFIRM_EXPIRED_TEXT.format(tool=pending.tool))
+            await ledger.start(prompt, remember)
+        messages = ledger.base()
+        calls_made = 0
+        for number in range(self._tools.max_calls + 1):
+            assistant = ledger.round(number)
+            if assistant is None:
+                if calls_made >= self._tools.max_calls:
+                    return ToolAnswer(self._finished(texts.TOOL_LIMIT_TEXT.format(count=self._tools.max_calls)),
+                                      ledger.remember() if pending else None)
+                completion = await self._ask(job, messages, plan, offer)
+                if not completion.tool_calls:
+                    final = dataclasses.replace(completion, text=self._progress + completion.text)
+                    return ToolAnswer(final, ledger.remember() if pending else None)
+                assistant = assistant_message(completion)
+                await ledger.record_round(number, assistant)
+            messages.append(assistant)
+            for index, call in enumerate(_calls(assistant)):
+                slot = CallSlot(number, index)
+                result = await self._call(job, ledger, slot, call, offer, pending)
+                if isinstance(result, Composed):
+                    return result
+                calls_made += 1
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": self._fit(result.text, messages, plan)})
+        return ToolAnswer(self._finished(texts.TOOL_LIMIT_TEXT.format(count=self._tools.max_calls)),
+                          ledger.remember() if pending else None)
+
+    def _finished(self, text: str) -> Completion:
+        return Completion(self._progress + text, 0, 0, "tool_limit", 0.0, 0.0)
+
+    async def _ask(self, job: Job, messages: list[dict[str, Any]], plan: PromptPlan, offer: Offer) -> Completion:
+        """One round: the whole answer (the calls are known only at its end), every token counted."""
+        services = self._services
+        completion = await services.engine.chat(
+            messages, max_tokens=plan.max_tokens, temperature=job.message.temperature,
+            tools=[spec.openai() for spec in offer.tools.values()],
+        )
+        job.tokens_used += completion.prompt_tokens + completion.completion_tokens
+        return completion
+
+    async def _call(self, job: Job, ledger: ToolLedger, slot: CallSlot, call: ToolCall, offer: Offer,
+                    pending: PendingCall | None) -> CallResult | Composed:
+        """One call, made at most once: its recorded result, or a refusal, or the asker asked first, or made."""
+        services, kit, message = self._services, self._kit, job.message
+        recorded = ledger.result(slot)
+        if recorded is not None:
+            return recorded
+        spec = offer.tools.get(call.name)
+        arguments, problem = parse_arguments(call.arguments)
+        if spec is None or problem:
+            why = problem or f"no tool {call.name!r} is available to this user"
+            result = CallResult("error", f"error: {why}", 0)
+            await self._record(job, ledger, slot, call.name.replace("__", ".", 1), arguments, result, "refused")
+            return result
+        confirmed_first = self._tools.confirms(spec.server, spec.name)
+        if confirmed_first and not ledger.confirmed(slot):
+            return await self._ask_confirmation(job, ledger, slot, spec, arguments)
+        if ledger.started(slot) and (confirmed_first or not spec.read_only):  # only a read-only tool is retried
+            result = CallResult("error", "error: outcome unknown (interrupted); not repeated", 0)
+            await self._record(job, ledger, slot, spec.qualified, arguments, result, "unknown")
+            return await services.commit(job, texts.TOOL_OUTCOME_UNKNOWN_TEXT.format(tool=spec.qualified))
+        await self._show_progress(job, spec)
+        await ledger.mark_started(slot)
+        result = await kit.servers.call(
+            spec.server, spec.name, arguments, user=message.person, bot=message.bot_id,
+            idempotency_key=idempotency_key(ledger.key, slot),
+        )
+        if result.outcome == "lost" and (confirmed_first or not spec.read_only):  # sent, and maybe done
+            await self._record(job, ledger, slot, spec.qualified, arguments, result, "unknown")
+            return await services.commit(job, texts.TOOL_OUTCOME_UNKNOWN_TEXT.format(tool=spec.qualified))
+        outcome = "error" if result.outcome in ("unavailable", "lost") else result.outcome
+        metrics.TOOL_CALL_SECONDS.labels(spec.qualified).observe(result.duration_ms / 1000)
+        if result.outcome == "timeout":
+            timeout = services.settings.tools.servers[spec.server].timeout_s
+            result = dataclasses.replace(result, text=f"error: the tool did not answer within {timeout:g} s")
+        await self._record(job, ledger, slot, spec.qualified, arguments, result, outcome)
+        return result
+
+    async def _record(self, job: Job, ledger: ToolLedger, slot: CallSlot, tool: str, arguments: dict[str, Any],
+                      result: CallResult, outcome: str) -> None:
+        """The result in the ledger (it happened), then in the audit trail and the metrics."""
+        await ledger.mark_result(slot, result)
+        metrics.TOOL_CALLS.labels(tool, outcome).inc()
+        await self._kit.audit.record(AuditRecord(time.time(), job.message.bot_id, job.message.person, tool, "call",
+                                                 arguments, outcome, result.duration_ms))  # type: ignore[arg-type]
+
+    async def _ask_confirmation(self, job: Job, ledger: ToolLedger, slot: CallSlot, spec: ToolSpec,
+                                arguments: dict[str, Any]) -> Composed:
+        services, message, tools = self._services, job.message, self._tools
+        pending = PendingCall(
+            id=secrets.token_hex(8), asker=message.person, bot=message.bot_id, tool=spec.qualified,
+            arguments=arguments, call_set=self._call_set,
+            round=slot.round, index=slot.index, expires_at=time.time() + tools.confirm_ttl_s,
+        )
+        await self._kit.confirmations.ask(services.keys.tool_confirmation(job.scope.lane), pending, tools.confirm_ttl_s)
+        metrics.TOOL_CONFIRMATIONS.labels("asked").inc()
+        await self._kit.audit.record(AuditRecord(time.time(), message.bot_id, message.person, spec.qualified,
+                                                 "confirm_asked", arguments, "", 0))
+        question = texts.TOOL_CONFIRM_TEXT.format(
+            tool=spec.qualified, arguments=arguments_in_words(arguments, spec),
+            minutes=max(1, round(tools.confirm_ttl_s / 60)),
+        )
+        return await services.commit(job, question)
+
+    async def _show_progress(self, job: Job, spec: ToolSpec) -> None:
+        """Where the platform shows a growing reply (the AI bot's stream, a DingTalk card, the page), say which
+        tool runs; message platforms get only the answer."""
+        presenter = job.presenter
+        if not presenter.streams:
+            return
+        if not self._progress:
+            await presenter.open(job.state)
+        self._progress += texts.TOOL_RUNNING_TEXT.format(tool=spec.qualified) + "\n\n"
+        await presenter.show(self._progress)
+
+    def _fit(self, text: str, messages: list[dict[str, Any]], plan: PromptPlan) -> str:
+        """A result cut (with a note) to what the context window has left beside the answer, UTF-8 bytes being an
+        upper bound of tokens."""
+        context = self._services.engine.max_model_len
+        if not context:
+            return text
+        used = sum(utf8_len(json.dumps(item, ensure_ascii=False)) for item in messages)
+        room = max(MIN_RESULT_BYTES, context - plan.max_tokens - used)
+        if utf8_len(text) <= room:
+            return text
+        return utf8_prefix(text, room - utf8_len(texts.TOOL_RESULT_CUT)) + texts.TOOL_RESULT_CUT
+
+
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """The engine's request for calls, as the next request must carry it back."""
+    return {
+        "role": "assistant",
+        "content": completion.text or None,
+        "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in completion.tool_calls
+        ],
+    }
+
+
+def _calls(assistant: dict[str, Any]) -> list[ToolCall]:
+    return [ToolCall(item["id"], item["function"]["name"], item["function"]["arguments"])
+            for item in assistant.get("tool_calls") or ()]
+
+
+def parse_arguments(text: str) -> tuple[dict[str, Any], str]:
+    """The call's arguments as an object, or why they are not one (the model is told, and may try again)."""
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        return {}, f"the arguments are not JSON ({exc.msg})"
+    if not isinstance(value, dict):
+        return {}, "the arguments must be a JSON object"
+    return value, ""
+
+
+def arguments_in_words(arguments: dict[str, Any], spec: ToolSpec) -> str:
+    """One line per argument, named by its schema title or description where the tool gives one."""
+    properties = spec.input_schema.get("properties") or {}
+    lines = []
+    for name, value in arguments.items():
+        described = properties.get(name) or {}
+        label = described.get("title") or described.get("description") or name
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        lines.append(f"- {label}：{shown}")
+    return "\n".join(lines) or "（无参数）"
+
+
+def idempotency_key(ledger_key: str, slot: CallSlot) -> str:
+    """The same for every attempt of one call, whichever worker makes it, and unguessable from outside."""
+    return hashlib.sha256(f"{ledger_key}|{slot.field}".encode()).hexdigest()[:32]

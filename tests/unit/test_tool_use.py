@@ -1,0 +1,109 @@
+"""The tools' pieces on their own: who may call what, reading a reply as a confirmation, the ledger and the waiting
+confirmations (against the session's real redis-server), arguments in words, and the configuration's checks."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.config import Settings
+from gateway.pipeline.tool_use import arguments_in_words, idempotency_key, parse_arguments
+from testkit.configs import wecom_app
+from tools.access import may_call
+from tools.config import BotTools
+from tools.confirmations import Confirmations, PendingCall, reply_verdict
+from tools.ledger import CallSlot, ToolLedger
+from tools.servers import CallResult, ToolSpec
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def test_a_tool_without_an_access_entry_is_open_and_one_with_an_entry_only_to_whom_it_names() -> None:
+    tools = BotTools(use=["rooms"], access={"rooms.book": {"users": ["wecom:c:zs"], "groups": ["wecom:c:g1"]}})
+    assert may_call(tools, "rooms.list_rooms", "wecom:c:anyone", None)
+    assert may_call(tools, "rooms.book", "wecom:c:zs", None)
+    assert may_call(tools, "rooms.book", "wecom:c:ls", "wecom:c:g1"), "asked from within a named group"
+    assert not may_call(tools, "rooms.book", "wecom:c:ls", None)
+    assert not may_call(tools, "rooms.book", "wecom:c:ls", "wecom:c:g2")
+    nobody = BotTools(use=["rooms"], access={"rooms.book": {"departments": [2]}})
+    assert not may_call(nobody, "rooms.book", "wecom:c:zs", None), "departments unknown: nobody, not everybody"
+    assert may_call(nobody, "rooms.book", "wecom:c:zs", None, ("2",))
+
+
+def test_only_a_confirmation_written_alone_is_one() -> None:
+    assert reply_verdict(" 确认。") == "confirmed" and reply_verdict("Yes!") == "confirmed"
+    assert reply_verdict("取消") == "cancelled"
+    assert reply_verdict("确认一下明天的会议") is None and reply_verdict("") is None
+
+
+def test_bot_tools_name_server_dot_tool_of_servers_they_use() -> None:
+    with pytest.raises(ValueError, match=r"not <server>\.<tool>"):
+        BotTools(use=["rooms"], confirm=["book"])
+    with pytest.raises(ValueError, match="which `use` does not list"):
+        BotTools(use=["rooms"], confirm=["files.delete"])
+
+
+def test_settings_refuse_an_unknown_server_and_qualify_access_users() -> None:
+    app = {**wecom_app("app", "http://127.0.0.1:9"), "tools": {"use": ["rooms"],
+                                                                 "access": {"rooms.book": {"users": ["wecom:zs"]}}}}
+    with pytest.raises(ValueError, match=r"tools\.use: rooms not in tools\.servers"):
+        Settings(bots=[app])
+    settings = Settings(tools={"servers": {"rooms": {"url": "http://rooms:8000/mcp"}}}, bots=[app])
+    assert settings.bots[0].tools.access["rooms.book"].users == [f"wecom:{app['corp_id']}:zs"]
+    with pytest.raises(ValueError, match="either `url`"):
+        Settings(tools={"servers": {"rooms": {"url": "http://x/mcp", "command": ["x"]}}})
+    with pytest.raises(ValueError, match="tool server name"):
+        Settings(tools={"servers": {"a.b": {"url": "http://x/mcp"}}})
+
+
+def test_arguments_are_shown_in_words_and_bad_ones_are_explained() -> None:
+    spec = ToolSpec("rooms", "book", "", {"properties": {"room": {"title": "会议室"}}}, read_only=False)
+    assert arguments_in_words({"room": "A", "seats": 4}, spec) == "- 会议室：A\n- seats：4"
+    assert parse_arguments('{"room": "A"}') == ({"room": "A"}, "")
+    assert parse_arguments("[1]")[1] and parse_arguments("{")[1].startswith("the arguments are not JSON")
+    assert idempotency_key("k", CallSlot(0, 1)) == idempotency_key("k", CallSlot(0, 1)) != idempotency_key(
+        "k", CallSlot(1, 0))
+
+
+async def test_the_ledger_reads_back_what_was_written_before_and_after_each_call(redis: Redis) -> None:
+    key = "t:ledger:" + secrets.token_hex(4)
+    ledger = await ToolLedger.open(redis, key)
+    assert ledger.empty
+    await ledger.start([{"role": "user", "content": "订会议室"}], "订会议室")
+    slot = CallSlot(0, 0)
+    await ledger.record_round(0, {"role": "assistant", "tool_calls": []})
+    await ledger.mark_started(slot)
+    again = await ToolLedger.open(redis, key)  # a worker taking over
+    assert again.base()[0]["content"] == "订会议室" and again.round(0) is not None and again.round(1) is None
+    assert again.started(slot) and again.result(slot) is None and not again.confirmed(slot)
+    await again.mark_result(slot, CallResult("ok", "booked B-1", 12))
+    await again.mark_confirmed(CallSlot(0, 1))
+    third = await ToolLedger.open(redis, key)
+    assert third.result(slot) == CallResult("ok", "booked B-1", 12) and third.confirmed(CallSlot(0, 1))
+    assert await redis.ttl(key) > 0
+
+
+async def test_a_waiting_call_is_settled_by_its_first_answer_only(redis: Redis) -> None:
+    key = "t:confirm:" + secrets.token_hex(4)
+    confirmations = Confirmations(redis)
+    pending = PendingCall("id1", "wecom:c:zs", "app", "rooms.book", {"room": "A"}, "q1", 0, 0, time.time() + 60)
+    await confirmations.ask(key, pending, 60)
+    assert await confirmations.get(key) == pending
+    first, second = await asyncio.gather(confirmations.settle(key, "m1", "confirmed"),
+                                         confirmations.settle(key, "m2", "cancelled"))
+    assert [first.first, second.first].count(True) == 1
+    assert first.by == second.by and first.verdict == second.verdict
+    again = await confirmations.settle(key, first.by, first.verdict)  # the winner's message tried again
+    assert again.by == first.by and not again.first
+    await confirmations.ask(key, PendingCall(**{**pending.__dict__, "id": "id2"}), 60)
+    assert (await confirmations.settle(key, "m3", "cancelled")).first, "a new question waits afresh"
