@@ -45,6 +45,7 @@ class PendingCall:
     round: int
     index: int
     expires_at: float
+    asked_at: float = 0.0  # an answer written before this is not to this question (a replayed old 确认)
 
     def expired(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.expires_at
@@ -57,6 +58,7 @@ class Settled:
     by: str
     verdict: Verdict
     first: bool
+    at: float = 0.0  # when it was settled
 
 
 class Confirmations:
@@ -77,8 +79,9 @@ class Confirmations:
 
     async def settle(self, key: str, by: str, verdict: Verdict) -> Settled:
         """The first answer wins; any later one learns how it was settled (and by whom)."""
-        first = bool(await self._redis.hsetnx(key, "taken", f"{by}|{verdict}"))
+        first = bool(await self._redis.hsetnx(key, "taken", f"{by}|{verdict}|{time.time():.3f}"))
         taken = await self._redis.hget(key, "taken")
-        text = taken.decode() if isinstance(taken, bytes) else (taken or f"{by}|{verdict}")
-        owner, _, settled = text.rpartition("|")
-        return Settled(owner, settled, first)  # type: ignore[arg-type]  # written by this method only
+        text = taken.decode() if isinstance(taken, bytes) else (taken or f"{by}|{verdict}|0")
+        rest, _, at = text.rpartition("|")
+        owner, _, settled = rest.rpartition("|")
+        return Settled(owner, settled, first, float(at))  # type: ignore[arg-type]  # written here only

@@ -58,7 +58,9 @@ class ToolLedger:
         self._fields.update(values)
 
     async def start(self, base: list[dict[str, Any]], remember: str) -> None:
-        await self._set({"base": json.dumps(base, ensure_ascii=False), "remember": remember})
+        """The messages before the first round, as the first worker to start the answer wrote them."""
+        await self._set_first("base", json.dumps(base, ensure_ascii=False))
+        await self._set_first("remember", remember)
 
     def base(self) -> list[dict[str, Any]]:
         return json.loads(self._fields["base"])
@@ -70,8 +72,21 @@ class ToolLedger:
         recorded = self._fields.get(f"r{number}")
         return json.loads(recorded) if recorded is not None else None
 
-    async def record_round(self, number: int, assistant: dict[str, Any]) -> None:
-        await self._set({f"r{number}": json.dumps(assistant, ensure_ascii=False)})
+    async def _set_first(self, field: str, value: str) -> bool:
+        """Write `field` unless another worker (one whose lease passed on while it worked) wrote it first; the
+        stored value is kept either way. True when this write was the first."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.key, field, value)
+            pipe.hget(self.key, field)
+            pipe.expire(self.key, LEDGER_TTL_S)
+            first, stored, _ = await pipe.execute()
+        self._fields[field] = _text(stored)
+        return bool(first)
+
+    async def record_round(self, number: int, assistant: dict[str, Any]) -> dict[str, Any]:
+        """Round `number` as the first worker to reach it recorded it (two never ask the engine for different ones)."""
+        await self._set_first(f"r{number}", json.dumps(assistant, ensure_ascii=False))
+        return json.loads(self._fields[f"r{number}"])
 
     def started(self, slot: CallSlot) -> bool:
         return f"c{slot.field}" in self._fields
@@ -86,8 +101,9 @@ class ToolLedger:
     def confirmed(self, slot: CallSlot) -> bool:
         return f"ok{slot.field}" in self._fields
 
-    async def mark_started(self, slot: CallSlot) -> None:
-        await self._set({f"c{slot.field}": "1"})
+    async def mark_started(self, slot: CallSlot) -> bool:
+        """True for the one worker that may make the call; False when it was started before (maybe done)."""
+        return await self._set_first(f"c{slot.field}", "1")
 
     async def mark_result(self, slot: CallSlot, result: CallResult) -> None:
         data = {"outcome": result.outcome, "text": result.text, "duration_ms": result.duration_ms}

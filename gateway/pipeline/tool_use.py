@@ -32,6 +32,8 @@ from tools.servers import CallResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
+SECOND_TAP_S = 120  # a 确认 this soon after the question was settled is a second tap, answered as one
+MAX_SHOWN_CHARS = 200  # an argument shown for confirmation, at most
 MIN_RESULT_BYTES = 512  # a tool result is never cut below this, whatever the context window has left
 
 
@@ -66,10 +68,18 @@ class ToolConfirmations:
         kit = services.tools
         key = services.keys.tool_confirmation(job.scope.lane)
         pending = await kit.confirmations.get(key)
-        if pending is None or pending.asker != message.person or pending.bot != message.bot_id:
+        if (pending is None or pending.asker != message.person or pending.bot != message.bot_id
+                or message.received_at < pending.asked_at):  # an older 确认 (a replay) is not to this question
             return await next(job)
         settled = await kit.confirmations.settle(key, message.dedup_key, "expired" if pending.expired() else verdict)
-        if settled.by != message.dedup_key:  # a second tap: it was settled already, and stays as it was
+        slot = CallSlot(pending.round, pending.index)
+        ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(pending.call_set))
+        if settled.by != message.dedup_key:  # it was settled already, and stays as it was
+            if settled.verdict == "confirmed" and verdict == "confirmed" and not ledger.started(slot):
+                job.tool_resume = pending  # confirmed, yet never run (refused by a limit then): this one runs it
+                return await next(job)
+            if time.time() - settled.at > SECOND_TAP_S:  # long after: a yes or no of a new conversation
+                return await next(job)
             said = {"confirmed": texts.TOOL_ALREADY_CONFIRMED_TEXT, "expired": texts.TOOL_CONFIRM_EXPIRED_TEXT}
             return await services.commit(job, said.get(settled.verdict, texts.TOOL_CANCELLED_TEXT).format(
                 tool=pending.tool))
@@ -83,8 +93,6 @@ class ToolConfirmations:
                 metrics.TOOL_CONFIRMATIONS.labels("cancelled").inc()
                 await self._audit(kit, pending, "cancelled", "")
             return await services.commit(job, texts.TOOL_CANCELLED_TEXT.format(tool=pending.tool))
-        ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(pending.call_set))
-        slot = CallSlot(pending.round, pending.index)
         if not ledger.confirmed(slot):
             await ledger.mark_confirmed(slot)
             metrics.TOOL_CONFIRMATIONS.labels("given").inc()
@@ -108,6 +116,7 @@ class ToolRounds:
         self._tools = tools
         self._progress = ""  # what a streamed reply shows of the calls so far (the answer extends it)
         self._call_set = ""  # the ledger's name: the question's dedup key
+        self._withheld: set[str] = set()  # tools that timed out while changing something: never offered again
 
     async def answer(self, job: Job, prompt: list[dict[str, Any]], plan: PromptPlan, offer: Offer,
                      remember: str) -> ToolAnswer | Composed:
@@ -121,79 +130,88 @@ class ToolRounds:
                 return await services.commit(job, texts.TOOL_CONFIRM_EXPIRED_TEXT.format(tool=pending.tool))
             await ledger.start(prompt, remember)
         messages = ledger.base()
-        calls_made = 0
-        for number in range(self._tools.max_calls + 1):
+        calls_made, limit, number = 0, self._tools.max_calls, 0
+        remembered = ledger.remember() if pending else None
+        while True:
             assistant = ledger.round(number)
             if assistant is None:
-                if calls_made >= self._tools.max_calls:
-                    return ToolAnswer(self._finished(texts.TOOL_LIMIT_TEXT.format(count=self._tools.max_calls)),
-                                      ledger.remember() if pending else None)
-                completion = await self._ask(job, messages, plan, offer)
-                if not completion.tool_calls:
-                    final = dataclasses.replace(completion, text=self._progress + completion.text)
-                    return ToolAnswer(final, ledger.remember() if pending else None)
-                assistant = assistant_message(completion)
-                await ledger.record_round(number, assistant)
+                last = calls_made >= limit or number > limit  # no more calls: the engine answers from the results
+                completion = await self._ask(job, messages, plan, offer, with_tools=not last)
+                if last or not completion.tool_calls:
+                    text = completion.text
+                    if last and (completion.tool_calls or not text.strip()):
+                        text = texts.TOOL_LIMIT_TEXT.format(count=limit)
+                    return ToolAnswer(dataclasses.replace(completion, text=self._progress + text), remembered)
+                assistant = await ledger.record_round(number, assistant_message(completion))  # the first writer's
             messages.append(assistant)
             for index, call in enumerate(_calls(assistant)):
-                slot = CallSlot(number, index)
-                result = await self._call(job, ledger, slot, call, offer, pending)
-                if isinstance(result, Composed):
-                    return result
-                calls_made += 1
+                if calls_made >= limit:
+                    result = CallResult("error", f"error: the limit of {limit} tool calls is reached; not run", 0)
+                else:
+                    outcome = await self._call(job, ledger, CallSlot(number, index), call, offer)
+                    if isinstance(outcome, Composed):
+                        return outcome
+                    result, calls_made = outcome, calls_made + 1
                 messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": self._fit(result.text, messages, plan)})
-        return ToolAnswer(self._finished(texts.TOOL_LIMIT_TEXT.format(count=self._tools.max_calls)),
-                          ledger.remember() if pending else None)
+                                 "content": self._fit(result.text, messages, plan, offer)})
+            number += 1
 
-    def _finished(self, text: str) -> Completion:
-        return Completion(self._progress + text, 0, 0, "tool_limit", 0.0, 0.0)
+    def _offered(self, offer: Offer) -> list[dict[str, Any]]:
+        return [spec.openai() for name, spec in offer.tools.items() if name not in self._withheld]
 
-    async def _ask(self, job: Job, messages: list[dict[str, Any]], plan: PromptPlan, offer: Offer) -> Completion:
+    async def _ask(self, job: Job, messages: list[dict[str, Any]], plan: PromptPlan, offer: Offer, *,
+                   with_tools: bool) -> Completion:
         """One round: the whole answer (the calls are known only at its end), every token counted."""
         services = self._services
         completion = await services.engine.chat(
             messages, max_tokens=plan.max_tokens, temperature=job.message.temperature,
-            tools=[spec.openai() for spec in offer.tools.values()],
+            tools=self._offered(offer) if with_tools else None,
         )
         job.tokens_used += completion.prompt_tokens + completion.completion_tokens
         return completion
 
-    async def _call(self, job: Job, ledger: ToolLedger, slot: CallSlot, call: ToolCall, offer: Offer,
-                    pending: PendingCall | None) -> CallResult | Composed:
+    async def _call(self, job: Job, ledger: ToolLedger, slot: CallSlot, call: ToolCall,
+                    offer: Offer) -> CallResult | Composed:
         """One call, made at most once: its recorded result, or a refusal, or the asker asked first, or made."""
         services, kit, message = self._services, self._kit, job.message
+        spec = offer.tools.get(call.name)
         recorded = ledger.result(slot)
         if recorded is not None:
+            if recorded.outcome == "timeout" and spec is not None and not spec.read_only:
+                self._withheld.add(spec.exposed)
             return recorded
-        spec = offer.tools.get(call.name)
         arguments, problem = parse_arguments(call.arguments)
-        if spec is None or problem:
-            why = problem or f"no tool {call.name!r} is available to this user"
+        if spec is None or spec.exposed in self._withheld or problem:
+            why = problem or f"no tool {call.name!r} is available to this user now"
             result = CallResult("error", f"error: {why}", 0)
             await self._record(job, ledger, slot, call.name.replace("__", ".", 1), arguments, result, "refused")
             return result
         confirmed_first = self._tools.confirms(spec.server, spec.name)
         if confirmed_first and not ledger.confirmed(slot):
             return await self._ask_confirmation(job, ledger, slot, spec, arguments)
-        if ledger.started(slot) and (confirmed_first or not spec.read_only):  # only a read-only tool is retried
+        first = await ledger.mark_started(slot)  # only one worker ever gets to make it
+        if not first and (confirmed_first or not spec.read_only):  # started before: it may have run
             result = CallResult("error", "error: outcome unknown (interrupted); not repeated", 0)
             await self._record(job, ledger, slot, spec.qualified, arguments, result, "unknown")
             return await services.commit(job, texts.TOOL_OUTCOME_UNKNOWN_TEXT.format(tool=spec.qualified))
         await self._show_progress(job, spec)
-        await ledger.mark_started(slot)
         result = await kit.servers.call(
             spec.server, spec.name, arguments, user=message.person, bot=message.bot_id,
             idempotency_key=idempotency_key(ledger.key, slot),
         )
-        if result.outcome == "lost" and (confirmed_first or not spec.read_only):  # sent, and maybe done
+        metrics.TOOL_CALL_SECONDS.labels(spec.qualified).observe(result.duration_ms / 1000)
+        changes = confirmed_first or not spec.read_only
+        if result.outcome == "lost" and changes:  # sent, and maybe done: never again, and the person is told
             await self._record(job, ledger, slot, spec.qualified, arguments, result, "unknown")
             return await services.commit(job, texts.TOOL_OUTCOME_UNKNOWN_TEXT.format(tool=spec.qualified))
-        outcome = "error" if result.outcome in ("unavailable", "lost") else result.outcome
-        metrics.TOOL_CALL_SECONDS.labels(spec.qualified).observe(result.duration_ms / 1000)
         if result.outcome == "timeout":
             timeout = services.settings.tools.servers[spec.server].timeout_s
-            result = dataclasses.replace(result, text=f"error: the tool did not answer within {timeout:g} s")
+            said = f"error: the tool did not answer within {timeout:g} s"
+            if changes:  # it may still have run: the model must not try it again in this answer
+                self._withheld.add(spec.exposed)
+                said += "; it may have run, so it must not be called again now: tell the user to check"
+            result = dataclasses.replace(result, text=said)
+        outcome = "error" if result.outcome in ("unavailable", "lost") else result.outcome
         await self._record(job, ledger, slot, spec.qualified, arguments, result, outcome)
         return result
 
@@ -212,6 +230,7 @@ class ToolRounds:
             id=secrets.token_hex(8), asker=message.person, bot=message.bot_id, tool=spec.qualified,
             arguments=arguments, call_set=self._call_set,
             round=slot.round, index=slot.index, expires_at=time.time() + tools.confirm_ttl_s,
+            asked_at=message.received_at,
         )
         await self._kit.confirmations.ask(services.keys.tool_confirmation(job.scope.lane), pending, tools.confirm_ttl_s)
         metrics.TOOL_CONFIRMATIONS.labels("asked").inc()
@@ -234,13 +253,13 @@ class ToolRounds:
         self._progress += texts.TOOL_RUNNING_TEXT.format(tool=spec.qualified) + "\n\n"
         await presenter.show(self._progress)
 
-    def _fit(self, text: str, messages: list[dict[str, Any]], plan: PromptPlan) -> str:
+    def _fit(self, text: str, messages: list[dict[str, Any]], plan: PromptPlan, offer: Offer) -> str:
         """A result cut (with a note) to what the context window has left beside the answer, UTF-8 bytes being an
         upper bound of tokens."""
         context = self._services.engine.max_model_len
         if not context:
             return text
-        used = sum(utf8_len(json.dumps(item, ensure_ascii=False)) for item in messages)
+        used = sum(utf8_len(json.dumps(item, ensure_ascii=False)) for item in [*messages, *self._offered(offer)])
         room = max(MIN_RESULT_BYTES, context - plan.max_tokens - used)
         if utf8_len(text) <= room:
             return text
@@ -282,8 +301,10 @@ def arguments_in_words(arguments: dict[str, Any], spec: ToolSpec) -> str:
     for name, value in arguments.items():
         described = properties.get(name) or {}
         label = described.get("title") or described.get("description") or name
-        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        lines.append(f"- {label}：{shown}")
+        shown = json.dumps(value, ensure_ascii=False)  # quoted: a value cannot fake lines of its own
+        if len(shown) > MAX_SHOWN_CHARS:
+            shown = shown[:MAX_SHOWN_CHARS] + "…"
+        lines.append(f"- {str(label)[:MAX_SHOWN_CHARS]}：{shown}")
     return "\n".join(lines) or "（无参数）"
 
 

@@ -51,6 +51,14 @@ def calls_of(path: Path, tool: str) -> list[dict[str, Any]]:
     return [line for line in lines if line["tool"] == tool]
 
 
+@pytest.fixture(autouse=True)
+def default_loop_policy() -> None:
+    """stdio servers are child processes: asyncio's default policy watches them. A test elsewhere in the session may
+    have started uvicorn, which installs uvloop's policy (it has no child watcher for asyncio's own loop)."""
+    if not isinstance(asyncio.get_event_loop_policy(), asyncio.DefaultEventLoopPolicy):
+        asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+
+
 @pytest.fixture(scope="module")
 def http_server(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     calls = tmp_path_factory.mktemp("demo-mcp") / "calls.jsonl"

@@ -68,7 +68,8 @@ def test_settings_refuse_an_unknown_server_and_qualify_access_users() -> None:
 
 def test_arguments_are_shown_in_words_and_bad_ones_are_explained() -> None:
     spec = ToolSpec("rooms", "book", "", {"properties": {"room": {"title": "会议室"}}}, read_only=False)
-    assert arguments_in_words({"room": "A", "seats": 4}, spec) == "- 会议室：A\n- seats：4"
+    assert arguments_in_words({"room": "A", "seats": 4}, spec) == '- 会议室："A"\n- seats：4'
+    assert "\n" not in arguments_in_words({"room": "A\n- 金额：0"}, spec), "a value cannot fake a line of its own"
     assert parse_arguments('{"room": "A"}') == ({"room": "A"}, "")
     assert parse_arguments("[1]")[1] and parse_arguments("{")[1].startswith("the arguments are not JSON")
     assert idempotency_key("k", CallSlot(0, 1)) == idempotency_key("k", CallSlot(0, 1)) != idempotency_key(

@@ -107,6 +107,18 @@ def test_a_tool_call_reaches_the_server_with_the_asker_and_its_result_reaches_th
     assert not secret_seen, f"the server's token is in {secret_seen}"
 
 
+def test_max_calls_bounds_the_calls_and_the_engine_still_answers_from_the_results(
+    stack: Stack, cluster: Callable[..., Cluster], user: str, mcp_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, calls = mcp_server
+    made = tools_cluster(cluster, url, tmp_path, max_calls=1)
+    texts = ask(made, user, 'tool:rooms__list_rooms {"start": "9:00"}\ntool:rooms__list_rooms {"start": "10:00"}', 1)
+    assert len(calls_made(calls, "list_rooms")) == 1, "one call allowed, the second not made"
+    last = made.engine_requests()[-1]
+    assert last["tools"] == [], "the last round offers no tools: the engine answers from what it has"
+    assert "泰山厅" in texts[-1] and "limit of 1 tool calls" in texts[-1], texts[-1]
+
+
 def test_a_person_without_access_is_not_offered_the_tool(
     stack: Stack, cluster: Callable[..., Cluster], user: str, mcp_server: tuple[str, Path], tmp_path: Path
 ) -> None:
