@@ -12,8 +12,8 @@
 #   <component>.pid                    "PID START BOOT": the process group's leader, its start time (field 22 of
 #                                      /proc/PID/stat) and the boot's id. A file whose pid now names another process
 #                                      (a reboot, a reused pid) is stale: removed, never signalled.
-# Ports: redis 6390, engine 8000, gateway 8080 (admin 8081), simulator 8090, page 8100. PLAYGROUND_RUN_DIR and
-# PLAYGROUND_{REDIS,ENGINE,GATEWAY,ADMIN,SIM,WEB}_PORT move it (tests/deploy/test_playground.py does, with a config that
+# Ports: redis 6390, engine 8000, gateway 8080 (admin 8081), simulator 8090, page 8100, demo MCP server 8095.
+# PLAYGROUND_RUN_DIR and PLAYGROUND_{REDIS,ENGINE,GATEWAY,ADMIN,SIM,WEB,MCP}_PORT move it (tests/deploy/test_playground.py does, with a config that
 # names the same ports); BOTGW_CONFIG picks another config; PLAYGROUND_STOP_WAIT_S and PLAYGROUND_KILL_WAIT_S how long
 # stop waits after TERM (then KILL) and after KILL (then it gives up, exit 1).
 set -euo pipefail
@@ -27,6 +27,7 @@ GATEWAY_PORT=${PLAYGROUND_GATEWAY_PORT:-8080}
 ADMIN_PORT=${PLAYGROUND_ADMIN_PORT:-8081}
 SIM_PORT=${PLAYGROUND_SIM_PORT:-8090}
 WEB_PORT=${PLAYGROUND_WEB_PORT:-8100}
+MCP_PORT=${PLAYGROUND_MCP_PORT:-8095}  # the demo MCP server (rooms: list_rooms, book), tools.servers in local.yaml
 STOP_WAIT_S=${PLAYGROUND_STOP_WAIT_S:-30}  # after TERM, before KILL
 KILL_WAIT_S=${PLAYGROUND_KILL_WAIT_S:-10}  # after KILL: a group still there is a zombie or stuck in the kernel
 LOGS_KEPT=10
@@ -127,7 +128,7 @@ stop_all() {
   # Front to back: nothing new comes in while the worker finishes what it holds (it may still need the
   # simulator and the engine); the simulator writes its state on the way out; Redis, which all of them use, last.
   stop_together web dingtalk-stream gateway worker
-  stop_together simulator engine
+  stop_together simulator engine tools-demo
   stop_together redis
   echo "botgw: stopped"
 }
@@ -224,6 +225,7 @@ until REDISCLI_AUTH=$REDIS_PASSWORD redis-cli -p "$REDIS_PORT" ping >/dev/null 2
   sleep 0.2
 done
 start_bg engine "$BOTGW" engine serve --profile auto --port "$ENGINE_PORT" --served-model-name ernie
+start_bg tools-demo .venv/bin/python -m testkit.fakes.demo_mcp --transport http --port "$MCP_PORT"
 start_bg simulator "$BOTGW" sim serve --config "$CONFIG" --port "$SIM_PORT" --state "$RUN/simulator.json"
 start_bg gateway "$BOTGW" serve --config "$CONFIG" --port "$GATEWAY_PORT" --admin-port "$ADMIN_PORT"
 start_bg worker "$BOTGW" worker --config "$CONFIG"
@@ -247,6 +249,7 @@ botgw is up.  Talk to the bots as their users would (the simulator signs and enc
   .venv/bin/botgw sim wecom-kf --config $CONFIG --bot kefu --customer wmcarol "你们几点上班？"     # 微信客服
   .venv/bin/botgw kf handoff   --config $CONFIG --bot kefu --customer wmcarol                      # to a human
   .venv/bin/botgw push         --config $CONFIG --bot alerts "部署完成"                             # group robot
+  .venv/bin/botgw tools audit  --config $CONFIG                       # the demo bot's tool calls (rooms MCP server)
 
   web chat   http://127.0.0.1:$WEB_PORT  (sign in as alice / alice-demo-password)
   readiness  http://127.0.0.1:$ADMIN_PORT/readyz     metrics  http://127.0.0.1:$ADMIN_PORT/metrics   (admin listener, loopback)

@@ -34,8 +34,8 @@ import yaml
 from testkit.processes import BOTGW, ROOT, child_env, free_port
 from tests.conftest import ARTIFACTS
 
-PORTS = ("REDIS", "ENGINE", "GATEWAY", "ADMIN", "SIM", "WEB")
-LOCAL_PORTS = {"REDIS": 6390, "ENGINE": 8000, "GATEWAY": 8080, "ADMIN": 8081, "SIM": 8090, "WEB": 8100}
+PORTS = ("REDIS", "ENGINE", "GATEWAY", "ADMIN", "SIM", "WEB", "MCP")
+LOCAL_PORTS = {"REDIS": 6390, "ENGINE": 8000, "GATEWAY": 8080, "ADMIN": 8081, "SIM": 8090, "WEB": 8100, "MCP": 8095}
 START_TIMEOUT_S = 1200  # the first start may build the tiny model; then the engine loads (a minute or two here)
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
@@ -256,7 +256,8 @@ def test_the_playground_answers_on_wecom_kf_again_after_make_stop_and_make_run(
         ask_kefu(config, gateway, "wmbefore", "你们几点上班？")
         first_logs = (run / "logs" / "latest").resolve()
         pids = {path.stem: recorded_pid(path) for path in run.glob("*.pid")}
-        assert set(pids) == {"redis", "engine", "simulator", "gateway", "worker", "dingtalk-stream", "web"}
+        assert set(pids) == {"redis", "engine", "simulator", "gateway", "worker", "dingtalk-stream", "web",
+                             "tools-demo"}
 
         stopped = run_script("stop", env, 300)
         assert stopped.rstrip().endswith("botgw: stopped")
