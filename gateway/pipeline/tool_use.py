@@ -129,6 +129,8 @@ class ToolRounds:
             if pending is not None:  # the question's ledger is gone (older than a week): nothing to continue
                 return await services.commit(job, texts.TOOL_CONFIRM_EXPIRED_TEXT.format(tool=pending.tool))
             await ledger.start(prompt, remember)
+        if job.presenter.streams:  # the stream or card is there from the start, as for an answer without tools
+            await job.presenter.open(job.state)
         messages = ledger.base()
         calls_made, limit, number = 0, self._tools.max_calls, 0
         remembered = ledger.remember() if pending else None
@@ -248,8 +250,6 @@ class ToolRounds:
         presenter = job.presenter
         if not presenter.streams:
             return
-        if not self._progress:
-            await presenter.open(job.state)
         self._progress += texts.TOOL_RUNNING_TEXT.format(tool=spec.qualified) + "\n\n"
         await presenter.show(self._progress)
 

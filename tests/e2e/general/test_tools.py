@@ -6,6 +6,7 @@ fed back, what the person sees, and that a call is made once: confirmations, a k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,8 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from bots.wecom.config import WeComAIBotConfig
+from simulator.wecom.ai_user import StreamView, WeComAIBotUser
 from testkit.configs import write_config
 from testkit.processes import ROOT, Proc, free_port, wait_for
 from testkit.stacks import Cluster, Stack
@@ -61,7 +65,7 @@ def tools_cluster(cluster: Callable[..., Cluster], url: str, tmp_path: Path, tim
     }
     made = cluster(0.05, tools={"servers": servers})
     for bot in made.config["bots"]:
-        if bot["id"] == "app":
+        if bot["id"] in ("app", "ai"):
             bot["tools"] = {"use": ["rooms", "files"], **bot_tools}
     write_config(made.path, made.config)
     made.add_gateway()
@@ -230,3 +234,25 @@ def test_the_worker_refuses_to_start_on_a_bot_naming_an_unknown_server(stack: St
     assert run.returncode != 0
     assert "tools.use" in run.stderr and "nowhere" in run.stderr, run.stderr
 
+
+
+def test_the_ai_bots_stream_shows_the_tool_running_then_the_answer(
+    stack: Stack, cluster: Callable[..., Cluster], user: str, mcp_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Where a reply grows (the AI bot's stream) the person sees which tool runs; the answer extends it."""
+    url, calls = mcp_server
+    made = tools_cluster(cluster, url, tmp_path)
+    config = WeComAIBotConfig(**next(b for b in made.config["bots"] if b["id"] == "ai"))
+
+    async def go() -> tuple[StreamView, StreamView]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(config, made.gateways, made.stack.sim_url, http)
+            plain = await sim.ask(user, "no tool needed", interval_s=0.1)
+            used = await sim.ask(user, 'tool:rooms__list_rooms {"start": "15:00"}', interval_s=0.1)
+            return plain, used
+
+    plain, used = asyncio.run(go())
+    assert plain.finished and plain.text == "answer to: no tool needed", plain.shown
+    assert used.finished and used.text.startswith("正在调用 rooms.list_rooms…"), used.shown
+    assert "tool results:" in used.text and "泰山厅" in used.text, used.text
+    assert len(calls_made(calls, "list_rooms")) == 1
