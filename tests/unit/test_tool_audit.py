@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -17,13 +16,6 @@ from tools.audit import READ_PAGE, AuditRecord, ToolAudit, encode, parse_duratio
 from tools.config import ToolsSettings
 
 ALICE, BOB = "wecom:ww1:alice", "wecom:ww1:bob"
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 def fresh_keys() -> Keys:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -19,13 +18,6 @@ from tools.config import BotTools
 from tools.confirmations import Confirmations, PendingCall, reply_verdict
 from tools.ledger import CallSlot, ToolLedger
 from tools.servers import CallResult, ToolSpec
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 def test_a_tool_without_an_access_entry_is_open_and_one_with_an_entry_only_to_whom_it_names() -> None:
