@@ -82,6 +82,7 @@ from bench.common import (
 from bots.base import InboundMessage
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.crypto import sign
+from bots.markdown import to_text
 from bots.text import utf8_len
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig
 from gateway import texts
@@ -1083,7 +1084,9 @@ def match_deliveries(
     for message in messages:
         if message.channel != "wecom-ai" and message.answer is not None:
             platform = CHANNELS[message.channel][1]
-            expected[(platform, message.address)][_plain(message.answer)].append(message)
+            # the WeCom app answers in plain text (reply_format text): the record's Markdown, made readable
+            sent = to_text(message.answer) if message.channel == "wecom" else message.answer
+            expected[(platform, message.address)][_plain(sent)].append(message)
     notices: Counter[str] = Counter()
     strangers: list[str] = []
     plain_notices = {_plain(text): name for text, name in NOTICES.items()}
