@@ -11,12 +11,16 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bots.buttons import ButtonTap
 from bots.parts import DEFAULT_MAX_MEDIA_BYTES, Downloaded, Media, MediaError, Part
 from tools.config import BotTools
+
+if TYPE_CHECKING:
+    from bots.channels import Buttons
 
 
 class ReplyTarget(BaseModel):
@@ -53,6 +57,9 @@ class InboundMessage(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="the user's preset, if any")
     family: str = Field(default="", description="whose users these are: wecom, dingtalk, wecom-kf, web ('' = platform)")
     tenant: str = Field(default="", description="the organisation the sender belongs to (a corp id); '' = the bot")
+    tap: ButtonTap | None = Field(
+        default=None, description="a button of botgw's question tapped (bots.buttons); text is then the choice's word"
+    )
     memory_by_person: bool = Field(
         default=False,
         description="one-to-one: the memory is the person's, shared by every bot of their family (app, AI bot, page)",
@@ -337,6 +344,7 @@ class ChannelDefaults:
     merge_window_s: float = 0.0  # a person's messages within this many seconds are answered together
     reply_quota: ReplyQuota | None = None
     sessions: Sessions | None = None  # human agents can own a conversation
+    buttons: Buttons | None = None  # questions asked with buttons (None: as text, answered by a reply)
     callback_style: str | None = None  # how /callback/{bot} is answered (bots.channels; None: no callbacks)
 
     default_reply_format: Literal["markdown", "text"] = "text"  # what the platform shows when the bot does not say

@@ -23,6 +23,7 @@ from bots.base import (
     ReplyTarget,
     Sessions,
 )
+from bots.buttons import Question
 from bots.parts import Downloaded, Media
 
 HumanSessions = Sessions  # who holds a conversation, handoff to a human (bots.base.Sessions)
@@ -129,6 +130,15 @@ class HeldConnection(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
 
+class Buttons(Protocol):
+    """Questions asked with buttons (a DingTalk interactive card, a WeCom template card): a tap comes back as an
+    InboundMessage with `tap` (bots.buttons), in the conversation the question was asked in."""
+
+    async def ask(self, target: ReplyTarget, question: Question) -> None:
+        """Show `question` with its buttons to `target` (SendError when it could not)."""
+        ...
+
+
 @runtime_checkable
 class Channel(Protocol):
     """Every adapter: who it is, how it shows answers, and what shapes its answer path."""
@@ -140,6 +150,7 @@ class Channel(Protocol):
     merge_window_s: float  # a person's messages this close together are answered together (0: never)
     reply_quota: ReplyQuota | None  # at most so many messages to a person per window (微信客服)
     sessions: HumanSessions | None  # human agents can hold a conversation
+    buttons: Buttons | None  # questions shown with buttons (None: as text, answered by a reply)
 
     def system_prompt_for(self, message: InboundMessage) -> str | None: ...
 

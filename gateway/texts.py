@@ -78,6 +78,11 @@ TOOL_CONFIRM_TEXT = (
     "将要执行「{tool}」：\n{arguments}\n回复「确认」执行，回复「取消」放弃（{minutes} 分钟内有效）。\n"
     "About to run {tool} with the above. Reply 确认 to confirm or 取消 to cancel (valid {minutes} min)."
 )
+TOOL_CONFIRM_TITLE = "确认执行「{tool}」？"
+TOOL_BUTTON_STALE_TEXT = (
+    "这个确认已失效（已过期，或已有更新的请求），没有执行任何操作。"
+    "This confirmation is no longer current (expired or replaced); nothing was done."
+)
 TOOL_CANCELLED_TEXT = "已取消，「{tool}」没有执行。Cancelled: {tool} was not run."
 TOOL_CONFIRM_EXPIRED_TEXT = (
     "这次确认已过期，「{tool}」没有执行；如仍需要，请重新提出。The confirmation expired: {tool} was not run."

@@ -5,7 +5,7 @@ One class per reply style (bots.channels), never per adapter class, each in its 
 
 - pieces (WeCom app, group robot, DingTalk text, 微信客服): gateway/delivery/pieces.py
 - stream (WeCom AI bot): gateway/delivery/stream.py
-- page (web): gateway/delivery/stream.py (the page reads the same stored stream)
+- page (web): gateway/delivery/page.py (the page reads the same stored stream)
 - card (DingTalk AI card): gateway/delivery/card.py
 
 Every write is fenced by the worker's lease: a stream update or record write from a worker that lost the message
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from bots.base import InboundMessage, SendError, Throttled
+from bots.buttons import Question
 from bots.channels import Channel
 from gateway.config import WorkerSettings
 from gateway.retry import retry
@@ -128,9 +129,28 @@ class Presenter:
         raise NotImplementedError
 
     async def finish(self, text: str, state: ReplyState) -> None:
-        """Deliver the answer and record it as done."""
+        """Deliver the answer (and the buttons of a question it asks) and record it as done."""
         await self.deliver(text, state)
+        question = Question.from_json(state.question)
+        if question is not None and not state.buttons_sent:
+            await self.ask(question, state)
         await self.record.mark(state="done")
+
+    async def ask(self, question: Question, state: ReplyState) -> None:
+        """Show the buttons of the question the answer (already delivered) asks, where the platform has them;
+        recorded after they were shown. The answer says to reply 确认 or 取消, so a platform without buttons, or
+        buttons that could not be sent, leave the person a way to answer."""
+        buttons = self.adapter.buttons
+        if buttons is None:
+            return
+        try:
+            await self.delivery.retry_send(lambda attempt: buttons.ask(self.message.reply_to, question))
+        except SendError as exc:
+            log.warning("the question's buttons could not be shown; it is answered by a reply",
+                        extra={"error": str(exc)})  # fmt: skip
+            return
+        await self.record.mark(buttons_sent="1")
+        state.buttons_sent = "1"
 
     async def fail(self, text: str, state: ReplyState) -> None:
         """End the answer in a failed state, telling the user `text`."""

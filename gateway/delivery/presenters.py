@@ -6,8 +6,9 @@ from bots.base import InboundMessage
 from bots.channels import Channel
 from gateway.delivery.base import Delivery, Paced, Presenter
 from gateway.delivery.card import CardPresenter
+from gateway.delivery.page import PagePresenter
 from gateway.delivery.pieces import UNIQUE_MARKS, PiecesPresenter
-from gateway.delivery.stream import PagePresenter, StreamPresenter
+from gateway.delivery.stream import StreamPresenter
 from gateway.state.reply_record import Fence, ReplyRecord
 
 __all__ = [

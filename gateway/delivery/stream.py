@@ -1,6 +1,6 @@
 """Styles whose text grows in the stream store (Redis), read from there by whoever shows it: the WeCom AI bot's
 stream (WeCom's refresh callbacks, any replica), finished with the first 20480 bytes and the rest posted once
-through response_url; and the web page (the gateway's SSE endpoint)."""
+through response_url. The web page reads the same store (gateway/delivery/page.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gateway.state.reply_record import ReplyState
 log = logging.getLogger(__name__)
 
 
-class _StoredStreamPresenter(Presenter):
+class StoredStreamPresenter(Presenter):
     """A stream kept in the stream store (Redis): the platform or the page reads it from there."""
 
     streams = True
@@ -34,13 +34,7 @@ class _StoredStreamPresenter(Presenter):
         await self._finish_stored(text)
 
 
-class PagePresenter(_StoredStreamPresenter):
-    """The web page: the gateway's /web endpoint streams it to the browser."""
-
-    interval_s = 0.05
-
-
-class StreamPresenter(_StoredStreamPresenter):
+class StreamPresenter(StoredStreamPresenter):
     """The WeCom AI bot's stream: WeCom's refresh callbacks read it from Redis (any replica)."""
 
     adapter: StreamChannel

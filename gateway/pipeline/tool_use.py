@@ -18,6 +18,7 @@ import secrets
 import time
 from typing import Any
 
+from bots.buttons import Question
 from bots.text import utf8_len, utf8_prefix
 from engine.client import Completion, ToolCall
 from gateway import metrics, texts
@@ -62,19 +63,33 @@ class ToolConfirmations:
     async def __call__(self, job: Job, next: Next) -> Composed:
         services, message = self._services, job.message
         tools = bot_tools(services, job)
-        verdict = reply_verdict(message.text) if tools is not None and not job.images else None
+        tap = message.tap
+        if tap is not None and (tools is None or services.tools is None):  # a card of a bot that no longer has tools
+            return await services.commit(job, "")
+        verdict = tap.choice if tap is not None else (
+            reply_verdict(message.text) if tools is not None and not job.images else None)
         if tools is None or services.tools is None or verdict is None:
             return await next(job)
         kit = services.tools
         key = services.keys.tool_confirmation(job.scope.lane)
         pending = await kit.confirmations.get(key)
-        if (pending is None or pending.asker != message.person or pending.bot != message.bot_id
+        if tap is not None:  # a button names its question: only that one, only by its asker
+            if pending is None or pending.id != tap.question_id or pending.bot != message.bot_id:
+                return await services.commit(job, texts.TOOL_BUTTON_STALE_TEXT if pending is None or
+                                             pending.asker == message.person else "")
+            if pending.asker != message.person:  # someone else's tap does nothing (in a group, says nothing)
+                metrics.TOOL_CONFIRMATIONS.labels("refused").inc()
+                return await services.commit(job, "")
+        elif (pending is None or pending.asker != message.person or pending.bot != message.bot_id
                 or message.received_at < pending.asked_at):  # an older 确认 (a replay) is not to this question
             return await next(job)
         settled = await kit.confirmations.settle(key, message.dedup_key, "expired" if pending.expired() else verdict)
         slot = CallSlot(pending.round, pending.index)
         ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(pending.call_set))
         if settled.by != message.dedup_key:  # it was settled already, and stays as it was
+            if tap is not None and not (settled.verdict == "confirmed" and verdict == "confirmed"
+                                        and not ledger.started(slot)):
+                return await services.commit(job, "")  # a second tap does nothing: the first one was answered
             if settled.verdict == "confirmed" and verdict == "confirmed" and not ledger.started(slot):
                 job.tool_resume = pending  # confirmed, yet never run (refused by a limit then): this one runs it
                 return await next(job)
@@ -238,10 +253,12 @@ class ToolRounds:
         metrics.TOOL_CONFIRMATIONS.labels("asked").inc()
         await self._kit.audit.record(AuditRecord(time.time(), message.bot_id, message.person, spec.qualified,
                                                  "confirm_asked", arguments, "", 0))
+        in_words = arguments_in_words(arguments, spec)
         question = texts.TOOL_CONFIRM_TEXT.format(
-            tool=spec.qualified, arguments=arguments_in_words(arguments, spec),
-            minutes=max(1, round(tools.confirm_ttl_s / 60)),
+            tool=spec.qualified, arguments=in_words, minutes=max(1, round(tools.confirm_ttl_s / 60)),
         )
+        buttons = Question(pending.id, texts.TOOL_CONFIRM_TITLE.format(tool=spec.qualified), in_words)
+        await job.record.mark(question=buttons.to_json())  # before the commit: a retry delivers both
         return await services.commit(job, question)
 
     async def _show_progress(self, job: Job, spec: ToolSpec) -> None:

@@ -123,6 +123,8 @@ class ReplyState:
     handoff_notice_sent: str = ""
     welcome_started: str = ""  # the welcome's send began (a retry resends it, with the same msgid)
     welcome_sent: str = ""
+    question: str = ""  # the answer asks the person something with buttons (bots.buttons.Question as JSON)
+    buttons_sent: str = ""  # the question's buttons were shown
     send_failed: str = ""  # the platform reported after accepting a piece that it was not delivered (why)
     variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 
