@@ -10,6 +10,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from bots.buttons import ButtonTap, Question, read_button_key
 from gateway.config import Settings
 from gateway.pipeline.tool_use import arguments_in_words, idempotency_key, parse_arguments
 from testkit.configs import wecom_app
@@ -100,3 +101,16 @@ async def test_a_waiting_call_is_settled_by_its_first_answer_only(redis: Redis) 
     assert again.by == first.by and not again.first
     await confirmations.ask(key, PendingCall(**{**pending.__dict__, "id": "id2"}), 60)
     assert (await confirmations.settle(key, "m3", "cancelled")).first, "a new question waits afresh"
+
+
+def test_a_button_key_names_its_question_and_choice_and_nothing_else_reads_as_one() -> None:
+    question = Question("0123456789abcdef", "确认执行「rooms.book」？", '- 会议室："A"')
+    keys = dict((label, key) for key, label in question.buttons())
+    assert read_button_key(keys["确认"]) == ButtonTap(question_id=question.id, choice="confirmed")
+    assert read_button_key(keys["取消"]) == ButtonTap(question_id=question.id, choice="cancelled")
+    for hostile in ("", "botgw:confirmed:", "botgw:deleted:0123456789abcdef", "botgw:confirmed:XYZ12345",
+                    "botgw:confirmed:0123456789abcdef:extra", "other-app:confirmed:0123456789abcdef", None, 7):
+        assert read_button_key(hostile) is None, hostile  # type: ignore[arg-type]
+    assert Question.from_json(question.to_json()) == question
+    assert Question.from_json("") is None and Question.from_json("{not json") is None
+    assert Question.from_json('{"id": 1}') is None, "a record field that is not a whole question is none"
