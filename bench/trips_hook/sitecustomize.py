@@ -5,7 +5,8 @@ BENCH_TRIPS_SOCKET naming a Unix socket: Python imports this module at start-up,
 `send_packed_command` (one call writes one request and waits for its answer: a command, a pipeline, a MULTI/EXEC
 block, each one round trip) and answers on the socket, to whoever connects, the counts so far as one JSON object
 ({"sends": n, "commands": {name: n}}). With BENCH_TRIPS_COMMANDS=1 it also names the commands of each send
-("HGET", "EVALSHA", a pipeline as "PIPELINE[HSET+XADD]"), which costs some CPU in the process measured.
+("HGET", a script as "EVALSHA(<module>:<line> where it was registered)", a pipeline as "PIPELINE[HSET+XADD]"),
+which costs some CPU in the process measured.
 Without BENCH_TRIPS_SOCKET it does nothing."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ SOCKET = os.environ.get("BENCH_TRIPS_SOCKET", "")
 NAMES = os.environ.get("BENCH_TRIPS_COMMANDS") == "1"
 sends = 0
 commands: collections.Counter[str] = collections.Counter()
+scripts: dict[str, str] = {}  # a registered script's sha -> where it was registered
 
 
 def _names(command: object) -> str:
@@ -38,8 +40,11 @@ def _names(command: object) -> str:
         for k in range(count):
             end = data.index(b"\r\n", i)
             length, i = int(data[i + 1 : end]), end + 2
+            word = data[i : i + length].decode(errors="replace")
             if k == 0:
-                names.append(data[i : i + length].decode(errors="replace").upper())
+                names.append(word.upper())
+            elif k == 1 and names[-1] == "EVALSHA":
+                names[-1] = f"EVALSHA({scripts.get(word, word[:8])})"
             i += length + 2
     if len(names) == 1:
         return names[0]
@@ -47,7 +52,20 @@ def _names(command: object) -> str:
 
 
 def _install() -> None:
+    import sys
+
     from redis.asyncio.connection import AbstractConnection
+    from redis.commands.core import AsyncScript
+
+    registered = AsyncScript.__init__
+
+    def named(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        registered(self, *args, **kwargs)
+        caller = sys._getframe(2)  # register_script's caller
+        scripts[self.sha] = f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}"
+
+    if NAMES:
+        AsyncScript.__init__ = named  # type: ignore[method-assign]
 
     original = AbstractConnection.send_packed_command
 
