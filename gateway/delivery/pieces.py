@@ -48,7 +48,10 @@ class PiecesPresenter(Presenter):
     adapter: PiecesChannel
 
     async def finish(self, text: str, state: ReplyState) -> None:
-        await self.deliver(text, state, done_with_last=True)
+        if state.question and not state.buttons_sent:  # the buttons follow the text, then it is done
+            await super().finish(text, state)
+            return
+        await self.deliver(text, state, done_with_last=True)  # the last piece's mark says done: one write fewer
 
     async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
