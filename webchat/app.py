@@ -17,6 +17,7 @@ import httpx
 from chainlit.input_widget import Select, Switch
 from starlette.datastructures import Headers
 
+from bots.buttons import read_button_key
 from bots.web.config import PRESETS, WebBotConfig
 from knowledge.prompt import CITATION_MARK
 from webchat.bot_settings import page_settings
@@ -25,6 +26,8 @@ from webchat.markdown import ImageLinks, images_as_links
 from webchat.oauth import install as install_company_logins
 from webchat.passwords import PasswordSignIn
 
+TAP_ACTION = "botgw_button"  # the Chainlit action of a question's buttons (bots/buttons.py keys in its payload)
+BUTTON_ICONS = {"confirmed": "check", "cancelled": "x"}  # lucide icon names, as Chainlit's actions take them
 STATUS_TEXT = {
     "ready": "Engine ready.",
     "busy": "Engine busy: answers may take a little longer.",
@@ -84,15 +87,20 @@ async def settings_changed(settings: dict) -> None:
     cl.user_session.set("settings", settings)
 
 
+def signed_in_as() -> tuple[str, str]:
+    """The signed-in user's name and how they signed in, from the page's session (never from the browser's post).
+    The gateway qualifies the name by how it signed in: wecom → the WeCom member, dingtalk → the DingTalk staff
+    member (webchat/oauth.py), otherwise the page's own user web:<bot>:<name>."""
+    user = cl.user_session.get("user")
+    meta = (user.metadata or {}) if user else {}
+    return meta.get("name") or (user.identifier if user else "anonymous"), meta.get("login") or "password"
+
+
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     settings = cl.user_session.get("settings") or {}
     preset = settings.get("preset") or next(iter(PRESETS))
-    user = cl.user_session.get("user")
-    meta = (user.metadata or {}) if user else {}
-    # The gateway qualifies the name by how it signed in: wecom → the WeCom member, dingtalk → the DingTalk staff
-    # member (webchat/oauth.py), otherwise the page's own user web:<bot>:<name>.
-    name, login = meta.get("name") or (user.identifier if user else "anonymous"), meta.get("login") or "password"
+    name, login = signed_in_as()
     attachments = await upload_files(message.elements or [], name, login)
     if attachments is None:
         return
@@ -101,6 +109,28 @@ async def on_message(message: cl.Message) -> None:
         body["attachments"] = attachments
     if await engine_status() == "loading":
         await cl.Message(content=STATUS_TEXT["loading"], author="status").send()
+    await ask_gateway(body, bool(settings.get("experts")))
+
+
+@cl.action_callback(TAP_ACTION)
+async def on_tap(action: cl.Action) -> None:
+    """A button under a question (确认/取消), clicked: its buttons go (a second click is not offered), and the tap
+    goes to the gateway as the signed-in user's, whose answer streams in like any answer. The key is the
+    browser's to send: the gateway checks it, and only the asker's tap of the question waiting settles it."""
+    key = str((action.payload or {}).get("key", ""))
+    shown: dict[str, list[cl.Action]] = cl.user_session.get("questions") or {}
+    tap = read_button_key(key)
+    for button in (shown.pop(tap.question_id, None) if tap else None) or [action]:
+        await button.remove()
+    if tap is None:
+        return
+    name, login = signed_in_as()
+    settings = cl.user_session.get("settings") or {}
+    await ask_gateway({"user": name, "login": login, "button": key}, bool(settings.get("experts")))
+
+
+async def ask_gateway(body: dict, show_experts: bool) -> None:
+    """Post a message (or a tap) to the gateway and show its answer as it streams."""
     answer = cl.Message(content="")
     timeout = httpx.Timeout(BOT.answer_timeout_s + 10, connect=5)
     try:
@@ -112,7 +142,7 @@ async def on_message(message: cl.Message) -> None:
                 error = json.loads(await response.aread() or b"{}")
                 await cl.ErrorMessage(content=error.get("message") or "The gateway refused the message.").send()
                 return
-            await read_events(response, answer, bool(settings.get("experts")))
+            await read_events(response, answer, show_experts)
     except httpx.HTTPError:
         await cl.ErrorMessage(content="The assistant cannot be reached right now; please try again.").send()
 
@@ -163,12 +193,31 @@ async def read_events(response: httpx.Response, answer: cl.Message, show_experts
                 answer.elements = [cl.Text(name="参考资料", content=sources_text(event["sources"]), display="inline")]
             if show_experts and event.get("experts"):
                 answer.content += f"\n\n`{event['experts']}`"
+            if event.get("question"):
+                answer.actions = question_buttons(event["question"])
+            if not answer.content and not answer.actions:  # done with nothing to show (a tap that did nothing)
+                return
             await answer.send() if not answer.id else await answer.update()
             return
         elif "error" in event:
             message = images_as_links(event.get("message", "Something went wrong; please try again."))
             await cl.ErrorMessage(content=message).send()
             return
+
+
+def question_buttons(question: dict) -> list[cl.Action]:
+    """The buttons under an answer that asks a question (确认, 取消: `question` of the final event), kept in the
+    session by question so that a click on one takes them all away."""
+    buttons = []
+    for button in question.get("buttons") or []:
+        tap = read_button_key(str(button.get("key", "")))
+        if tap is not None:
+            buttons.append(cl.Action(name=TAP_ACTION, payload={"key": str(button["key"])},
+                                     label=str(button.get("label", "")), icon=BUTTON_ICONS[tap.choice]))
+    shown = cl.user_session.get("questions") or {}
+    shown[str(question.get("id", ""))] = buttons
+    cl.user_session.set("questions", shown)
+    return buttons
 
 
 def sources_text(sources: list[dict]) -> str:

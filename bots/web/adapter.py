@@ -5,6 +5,12 @@ The page says how the person signed in (`login`): through WeCom or DingTalk they
 (the same identity, memory and limits as in the bot whose login the page uses); with a password or the
 proxy's header they are the page's own user, `web:<bot>:<name>`.
 
+A tap on one of the buttons the page shows under a question (a tool call's 确认/取消) comes as the same post with
+`button` (the button's key, bots.buttons) instead of text: a message with `tap` whose text is the choice's word,
+from the same signed-in person in the same conversation as their messages. Its msg_id is made of the person and
+the button (`tap:<person>:<choice>:<question>`), never taken from the post: the same tap posted again is the same
+delivery (queued once; its answer read again), and no tap can pass for another person's message.
+
 Attached files come as refs the gateway handed out for the page's uploads (bots/web/uploads.py): each becomes an
 image or file part whose media is the ref bound to its owner, and `download` reads it from the upload store.
 """
@@ -27,6 +33,7 @@ from bots.base import (
     ReplyTarget,
     qualified,
 )
+from bots.buttons import CHOICE_WORDS, ButtonTap, read_button_key
 from bots.parts import Downloaded, Media, MediaError, Part
 from bots.web.config import WebBotConfig
 from bots.web.uploads import MAX_ATTACHMENTS, REF, UploadStore, kind_of, media_ref, split_media_ref
@@ -89,21 +96,24 @@ class WebAdapter(ChannelDefaults):
             raise CallbackRejected("malformed_json", 400, "body is not valid JSON") from exc
         if not isinstance(payload, dict) or not str(payload.get("user", "")).strip():
             raise CallbackRejected("missing_fields", 400, "user and text are required")
-        text = str(payload.get("text", ""))
+        tap = tapped(payload)
+        text = CHOICE_WORDS[tap.choice] if tap else str(payload.get("text", ""))
         if len(text) > MAX_TEXT_CHARS:
             raise CallbackRejected("text_too_long", 413, f"text over {MAX_TEXT_CHARS} characters")
         temperature = payload.get("temperature")
         user = str(payload["user"])
         login = str(payload.get("login") or "password")
-        self.owner_of(user, login)  # a name no user could have, a login not offered: refused here
+        person = self.owner_of(user, login)  # a name no user could have, a login not offered: refused here
         identity = self.identity_of(login)
         # A company member's conversation on the page is named apart from a page user's of the same name: the
         # per-bot memory name (`bot_session_key`) of a page user must never be adopted as the member's memory.
         conversation = user if login in PAGE_LOGINS else f"{login}:{user}"
+        tap_id = f"tap:{person}:{tap.choice}:{tap.question_id}" if tap else ""
+        msg_id = tap_id or str(payload.get("msg_id") or secrets.token_hex(12))
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
-            msg_id=str(payload.get("msg_id") or secrets.token_hex(12)),
+            msg_id=msg_id,
             conversation_id=conversation,
             sender_id=user,
             text=text,
@@ -113,11 +123,14 @@ class WebAdapter(ChannelDefaults):
             family=identity.family,
             tenant=identity.tenant,
             memory_by_person=identity.memory_by_person,
+            tap=tap,
         )
         stream_id = stream_id_for(message.dedup_key)
         parts = attached_parts(payload.get("attachments"), message.person)  # the uploads are the sender's own
         return message.model_copy(update={
             "reply_to": message.reply_to.model_copy(update={"stream_id": stream_id}),
+            # a tap is a text message (the choice's word) to the stages: ReadParts answers any other type
+            # without media as one it cannot read
             "parts": parts, "msg_type": "attachments" if parts else "text",
         })
 
@@ -149,6 +162,19 @@ class WebAdapter(ChannelDefaults):
         if len(kept.data) > self.max_media_bytes:
             raise MediaError("too_large", f"over {self.max_media_bytes} bytes")
         return kept
+
+
+def tapped(payload: dict[str, Any]) -> ButtonTap | None:
+    """The tap a post names with `button` (None: a message). CallbackRejected for a key that is not one of
+    botgw's buttons, or a tap that also carries text or files: nothing is queued."""
+    if "button" not in payload:
+        return None
+    tap = read_button_key(payload["button"]) if isinstance(payload["button"], str) else None
+    if tap is None:
+        raise CallbackRejected("unknown_button", 400, "button must be the key of one of the page's buttons")
+    if payload.get("text") or payload.get("attachments"):
+        raise CallbackRejected("malformed_fields", 400, "a button's tap carries no text and no attachments")
+    return tap
 
 
 def attached_parts(attachments: object, owner: str) -> tuple[Part, ...]:

@@ -9,6 +9,10 @@ A file the page user attaches is posted first, alone (`POST /web/{bot}/uploads`)
 against the bot's max_media_bytes, the type against its name and its bytes, the user's allowance of uploads) and
 kept under its owner's name for `upload_ttl_s` (gateway/state/uploads.py); the chat message then names the ref
 it got, and a ref that is not the sender's is refused before anything is queued.
+
+A click on one of the buttons under a question (a tool call's 确认/取消) is the same post with `button` (its key)
+instead of text (bots/web/adapter.py): its answer streams back like any other, and the final event of an answer
+that asks a question carries the question's buttons.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from redis.asyncio import Redis
 
 from bots.base import CallbackRejected, InboundMessage
+from bots.buttons import Question
 from bots.channels import PageChannel
 from bots.safe_json import parse_json_object
 from bots.web.adapter import WebAdapter
@@ -77,28 +82,53 @@ def _event(payload: dict) -> str:
 
 
 async def answer_events(
-    redis: Redis, streams: StreamStore, stream_id: str, timeout_s: float, details: Callable[[], Awaitable[dict]]
+    redis: Redis,
+    streams: StreamStore,
+    stream_id: str,
+    timeout_s: float,
+    details: Callable[[], Awaitable[dict]],
+    settled: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[str]:
     """Deltas of the answer as it grows, then one `done` event with `details()` (the experts, the knowledge
-    base's sources), or an `error` event on timeout."""
+    base's sources) and the buttons of a question it asks, or an `error` event on timeout.
+
+    A message may be done with nothing to show (a tap on a question settled before: it does nothing): no update
+    announces that, so `settled()` (its reply record is done) is asked first and whenever a wait passed without
+    an update, and the `done` event then carries no text."""
     sent = ""
     deadline = time.monotonic() + timeout_s
     yield _event({"status": "queued"})
     async with redis.pubsub() as pubsub:
         await pubsub.subscribe(streams.events_channel(stream_id))  # before the first read: no update is missed
+        quiet = True  # no update announced since the last read
         while True:
+            done_elsewhere = quiet and settled is not None and await settled()  # read before the stream: in order
             state = await streams.get(stream_id)
             if state and len(state.content) > len(sent):
                 yield _event({"delta": state.content[len(sent) :]})
                 sent = state.content
             if state and state.finished:
+                yield _event({"done": True, "text": sent, **await details(), **question_event(state.question)})
+                return
+            if done_elsewhere:
                 yield _event({"done": True, "text": sent, **await details()})
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 yield _event({"error": "timeout", "message": "The answer did not arrive in time; please try again."})
                 return
-            await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, SAFETY_REREAD_S))
+            woke = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, SAFETY_REREAD_S))
+            quiet = woke is None
+
+
+def question_event(stored: str) -> dict:
+    """The buttons the page shows under the answer (`question`: its id and each button's key and label), from
+    what the stream carries; nothing when it asks nothing."""
+    question = Question.from_json(stored)
+    if question is None:
+        return {}
+    buttons = [{"key": key, "label": label} for key, label in question.buttons()]
+    return {"question": {"id": question.id, "title": question.title, "buttons": buttons}}
 
 
 @router.post("/web/{bot_id}/chat")
@@ -130,7 +160,10 @@ async def web_chat(bot_id: str, request: Request) -> Response:
         experts, knowledge = await runtime.redis.hmget(record_key, "experts", "knowledge")
         return {"experts": experts.decode() if experts else "", **answer_sources(knowledge)}
 
-    events = answer_events(runtime.redis, streams, stream_id, adapter.answer_timeout_s, details)
+    async def settled() -> bool:
+        return await runtime.redis.hget(record_key, "state") in (b"done", b"failed")
+
+    events = answer_events(runtime.redis, streams, stream_id, adapter.answer_timeout_s, details, settled)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 

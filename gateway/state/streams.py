@@ -4,6 +4,9 @@ A stream's visible text only ever grows: every update is checked, inside Redis, 
 what was shown before, and a finished stream never changes again. That is what lets a
 worker that takes over a dead worker's message, or a replica answering a refresh, never
 show the user text going backwards.
+
+A stream may also carry a question's buttons (the page's 确认/取消 under a tool call's question), stored before
+it is finished, so that a reader of the finished stream sees them at once.
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ redis.call('PUBLISH', ARGV[6], ARGV[2])
 return 1
 """
 
+# KEYS: stream hash, the writer's lease (the stream hash again when unfenced). ARGV: the question (JSON), lease epoch.
+# Returns 1 if the stream carries the question (now, or already), 0 if it was finished without it, -1 if the lease
+# is lost.
+_QUESTION = """
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[2] then return -1 end
+if redis.call('HGET', KEYS[1], 'question') == ARGV[1] then return 1 end
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'finish') == '1' then return 0 end
+redis.call('HSET', KEYS[1], 'question', ARGV[1])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class StreamState:
@@ -60,6 +74,7 @@ class StreamState:
     content: str
     finished: bool
     created: float
+    question: str = ""  # the buttons the answer ends with (bots.buttons.Question as JSON; the page shows them)
 
 
 class StreamStore:
@@ -71,6 +86,7 @@ class StreamStore:
         self._ttl_s = ttl_s
         self._open = redis.register_script(_OPEN)
         self._update = redis.register_script(_UPDATE)
+        self._question = redis.register_script(_QUESTION)
 
     async def open(self, bot_id: str, user: str, stream_id: str, *, limit: int, max_age_s: float) -> bool:
         """Start (or rejoin) a stream; False when the user already has `limit` unfinished ones."""
@@ -87,7 +103,8 @@ class StreamStore:
         if not raw:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
-        return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)))
+        return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)),
+                           fields.get("question", ""))
 
     async def update(
         self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
@@ -98,4 +115,13 @@ class StreamStore:
         channel = self._keys.stream_events(stream_id)  # a channel, not a key: in ARGV (no cluster slot)
         args = [content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch, channel]
         result = int(await self._update(keys=[stream_key, lease_key], args=args))
+        return None if result < 0 else bool(result)
+
+    async def ask(self, stream_id: str, question: str, *, fence: Fence | None = None) -> bool | None:
+        """Let the stream end with `question`'s buttons: stored before the stream is finished, so that whoever reads
+        the finished stream sees them with it. True if it carries them, False if it was finished without them, None
+        if `fence` is no longer held."""
+        stream_key = self._keys.stream(stream_id)
+        lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (stream_key, "")
+        result = int(await self._question(keys=[stream_key, lease_key], args=[question, epoch]))
         return None if result < 0 else bool(result)
