@@ -22,8 +22,10 @@ from bots.base import (
     TokenStore,
     per_window,
 )
+from bots.buttons import Question
 from bots.channels import CallbackRequest, Queued
 from bots.parts import Downloaded, Media, MediaError
+from bots.wecom.cards import APP_CARD, button_card
 from bots.wecom.client import WeComApiClient
 from bots.wecom.config import WeComAppConfig
 from bots.wecom.crypto import WeComCrypto
@@ -81,6 +83,17 @@ class PulledFromApp(Protocol):
     def pull_for(self, plaintext: str, now: float) -> InboundMessage | None: ...
 
 
+class AppCardButtons:
+    """A question's buttons as the app's template card (message/send, msgtype template_card); a tap comes back as
+    a template_card_event callback (bots/wecom/models.py)."""
+
+    def __init__(self, api: WeComApiClient) -> None:
+        self._api = api
+
+    async def ask(self, target: ReplyTarget, question: Question) -> None:
+        await self._api.send_card(target.user_id, button_card(question, APP_CARD))
+
+
 class WeComAppAdapter(ChannelDefaults):
     """One WeCom app: verifies and parses its callbacks, sends its replies."""
 
@@ -99,6 +112,7 @@ class WeComAppAdapter(ChannelDefaults):
             config.token.get_secret_value(), config.encoding_aes_key.get_secret_value(), config.corp_id
         )
         self._api = WeComApiClient(config, http, tokens)
+        self.buttons = AppCardButtons(self._api)
         self.pulled: PulledFromApp | None = None
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:

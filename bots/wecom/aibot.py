@@ -27,14 +27,16 @@ from bots.base import (
     ReplyStyle,
     ReplyTarget,
 )
+from bots.buttons import CHOICE_WORDS, ButtonTap, Question
 from bots.channels import PolledEvent, StreamPoll, UnsupportedMessage, WelcomeEvent
 from bots.http import download_bounded, request_json
-from bots.parts import Downloaded, Media, MediaError
+from bots.parts import Downloaded, Media, MediaError, Part
 from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
 from bots.urls import same_origin, trusted
 from bots.wecom.adapter import check_timestamp, required_params
 from bots.wecom.aibot_parts import READABLE, aibot_content
+from bots.wecom.cards import AIBOT_CARD, CARD_EVENT, button_card, read_card_tap
 from bots.wecom.config import WeComAIBotConfig
 from bots.wecom.crypto import WeComCrypto, decode_aes_key, sign
 from bots.wecom.media import decrypt_aibot_media, filename_from, sniffed_name
@@ -46,7 +48,7 @@ RESPONSE_URL_TTL_S = 3600  # a response_url works for an hour after the message
 RESPONSE_URL_MARGIN_S = 60  # not used in its last minute: a post that arrives late is refused
 
 
-AIBotEvent = PolledEvent  # a refresh (StreamPoll), enter_chat (WelcomeEvent), a message, or one it cannot read
+AIBotEvent = PolledEvent  # a refresh (StreamPoll), enter_chat (WelcomeEvent), a message or a tap, or one it cannot read
 
 
 def stream_id_for(message_dedup_key: str) -> str:
@@ -72,6 +74,7 @@ class WeComAIBotAdapter(ChannelDefaults):
         self.crypto = WeComCrypto(self._token, config.encoding_aes_key.get_secret_value(), "")
         self._media_key = decode_aes_key(config.encoding_aes_key.get_secret_value())
         self._http = http
+        self.buttons = ResponseUrlButtons(self)
 
     @property
     def welcome_text(self) -> str:
@@ -104,7 +107,10 @@ class WeComAIBotAdapter(ChannelDefaults):
                 raise CallbackRejected("missing_fields", 400, "stream refresh without stream.id")
             return StreamPoll(stream_id)
         if msg_type == "event":
-            event_type = str(object_field(payload, "event").get("eventtype", ""))
+            event = object_field(payload, "event")
+            event_type = str(event.get("eventtype", ""))
+            if event_type == CARD_EVENT:
+                return self._card_tap(payload, object_field(event, CARD_EVENT), now)
             return WelcomeEvent() if event_type == "enter_chat" else None
         sender = str(object_field(payload, "from").get("userid", ""))
         msg_id = str(payload.get("msgid", ""))
@@ -112,30 +118,64 @@ class WeComAIBotAdapter(ChannelDefaults):
             raise CallbackRejected("missing_fields", 400, "from.userid or msgid missing")
         if msg_type not in READABLE:
             return UnsupportedMessage(msg_type or "unknown")
-        chat_id = str(payload.get("chatid", ""))
         text, parts = aibot_content(payload, msg_type)
+        message = self._message(payload, sender, msg_id, text, msg_type, parts, now)
+        stream_id = stream_id_for(message.dedup_key)
+        return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+
+    def _card_tap(self, payload: dict[str, Any], event: dict[str, Any], now: float) -> InboundMessage | None:
+        """A tap on a button of botgw's card (doc 100719 模板卡片事件: event.template_card_event.event_key and
+        task_id), as the tapper's message in the conversation the card was shown in; None for another card's.
+        It opens no stream: the passive reply to a card event can only update the card (doc 101031
+        回复消息更新模板卡片; an empty reply is allowed), so the answer goes through the event's own
+        response_url. Its id is the event's msgid ("开发者需据此进行事件排重"), else the tapper, time, card
+        and button."""
+        tap = read_card_tap(event.get("event_key", ""), event.get("task_id", ""))
+        if tap is None:
+            return None
+        sender = str(object_field(payload, "from").get("userid", ""))
+        if not sender:
+            raise CallbackRejected("missing_fields", 400, "a card event without from.userid")
+        msg_id = str(payload.get("msgid", "")) or (
+            f"{sender}:{payload.get('create_time', '')}:{event.get('task_id', '')}:{event.get('event_key', '')}")
+        return self._message(payload, sender, msg_id, CHOICE_WORDS[tap.choice], "text", (), now, tap)
+
+    def _message(
+        self,
+        payload: dict[str, Any],
+        sender: str,
+        msg_id: str,
+        text: str,
+        msg_type: str,
+        parts: tuple[Part, ...],
+        now: float,
+        tap: ButtonTap | None = None,
+    ) -> InboundMessage:
+        """A message in its conversation (the group's when chattype is group, else the sender's one-to-one),
+        answered through the callback's response_url where the stream cannot carry it: what a message and a tap
+        share, so that a tap lands in the lane its question waits in."""
+        group = str(payload.get("chatid", "")) if payload.get("chattype") == "group" else ""
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             msg_id=msg_id,
-            conversation_id=chat_id or sender,
+            conversation_id=group or sender,
             sender_id=sender,
             text=text,
             msg_type=msg_type,
             parts=parts,
-            mentioned_bot=payload.get("chattype") == "group",
-            group_id=chat_id if payload.get("chattype") == "group" else "",
+            mentioned_bot=bool(group),
+            group_id=group,
             received_at=now,
             reply_to=ReplyTarget(
                 user_id=sender,
-                chat_id=chat_id,
+                chat_id=group,
                 webhook_url=str(payload.get("response_url", "")),
                 webhook_expires_at=now + RESPONSE_URL_TTL_S - RESPONSE_URL_MARGIN_S,
             ),
+            tap=tap,
         )
-        stream_id = stream_id_for(message.dedup_key)
-        message = self.config.identity.stamp(message)
-        return message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+        return self.config.identity.stamp(message)
 
     async def download(self, media: Media) -> Downloaded:
         """A picture or file of a message: its URL (from inside the encrypted callback) fetched, then decrypted
@@ -183,14 +223,34 @@ class WeComAIBotAdapter(ChannelDefaults):
         return trusted(url, self.config.api_base, self.platform, "response_url")
 
     async def send_overflow(self, target: ReplyTarget, text: str) -> None:
-        """POST the part of an answer that did not fit the stream to the message's response_url (usable once)."""
+        """POST the part of an answer that did not fit the stream (or the whole answer to a tap, which has no
+        stream) to the message's response_url (usable once)."""
+        content = utf8_prefix(text, RESPONSE_URL_MAX_BYTES)
+        await self.post_response(target, {"msgtype": "markdown", "markdown": {"content": content}})
+
+    async def post_response(self, target: ReplyTarget, body: dict[str, Any]) -> None:
+        """POST one message to the target's response_url (doc 101138 主动回复消息: once, within the hour)."""
         if not self.overflow_allowed(target):
             raise PermanentSendError("message has no response_url of WeCom's", code="no_response_url")
-        content = utf8_prefix(text, RESPONSE_URL_MAX_BYTES)
-        body = {"msgtype": "markdown", "markdown": {"content": content}}
         data = await request_json(self._http, "POST", target.webhook_url, "response_url", json=body)
         if int(data.get("errcode", 0)) != 0:
-            raise PermanentSendError(f"response_url refused the answer: {data.get('errmsg', '')}")
+            raise PermanentSendError(f"response_url refused the message: {data.get('errmsg', '')}")
+
+
+class ResponseUrlButtons:
+    """A question's buttons as a template card posted to the message's response_url, which takes one "当且仅当
+    回调的会话类型为单聊的时候" (doc 101138): in a group nothing is shown, and the question's text (reply 确认 or
+    取消) is the way to answer. The tap comes back as a template_card_event callback (WeComAIBotAdapter.parse)."""
+
+    def __init__(self, adapter: WeComAIBotAdapter) -> None:
+        self._adapter = adapter
+
+    async def ask(self, target: ReplyTarget, question: Question) -> None:
+        if target.chat_id:
+            return
+        card = button_card(question, AIBOT_CARD)
+        await self._adapter.post_response(target, {"msgtype": "template_card", "template_card": card})
+
 
 def new_nonce() -> str:
     return str(secrets.randbelow(10**10))

@@ -1,4 +1,4 @@
-"""WeCom's server API for an app: access token, message/send and media/get, asynchronously.
+"""WeCom's server API for an app: access token, message/send (pieces, template cards) and media/get, asynchronously.
 
 wechatpy's client is synchronous (requests), which would block the worker's event loop,
 so the calls we need are made here with the shared httpx.AsyncClient. The token is
@@ -48,8 +48,7 @@ class WeComApiClient:
         await self.send(user_id, "text", content, duplicate_check=duplicate_check)
 
     async def send(self, user_id: str, msgtype: str, content: str, *, duplicate_check: bool) -> None:
-        """POST message/send for one piece (`msgtype` text or markdown, both {"content": …} per doc 90236); refetch
-        the token once if WeCom says it is invalid."""
+        """POST message/send for one piece (`msgtype` text or markdown, both {"content": …} per doc 90236)."""
         payload = {
             "touser": user_id,
             "msgtype": msgtype,
@@ -59,12 +58,23 @@ class WeComApiClient:
             "enable_duplicate_check": 1 if duplicate_check else 0,
             "duplicate_check_interval": self._config.duplicate_check_interval_s,
         }
+        await self._send_message(payload)
+
+    async def send_card(self, user_id: str, card: dict) -> None:
+        """POST message/send with a template card (doc 90236 模板卡片消息: msgtype template_card). No duplicate
+        check: the card's task_id is unique, and WeCom takes each task_id once."""
+        payload = {"touser": user_id, "msgtype": "template_card", "agentid": self._config.agent_id,
+                   "template_card": card}  # fmt: skip
+        await self._send_message(payload)
+
+    async def _send_message(self, payload: dict) -> None:
+        """message/send, the token refetched once if WeCom says it is invalid; errcode 0 that names the user
+        invalid or unlicensed is a delivery to nobody."""
         token = await self.access_token()
         for _ in range(2):
             data = await self._post_json("/cgi-bin/message/send", token, payload)
             errcode = int(data.get("errcode", 0))
             if errcode == 0:
-                # errcode 0 with the user listed as invalid or unlicensed means WeCom delivered to nobody
                 refused = [name for name in ("invaliduser", "unlicenseduser") if data.get(name)]
                 if refused:
                     raise PermanentSendError(f"WeCom did not deliver: {refused[0]}", code=refused[0])

@@ -7,6 +7,10 @@ Scale, Label) and link (Title, Description, Url, PicUrl). There is no file type,
 named by its MediaId (valid three days, "仅三天内有效"), downloaded later through media/get
 (bots/wecom/client.py), never on the callback's fast path; PicUrl is not used (media/get, on the bot's API host,
 serves the same picture).
+
+Events need no answer, except a tap on a button of botgw's card (doc 90240 模板卡片事件推送: `Event`
+template_card_event with `EventKey`, the button's key, `TaskId`, `CardType`, `ResponseCode`): it becomes a
+message in the tapper's one-to-one conversation, as if they had typed the button's word (bots/wecom/cards.py).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bots.base import CallbackRejected, InboundMessage, ReplyTarget
+from bots.buttons import CHOICE_WORDS, ButtonTap
 from bots.parts import Media, Part
+from bots.wecom.cards import CARD_EVENT, read_card_tap
 from bots.xml import parse_flat_xml
 
 PLATFORM = "wecom"
@@ -44,11 +50,40 @@ def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> Inboun
     msg_type = fields.get("MsgType", "")
     sender = fields.get("FromUserName", "")
     if msg_type == "event":  # before the sender check: a 微信客服 kf_msg_or_event at an app's URL names none
-        return None
+        return card_tap(bot_id, fields, received_at) if fields.get("Event") == CARD_EVENT else None
     if not msg_type or not sender:
         raise CallbackRejected("missing_fields", 400, "MsgType or FromUserName missing")
     msg_id = fields.get("MsgId") or f"{sender}:{fields.get('CreateTime', '')}"
     text, parts = app_parts(msg_type, fields)
+    return one_to_one(bot_id, sender, msg_id, text, msg_type, parts, received_at)
+
+
+def card_tap(bot_id: str, fields: Mapping[str, str], received_at: float) -> InboundMessage | None:
+    """A tap on a button of botgw's card, as the tapper's message (None: another card's event). Its id follows
+    WeCom's rule for events (FromUserName + CreateTime) with the card and the button, so that a retry of one tap
+    is one delivery and two taps are two."""
+    tap = read_card_tap(fields.get("EventKey", ""), fields.get("TaskId", ""))
+    if tap is None:
+        return None
+    sender, created = fields.get("FromUserName", ""), fields.get("CreateTime", "")
+    if not sender or not created:
+        raise CallbackRejected("missing_fields", 400, "a card event without FromUserName or CreateTime")
+    msg_id = f"{sender}:{created}:{fields.get('TaskId', '')}:{fields.get('EventKey', '')}"
+    return one_to_one(bot_id, sender, msg_id, CHOICE_WORDS[tap.choice], "text", (), received_at, tap)
+
+
+def one_to_one(
+    bot_id: str,
+    sender: str,
+    msg_id: str,
+    text: str,
+    msg_type: str,
+    parts: tuple[Part, ...],
+    received_at: float,
+    tap: ButtonTap | None = None,
+) -> InboundMessage:
+    """A message in the sender's one-to-one conversation with the app (the only kind an app has), answered to
+    them: what a typed message and a tap share, so that a tap lands in the lane its question waits in."""
     return InboundMessage(
         platform=PLATFORM,
         bot_id=bot_id,
@@ -60,4 +95,5 @@ def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> Inboun
         parts=parts,
         received_at=received_at,
         reply_to=ReplyTarget(user_id=sender),
+        tap=tap,
     )

@@ -4,7 +4,9 @@ adapter's `callback_style` (bots/channels.py), never by its platform.
 - queue: the work is queued (deduplicated) and the callback acknowledged at once with the adapter's fixed
   body; the answer goes out later by the platform's send API.
 - polled-stream: a message opens the answer's stream and is queued; the platform's refresh callbacks get the
-  text so far from the stream store, so any replica can answer them.
+  text so far from the stream store, so any replica can answer them. A message that names no stream (a tap on
+  a button, which the platform sends once and answers no stream for) is only queued, and the callback answered
+  with an empty body at once; its answer goes out by the platform's send path (the adapter's reply_to).
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class PolledStreamHandler:
     async def handle(self, request: CallbackRequest) -> CallbackReply:
         query, now = request.query, request.now
         event = self.adapter.parse(query, request.body, now)
+        if isinstance(event, InboundMessage) and not event.reply_to.stream_id:
+            outcome = await self._ingest.accept(event)
+            metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
+            return CallbackReply(200, "")
         if isinstance(event, InboundMessage):
             payload, outcome = await self._first_callback(event)
         elif isinstance(event, StreamPoll):

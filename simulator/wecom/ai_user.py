@@ -104,6 +104,28 @@ class WeComAIBotUser:
         response = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url", json=body)
         return response.json()["response_url"]
 
+    async def tell_chat(self, response_url: str, user: str, chat_id: str = "") -> None:
+        """Tell the simulator which chat a response_url belongs to (WeCom knows: a card goes only to a one-to-one
+        chat's)."""
+        chat = {"response_url": response_url, "user": user, "chattype": "group" if chat_id else "single"}
+        (await self._http.post(f"{self._simulator}/__sim__/wecom-ai/response-url/chat", json=chat)).raise_for_status()
+
+    async def cards(self, user: str) -> list[dict[str, Any]]:
+        """The template cards `user` was shown through response URLs."""
+        response = await self._http.get(f"{self._simulator}/__sim__/wecom-ai/cards", params={"touser": user})
+        return list(response.json())
+
+    async def tap(self, user: str, key: str, gateway: str | None = None) -> tuple[dict[str, Any], httpx.Response]:
+        """`user` taps the button `key` of a card they were shown: the simulator answers the event WeCom sends
+        (refused, 409, for a card they never got), posted here signed. The event (its response_url carries the
+        answer) and the gateway's raw answer (WeCom drops a card event that gets none within 5 s)."""
+        tapped = await self._http.post(f"{self._simulator}/__sim__/wecom-ai/tap", json={"user": user, "key": key})
+        tapped.raise_for_status()
+        event = {"aibotid": f"aib-{self.bot.id}", **tapped.json()["event"]}
+        params, body = self.signed(event)
+        url = f"{gateway or next(self._gateways)}/callback/{self.bot.id}"
+        return event, await self._http.post(url, params=params, content=body)
+
     def message_payload(
         self,
         user: str,
@@ -166,10 +188,10 @@ class WeComAIBotUser:
         quote: str = "",
     ) -> StreamView:
         """Send `text` (or `content`) as `user` and follow the stream to its end, as the WeCom client shows it."""
+        response_url = await self.new_response_url()
+        await self.tell_chat(response_url, user, chat_id)
         started = time.monotonic()
-        payload = self.message_payload(
-            user, text, await self.new_response_url(), chat_id=chat_id, content=content, quote=quote
-        )
+        payload = self.message_payload(user, text, response_url, chat_id=chat_id, content=content, quote=quote)
         view = StreamView()
         view.first_reply = await self.post(payload)
         stream = view.first_reply.get("stream") or {}

@@ -1,4 +1,4 @@
-"""A local stand-in for WeCom's server API (qyapi): gettoken and message/send.
+"""A local stand-in for WeCom's server API (qyapi): gettoken and message/send (text, markdown, template cards).
 
 It answers like WeCom (errcodes, token expiry, the 2048-byte cut, enable_duplicate_check, the
 per-member allowance of 30 messages a minute and 1,000 an hour, past which WeCom drops what an
@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from simulator.wecom.cards import APP_LIMITS, REFUSED, ShownCard, card_problem
 from simulator.wecom.media import app_media_router
 from simulator.wecom.state import Delivered, WeComApiState
 
@@ -30,6 +31,7 @@ TOKEN_LIFETIME_S = 7200
 # and a msgid as for a delivered message, so that only a sender that never goes past the allowance loses nothing.
 # (The per-app daily quota, 账号上限数×200 人次/天, is not played: no test comes near it.)
 MEMBER_ALLOWANCES = ((60.0, 30), (3600.0, 1000))
+MSGTYPES = ("text", "markdown", "template_card")  # what message/send plays (template cards: simulator/wecom/cards.py)
 
 
 def _error(errcode: int, errmsg: str) -> JSONResponse:
@@ -81,7 +83,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         except ValueError:
             return _error(47001, "data format error")
         msgtype = body.get("msgtype")
-        if msgtype not in ("text", "markdown") or not body.get("touser") or not isinstance(body.get(msgtype), dict):
+        if msgtype not in MSGTYPES or not body.get("touser") or not isinstance(body.get(msgtype), dict):
             return _error(40008, "invalid message type")
         owner = state.agents.get(int(body.get("agentid") or 0))
         if owner is not None and state.token_apps.get(access_token) != owner:
@@ -91,6 +93,8 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         if str(body["touser"]) in state.unknown_users:
             # errcode 0, the user listed as invalid, nothing delivered (message/send's documented answer shape).
             return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": str(body["touser"]), "msgid": ""})
+        if msgtype == "template_card":
+            return _send_card(state, body)
         content = str(body[msgtype].get("content", ""))
         encoded = content.encode("utf-8")
         if msgtype == "markdown" and len(encoded) > MARKDOWN_MAX_BYTES:
@@ -108,11 +112,8 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         msgid = secrets.token_hex(12)
         now = time.time()
         agentid, member = int(body.get("agentid", 0)), str(body["touser"])  # botgw sends to one member at a time
-        mine = [d.at for d in state.delivered if d.touser == member and d.agentid == agentid]
-        for window_s, allowed in MEMBER_ALLOWANCES:
-            if sum(1 for at in mine if now - at < window_s) >= allowed:
-                state.dropped_over_rate += 1
-                return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
+        if over_allowance(state, agentid, member, now):
+            return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
         state.delivered.append(
             Delivered(
                 msgid, int(body.get("agentid", 0)), str(body["touser"]), content, time.time(), truncated,
@@ -122,3 +123,31 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
 
     return router
+
+
+def over_allowance(state: WeComApiState, agentid: int, member: str, now: float) -> bool:
+    """The member's allowance from this app is used up: what is sent now is dropped (and counted)."""
+    mine = state.sent_at(agentid, member)
+    if any(sum(1 for at in mine if now - at < window_s) >= allowed for window_s, allowed in MEMBER_ALLOWANCES):
+        state.dropped_over_rate += 1
+        return True
+    return False
+
+
+def _send_card(state: WeComApiState, body: dict[str, Any]) -> JSONResponse:
+    """A template card (doc 90236 模板卡片消息), taken as simulator/wecom/cards.py says; the answer carries the
+    response_code message/send documents for interactive cards."""
+    card = body["template_card"]
+    problem = card_problem(card, APP_LIMITS)
+    if problem:
+        return _error(REFUSED, f"invalid template_card: {problem}")
+    agentid, member, now = int(body.get("agentid") or 0), str(body["touser"]), time.time()
+    answer = {"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": secrets.token_hex(12),
+              "response_code": secrets.token_urlsafe(32)}  # fmt: skip
+    if (agentid, card["task_id"]) in state.task_ids:
+        state.cards_dropped += 1
+        return JSONResponse(answer)
+    state.task_ids.add((agentid, card["task_id"]))
+    if not over_allowance(state, agentid, member, now):
+        state.cards.append(ShownCard(str(agentid), member, card, now))
+    return JSONResponse(answer)

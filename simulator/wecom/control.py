@@ -1,5 +1,6 @@
 """The simulator's control routes for the WeCom app API, under /__sim__/wecom/ (and /__sim__/reset): what it
-delivered, members who left, faults (simulator/faults.py), held sends, token expiry, counters."""
+delivered, members who left, faults (simulator/faults.py), held sends, token expiry, counters; template cards
+shown and taps on them (simulator/wecom/card_routes.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from simulator.faults import faults_route
+from simulator.wecom.card_routes import aibot_card_routes, app_card_routes
 from simulator.wecom.media import aibot_media_router
 from simulator.wecom.robots import RESPONSE_URL_LIFETIME_S, RobotState
 from simulator.wecom.state import WeComApiState
@@ -18,6 +20,7 @@ from simulator.wecom.state import WeComApiState
 
 def wecom_control_router(state: WeComApiState) -> APIRouter:
     router = APIRouter()
+    router.include_router(app_card_routes(state))
 
     @router.post("/__sim__/wecom/unknown-user")
     async def unknown_user(request: Request) -> dict[str, Any]:
@@ -54,6 +57,8 @@ def wecom_control_router(state: WeComApiState) -> APIRouter:
             "gettoken_calls": state.gettoken_calls,
             "send_calls": state.send_calls,
             "delivered": len(state.delivered),
+            "cards": len(state.cards),
+            "cards_dropped": state.cards_dropped,
             "duplicates_dropped": state.duplicates_dropped,
             "dropped_over_rate": state.dropped_over_rate,
             "held": state.held,
@@ -73,6 +78,7 @@ def robots_control_router(state: RobotState) -> APIRouter:
     the AI bot's encrypted media URLs (simulator/wecom/media.py)."""
     router = APIRouter()
     router.include_router(aibot_media_router(state))
+    router.include_router(aibot_card_routes(state))
 
     @router.post("/__sim__/wecom-ai/response-url")
     async def issue_response_url(request: Request) -> dict[str, str]:

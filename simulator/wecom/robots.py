@@ -3,7 +3,8 @@
 Group robots: WeCom accepts 20 messages a minute per robot and refuses the rest (45009);
 text is capped at 2048 bytes, markdown at 4096. An AI bot's response_url takes one message
 within an hour of being issued (a second post, or one after the hour, is refused; the errcodes
-are UNCONFIRMED), markdown up to 20,480 bytes. Both record what a user would have seen. (The response URL itself
+are UNCONFIRMED), markdown up to 20,480 bytes, or a template card in a one-to-one chat (simulator/wecom/cards.py).
+Both record what a user would have seen. (The response URL itself
 is the simulator's own, under /__sim__/wecom-ai/response/; the routes that issue one and read what was posted are
 in simulator/wecom/control.py.)
 """
@@ -16,6 +17,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+
+from simulator.wecom.cards import AIBOT_LIMITS, REFUSED, ShownCard, card_problem
 
 ROBOT_PER_MINUTE = 20
 CAPS = {"text": 2048, "markdown": 4096}
@@ -32,12 +35,20 @@ class RobotState:
     expired_posts: int = 0
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     response_urls_issued: dict[str, float] = field(default_factory=dict)  # token -> expires at
+    response_url_chats: dict[str, tuple[str, str]] = field(default_factory=dict)  # token -> (userid, chattype)
+    cards: list[ShownCard] = field(default_factory=list)  # template cards posted to response URLs and shown
+    task_ids: set[str] = field(default_factory=set)  # every card's task_id (WeCom: unique per bot)
+    cards_dropped: int = 0  # cards answered ok and never shown (a reused task_id)
     media: dict[str, Any] = field(default_factory=dict)  # AI-bot media URL token -> StoredMedia (wecom/media.py)
 
     def reset(self) -> None:
         self.pushed.clear()
         self.responses.clear()
         self.response_urls_issued.clear()
+        self.response_url_chats.clear()
+        self.cards.clear()
+        self.task_ids.clear()
+        self.cards_dropped = 0
         self.media.clear()
         self.refused = 0
 
@@ -80,6 +91,8 @@ def robots_router(state: RobotState) -> APIRouter:
         body = await request.json()
         if body.get("msgtype") not in ("markdown", "template_card") or not isinstance(body.get(body["msgtype"]), dict):
             return _error(40008, "invalid message type")
+        if body["msgtype"] == "template_card":
+            return _post_card(state, token, body["template_card"])
         content = str((body.get("markdown") or {}).get("content", ""))
         if len(content.encode("utf-8")) > RESPONSE_URL_CAP:
             return _error(40058, "content exceed max length")
@@ -87,3 +100,22 @@ def robots_router(state: RobotState) -> APIRouter:
         return JSONResponse({"errcode": 0, "errmsg": "ok"})
 
     return router
+
+
+def _post_card(state: RobotState, token: str, card: dict[str, Any]) -> JSONResponse:
+    """A template card posted to a response_url: only for a one-to-one chat's, checked and shown as
+    simulator/wecom/cards.py says; the URL is used once it takes a card (shown, or dropped for a reused task_id)."""
+    user, chattype = state.response_url_chats.get(token, ("", ""))
+    if chattype != "single":
+        return _error(REFUSED, "template_card only through the response_url of a one-to-one chat")
+    problem = card_problem(card, AIBOT_LIMITS)
+    if problem:
+        return _error(REFUSED, f"invalid template_card: {problem}")
+    now = time.time()
+    state.responses[token] = {"msgtype": "template_card", "content": "", "template_card": card, "at": now}
+    if card["task_id"] in state.task_ids:
+        state.cards_dropped += 1
+    else:
+        state.task_ids.add(card["task_id"])
+        state.cards.append(ShownCard(token, user, card, now))
+    return JSONResponse({"errcode": 0, "errmsg": "ok"})

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from simulator.faults import FaultQueue
+from simulator.wecom.cards import ShownCard
 
 
 @dataclass
@@ -44,6 +45,9 @@ class WeComApiState:
     agents: dict[int, tuple[str, str]] = field(default_factory=dict)  # agentid -> its app's (corpid, secret)
     unknown_users: set[str] = field(default_factory=set)  # userids that are not (or no longer) members
     delivered: list[Delivered] = field(default_factory=list)
+    cards: list[ShownCard] = field(default_factory=list)  # template cards shown (simulator/wecom/cards.py)
+    task_ids: set[tuple[int, str]] = field(default_factory=set)  # (agentid, task_id) of every card taken
+    cards_dropped: int = 0  # cards answered ok and never shown (a reused task_id)
     media: dict[str, StoredMedia] = field(default_factory=dict)  # media_id -> the file
     faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, gettoken, getuserinfo
     gettoken_calls: int = 0
@@ -62,9 +66,17 @@ class WeComApiState:
             return 42001, "access_token expired"
         return None
 
+    def sent_at(self, agentid: int, member: str) -> list[float]:
+        """When the app sent `member` each message and card it showed (their per-member allowance counts both)."""
+        return [d.at for d in self.delivered if d.touser == member and d.agentid == agentid] + [
+            c.at for c in self.cards if c.touser == member and c.owner == str(agentid)]
+
     def reset(self) -> None:
         self.tokens.clear()
         self.delivered.clear()
+        self.cards.clear()
+        self.task_ids.clear()
+        self.cards_dropped = 0
         self.media.clear()
         self.faults.clear()
         self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = self.dropped_over_rate = 0
