@@ -75,7 +75,7 @@ ENGINE_UNAVAILABLE_TEXT = (
 
 # Tools (issue 24)
 TOOL_CONFIRM_TEXT = (
-    "将要执行「{tool}」：\n{arguments}\n回复「确认」执行，回复「取消」放弃（{minutes} 分钟内有效）。\n"
+    "将要执行「{tool}」：\n{arguments}\n\n回复「确认」执行，回复「取消」放弃（{minutes} 分钟内有效）。\n"
     "About to run {tool} with the above. Reply 确认 to confirm or 取消 to cancel (valid {minutes} min)."
 )
 TOOL_CONFIRM_TITLE = "确认执行「{tool}」？"

@@ -22,8 +22,6 @@ class PagePresenter(StoredStreamPresenter):
     async def finish(self, text: str, state: ReplyState) -> None:
         """The question's buttons are stored with the stream before it is finished: the page reads the stream
         until it is finished, and then takes the buttons from it with the final text (after, it reads no more)."""
-        if not state.question:  # asked while this answer was composed, after `state` was read: the record has it
-            state.question = (await self.record.load()).question
         question = Question.from_json(state.question)
         if question is not None and not state.buttons_sent:
             stored = await self.delivery.streams.ask(self.stream_id, question.to_json(), fence=self.fence)

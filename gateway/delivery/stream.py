@@ -73,11 +73,6 @@ class StreamPresenter(StoredStreamPresenter):
             visible = utf8_prefix(text, cap - utf8_len(texts.ANSWER_CUT_TEXT)) + texts.ANSWER_CUT_TEXT
         await self._finish_stored(visible)
 
-    async def finish(self, text: str, state: ReplyState) -> None:
-        if not state.question:  # asked while this answer was composed, after `state` was read: the record has it
-            state.question = (await self.record.load()).question
-        await super().finish(text, state)
-
     async def ask(self, question: Question, state: ReplyState) -> None:
         """The question's buttons take the response_url when nothing else took it (the rest of a long answer
         did, or the answer itself for a tap): else the question is answered by a reply, as its text says."""

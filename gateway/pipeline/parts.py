@@ -53,6 +53,8 @@ class ReadParts:
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message, services = job.message, self._services
+        if message.tap is not None:  # a button of botgw's question: nothing to read, settled further on
+            return await next(job)
         media = [part for part in message.parts if part.kind != "text"]
         if not media and (message.msg_type != "text" or not message.text.strip()):
             return await services.commit(job, texts.UNSUPPORTED_TEXT)

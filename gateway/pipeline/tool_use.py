@@ -258,7 +258,8 @@ class ToolRounds:
             tool=spec.qualified, arguments=in_words, minutes=max(1, round(tools.confirm_ttl_s / 60)),
         )
         buttons = Question(pending.id, texts.TOOL_CONFIRM_TITLE.format(tool=spec.qualified), in_words)
-        await job.record.mark(question=buttons.to_json())  # before the commit: a retry delivers both
+        job.state.question = buttons.to_json()  # the state the delivery reads was loaded before the pipeline ran
+        await job.record.mark(question=job.state.question)  # before the commit: a retry delivers both
         return await services.commit(job, question)
 
     async def _show_progress(self, job: Job, spec: ToolSpec) -> None:

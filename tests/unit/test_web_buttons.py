@@ -130,19 +130,6 @@ async def test_the_final_event_carries_the_question_s_buttons(delivery: Delivery
                                            {"key": f"botgw:cancelled:{QUESTION.id}", "label": "取消"}]
 
 
-async def test_a_question_asked_after_the_record_was_read_still_gets_its_buttons(delivery: Delivery) -> None:
-    """The worker reads the record before composing; the tool rounds write the question while composing."""
-    message = post({"user": "alice", "text": "tool:rooms__book {}"})
-    stream_id = message.reply_to.stream_id
-    assert await delivery.streams.open("web", message.person, stream_id, limit=3, max_age_s=600)
-    record = ReplyRecords(delivery.redis, delivery.keys, 3600).open(message.dedup_key)
-    state = await record.load()
-    await record.mark(question=QUESTION.to_json())
-    await PagePresenter(delivery, adapter(), message, record, None).finish("the question", state)
-    assert (await events(delivery, stream_id))[-1]["question"]["id"] == QUESTION.id
-    assert (await record.load()).buttons_sent == "1"
-
-
 async def test_an_answer_without_a_question_has_no_buttons(delivery: Delivery) -> None:
     message = post({"user": "alice", "text": "hello"})
     stream_id = message.reply_to.stream_id
