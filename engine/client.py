@@ -298,26 +298,41 @@ class EngineClient:
                 extra={"url": str(response.request.url)},
             )
 
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        """GET without credentials (/metrics): through the aiohttp session when there is one, as `_post`."""
+        if self._session is None:
+            response = await self._http.get(url)
+            return response.status_code, response.content
+        async with self._session.get(url) as response:
+            return response.status, await response.read()
+
+    async def _small(self, what: str, request: Awaitable[tuple[int, bytes]], timeout_s: float) -> bytes:
+        """A small request's body (/metrics, /tokenize: asked often, so the cheaper client); EngineError else."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                status, content = await request
+        except TRANSPORT_ERRORS as exc:  # first: aiohttp's connect timeout is a TimeoutError too
+            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
+        except TimeoutError as exc:
+            raise EngineError(f"{what} did not answer in time", timed_out=True) from exc
+        if status != 200:
+            raise EngineError(f"{what} answered HTTP {status}")
+        return content
+
     async def metrics_text(self) -> str:
         """The engine's Prometheus exposition (/metrics)."""
-        try:
-            response = await self._http.get(f"{self._base}/metrics", timeout=5.0)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            raise EngineError(f"/metrics answered HTTP {response.status_code}")
-        return response.text
+        content = await self._small("/metrics", self._get(f"{self._base}/metrics"), 5.0)
+        return content.decode(errors="replace")
 
     async def count_tokens(self, text: str) -> int:
         """Tokens of `text` by the engine's own tokenizer (vLLM's /tokenize), never by characters."""
         body = {"model": self._settings.model, "prompt": text, "add_special_tokens": False}
+        request = self._post(f"{self._base}/tokenize", body)
+        content = await self._small("/tokenize", request, self._settings.request_timeout_s)
         try:
-            response = await self._http.post(f"{self._base}/tokenize", json=body, headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine unreachable: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            raise EngineError(f"/tokenize answered HTTP {response.status_code}")
-        return int(response.json()["count"])
+            return int(json.loads(content)["count"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EngineError("/tokenize answered without a count") from exc
 
     async def is_alive(self) -> bool:
         """True when /health answers 200: the light check of an engine already known to serve our model."""
