@@ -7,6 +7,9 @@ the session early (300001), after SESSION_TRIES tries when the webhook keeps fai
 unreachable). The sessionWebhook comes in the body, which HTTP mode's signature does not
 cover: it is used only when it points at DingTalk's own origin (`oapi_base`), else the reply
 goes through the OpenAPI.
+
+A Stream-mode robot asks a tool call's question with an interactive card's buttons (buttons.py); the tap comes back
+over the Stream connection (stream.py) and its answer, having no sessionWebhook, goes through the OpenAPI.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from bots.base import (
     per_window,
 )
 from bots.channels import CallbackRequest, MessageSink, Queued
+from bots.dingtalk.buttons import DingTalkButtons
 from bots.dingtalk.cards import DingTalkCards
 from bots.dingtalk.client import DingTalkApiClient
 from bots.dingtalk.config import DingTalkBotConfig
@@ -69,6 +73,9 @@ class DingTalkRobotAdapter(ChannelDefaults):
         self._http = http
         self.api = DingTalkApiClient(config, http, tokens)
         self.cards = DingTalkCards(self.api, config.ai_card.updates_per_second)
+        # A card's button calls back over the Stream connection (callbackType STREAM); an HTTP-mode robot would
+        # need a registered callbackRouteKey, UNCONFIRMED here: its questions are answered by a reply of 确认/取消.
+        self.buttons = DingTalkButtons(self.api, config) if config.mode == "stream" else None
         self.callback_style = "queue" if config.mode == "http" else None  # Stream mode: botgw dingtalk-stream
         self._webhook_failures: OrderedDict[str, int] = OrderedDict()
 

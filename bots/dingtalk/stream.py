@@ -26,6 +26,7 @@ from dingtalk_stream.chatbot import ChatbotMessage
 from dingtalk_stream.frames import AckMessage, CallbackMessage, Headers, SystemMessage
 
 from bots.base import CallbackRejected, InboundMessage
+from bots.dingtalk.buttons import CARD_CALLBACK_TOPIC, TrackIds, read_card_tap
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.models import parse_robot_message
 from bots.safe_json import parse_json_object
@@ -78,6 +79,7 @@ class DingTalkStreamConnection:
         self.bot_id = config.id
         self._http = http
         self._sink = sink
+        self._tracks = TrackIds(config.app_secret.get_secret_value())  # the question cards' (buttons.py)
         self.connections = 0
         self.connected = False  # a socket is open and its pings are answered (exported by the Stream process)
 
@@ -116,7 +118,11 @@ class DingTalkStreamConnection:
         body = {
             "clientId": self.config.app_key,
             "clientSecret": self.config.app_secret.get_secret_value(),
-            "subscriptions": [{"type": "CALLBACK", "topic": ChatbotMessage.TOPIC}, {"type": "EVENT", "topic": "*"}],
+            "subscriptions": [
+                {"type": "CALLBACK", "topic": ChatbotMessage.TOPIC},
+                {"type": "CALLBACK", "topic": CARD_CALLBACK_TOPIC},  # taps on a question's buttons (buttons.py)
+                {"type": "EVENT", "topic": "*"},
+            ],
             "ua": USER_AGENT,
             "localIp": "",
         }
@@ -178,6 +184,8 @@ class DingTalkStreamConnection:
             return ack_frame(message_id, opaque)
         if frame_type == CallbackMessage.TYPE and headers.get("topic") == ChatbotMessage.TOPIC:
             return await self._robot_message(message_id, frame.get("data"))
+        if frame_type == CallbackMessage.TYPE and headers.get("topic") == CARD_CALLBACK_TOPIC:
+            return await self._card_tap(message_id, frame.get("data"))
         return ack_frame(message_id, {"response": None})
 
     async def _robot_message(self, message_id: str, data: Any) -> str:
@@ -186,12 +194,36 @@ class DingTalkStreamConnection:
         except (ValueError, TypeError, CallbackRejected) as exc:
             log.warning("unreadable dingtalk stream message", extra={"error": str(exc)})
             return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")
-        # DingTalk pushes robot messages once ("fire-forgot", no resend on a missing ack): a message that cannot
-        # be queued is retried here, inside the ack window, and only then given up (logged with its msgId).
+        if await self._queue(message):
+            return ack_frame(message_id, {"response": None})
+        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")
+
+    async def _card_tap(self, message_id: str, data: Any) -> str:
+        """A card callback: the asker's tap on a question's button is queued like a message, then acked with the
+        card's update (the choice shown, the buttons gone); anyone else's tap, or a callback about anything else,
+        is acked and left."""
+        try:
+            tap = read_card_tap(self.config, self._tracks, message_id, data, time.time())
+        except (ValueError, TypeError, CallbackRejected) as exc:
+            log.warning("unreadable dingtalk card callback", extra={"error": str(exc)})
+            return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad callback")
+        if tap is None:
+            return ack_frame(message_id, {"response": None})
+        if not tap.by_asker:  # the answer path would refuse it: the card stays as it is
+            log.info("a question's button tapped by someone other than its asker", extra={"bot_id": self.config.id})
+            return ack_frame(message_id, {"response": None})
+        if await self._queue(tap.message):
+            return ack_frame(message_id, {"response": tap.response})
+        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")
+
+    async def _queue(self, message: InboundMessage) -> bool:
+        """Hand `message` to the sink, retried inside the ack window. DingTalk pushes robot messages once
+        ("fire-forgot", no resend on a missing ack), and whether it resends a card callback is UNCONFIRMED (taken
+        as never): a message that cannot be queued is given up only then (logged with its msgId)."""
         for delay in (*QUEUE_RETRY_DELAYS_S, None):
             try:
                 await self._sink(message)
-                return ack_frame(message_id, {"response": None})
+                return True
             except Exception as exc:
                 if delay is None:
                     log.error(
@@ -200,4 +232,4 @@ class DingTalkStreamConnection:
                     )
                     break
                 await asyncio.sleep(delay)
-        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")
+        return False

@@ -11,11 +11,13 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse
 from pydantic import model_validator
 
+from simulator.dingtalk.card_taps import TapRefused, push_tap
 from simulator.dingtalk.media import DOWNLOAD_CODE_TTL_S, store_media
-from simulator.dingtalk.state import THROTTLE_S, DingTalkState, PendingFrame
-from simulator.dingtalk.stream import BOT_TOPIC, FreezableRelay, send_system
+from simulator.dingtalk.state import BOT_TOPIC, THROTTLE_S, DingTalkState, PendingFrame
+from simulator.dingtalk.stream import FreezableRelay, send_system
 from simulator.faults import Fault, faults_route
 
 
@@ -190,6 +192,30 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
     @router.get("/__sim__/dingtalk/cards")
     async def cards() -> dict[str, list[dict[str, Any]]]:
         return state.cards
+
+    @router.get("/__sim__/dingtalk/cards/shown")
+    async def cards_shown(conversation: str = "", user: str = "") -> list[dict[str, Any]]:
+        """The cards delivered into a group (`conversation`) or a person's chat with the robot (`user`), oldest
+        first: each one's outTrackId, template and cardParamMap as it shows now."""
+        space = f"dtv1.card//IM_GROUP.{conversation}" if conversation else f"dtv1.card//IM_ROBOT.{user}"
+        return [
+            {"track": track, "template": events[0].get("template", ""), "params": state.card_params.get(track, {})}
+            for track, events in state.cards.items()
+            if any(e.get("op") == "deliver" and e.get("openSpaceId") == space for e in events)
+        ]
+
+    @router.post("/__sim__/dingtalk/cards/tap", response_model=None)
+    async def tap(request: Request) -> dict[str, Any] | JSONResponse:
+        """`user` taps the button `button` (its id) of card `track`, in group `conversation` ('' their chat with the
+        robot); `stale_view`: on the card as first delivered (card_taps.py). 409 when they could not have."""
+        body = await request.json()
+        try:
+            message_id = push_tap(state, str(body.get("track", "")), str(body.get("user", "")),
+                                  str(body.get("button", "")), conversation=str(body.get("conversation", "")),
+                                  stale_view=bool(body.get("stale_view")))  # fmt: skip
+        except TapRefused as exc:
+            return JSONResponse({"error": str(exc)}, 409)
+        return {"message_id": message_id}
 
     faults_route(router, "dingtalk", state.faults, DingTalkFault)
 

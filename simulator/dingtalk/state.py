@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from simulator.faults import FaultQueue
 
 THROTTLE_S = 600.0
+BOT_TOPIC = "/v1.0/im/bot/messages/get"
+CARD_CALLBACK_TOPIC = "/v1.0/card/instances/callback"
 
 
 @dataclass
@@ -23,6 +25,8 @@ class PendingFrame:
     sent_at: float = 0.0
     deliveries: int = 0
     socket: Any = None  # a copy for this one connection (to_all); None: any live connection
+    topic: str = BOT_TOPIC  # only a connection that subscribed to it gets the frame
+    card: str = ""  # a card callback's outTrackId: the ack's `response` may update that card (cards.py)
 
 
 @dataclass
@@ -60,6 +64,11 @@ class DingTalkState:
     throttled: int = 0  # sends refused with 130101 by the throttle
     session_posts: dict[str, list[int]] = field(default_factory=dict)  # session -> [posts, refused]
     delivered_cards: set[str] = field(default_factory=set)
+    card_apps: dict[str, str] = field(default_factory=dict)  # outTrackId -> the appKey whose token created it
+    card_params: dict[str, dict[str, str]] = field(default_factory=dict)  # outTrackId -> its cardParamMap now
+    card_taps: list[dict[str, Any]] = field(default_factory=list)  # button taps pushed as card callbacks
+    ticket_topics: dict[str, set[str]] = field(default_factory=dict)  # ticket -> the CALLBACK topics it subscribed
+    socket_topics: dict[Any, set[str]] = field(default_factory=dict)  # live connection -> its CALLBACK topics
     staff_status: dict[str, str] = field(default_factory=dict)  # userId -> "invalid" | "filtered" (test controls)
     not_delivered: int = 0  # batchSend recipients listed as not delivered to
     system_ping_s: float = 10.0

@@ -1,5 +1,7 @@
 """DingTalk's Stream gateway, for the simulator: connections/open plus a WebSocket speaking the frame protocol.
 
+A connection gets only the CALLBACK topics it subscribed to in connections/open (S12 protocol.md: the
+subscriptions list): robot messages (/v1.0/im/bot/messages/get), card callbacks (/v1.0/card/instances/callback).
 The Stream gateway pushes each robot message once to one random live connection of the app,
 and never again, ack or no ack: DingTalk's robot messages are "fire-forgot" ("不会因为网络
 超时而重复推送"). A message pushed into a connection that died silently is lost, and so is
@@ -27,10 +29,10 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
+from simulator.dingtalk.cards import apply_callback_response
 from simulator.dingtalk.state import DingTalkState
 
 TICKET_LIFETIME_S = 90
-BOT_TOPIC = "/v1.0/im/bot/messages/get"
 
 
 class FreezableRelay:
@@ -87,17 +89,23 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             return JSONResponse({"code": "InvalidAuthentication", "message": "bad clientId/clientSecret"}, 401)
         ticket = secrets.token_urlsafe(24)
         state.tickets[ticket] = (body["clientId"], time.time() + TICKET_LIFETIME_S)
+        subscriptions = body.get("subscriptions") if isinstance(body.get("subscriptions"), list) else []
+        state.ticket_topics[ticket] = {
+            str(s.get("topic")) for s in subscriptions if isinstance(s, dict) and s.get("type") == "CALLBACK"
+        }
         return JSONResponse({"endpoint": f"ws://127.0.0.1:{relay.port}/__sim__/dingtalk/ws", "ticket": ticket})
 
     @router.websocket("/__sim__/dingtalk/ws")
     async def stream_socket(socket: WebSocket, ticket: str = "") -> None:
         client_id, expires = state.tickets.pop(ticket, ("", 0.0))
+        topics = state.ticket_topics.pop(ticket, set())
         if not client_id or expires < time.time():
             await socket.close(code=4401)
             return
         await socket.accept()
         state.opened += 1
         state.connections.setdefault(client_id, []).append(socket)
+        state.socket_topics[socket] = topics
         try:
             while True:
                 ack = json.loads(await socket.receive_text())
@@ -106,12 +114,15 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
                     sent = state.pings.pop(message_id)
                     if ack.get("code") == 200 and json.loads(ack.get("data") or "null") == json.loads(sent):
                         state.pings_acked += 1
-                elif ack.get("code") == 200 and state.pending.pop(message_id, None):
+                elif ack.get("code") == 200 and (frame := state.pending.pop(message_id, None)):
                     state.acked.append(message_id)
+                    if frame.card:
+                        apply_callback_response(state, frame.card, ack.get("data"))
         except (WebSocketDisconnect, RuntimeError, ValueError):
             pass
         finally:
             state.connections[client_id].remove(socket)
+            state.socket_topics.pop(socket, None)
 
     return router
 
@@ -141,7 +152,8 @@ async def deliver_stream_frames(state: DingTalkState) -> None:
         for frame in list(state.pending.values()):
             if frame.sent_at:
                 continue  # fire and forget: an unacked robot message is not resent
-            sockets = state.connections.get(frame.client_id) or []
+            sockets = [s for s in state.connections.get(frame.client_id) or []
+                       if frame.topic in state.socket_topics.get(s, ())]
             if frame.socket is not None:
                 sockets = [frame.socket] if frame.socket in sockets else []
             if not sockets:

@@ -145,3 +145,18 @@ class DingTalkUser:
 
     async def replies(self, conversation: str) -> list[dict[str, Any]]:
         return await dingtalk_messages(self._http, self._sim, conversation)
+
+    async def cards(self, user: str = "", *, group: str = "") -> list[dict[str, Any]]:
+        """The cards shown in `group`, or in `user`'s chat with the robot: track, template, params as shown now."""
+        params = {"conversation": group} if group else {"user": user}
+        response = await self._http.get(f"{self._sim}/__sim__/dingtalk/cards/shown", params=params)
+        response.raise_for_status()
+        return list(response.json())
+
+    async def tap(
+        self, user: str, track: str, button: str, *, group: str = "", stale_view: bool = False
+    ) -> httpx.Response:
+        """`user` taps the button (its id) of card `track`, in `group` or their chat with the robot: DingTalk then
+        pushes the card callback over the robot's Stream connection (card_taps.py). 409: they could not have."""
+        body = {"track": track, "user": user, "button": button, "conversation": group, "stale_view": stale_view}
+        return await self._http.post(f"{self._sim}/__sim__/dingtalk/cards/tap", json=body)
