@@ -33,6 +33,7 @@ class ReplyTarget(BaseModel):
     webhook_url: str = ""
     webhook_expires_at: float = 0.0
     stream_id: str = ""
+    conversation_id: str = ""  # the platform's id of the conversation, where a later reply must name it
 
 
 class InboundMessage(BaseModel):

@@ -141,8 +141,8 @@ class DingTalkButtons:
     async def ask(self, target: ReplyTarget, question: Question) -> None:
         """Create the card, then deliver it; each try under an outTrackId of its own (a card created by a try whose
         delivery failed is never shown)."""
-        conversation = str(getattr(target, "conversation_id", "") or "")  # if ReplyTarget ever carries it
-        track = self.tracks.make(CardPlace(target.user_id, target.chat_id, "" if target.chat_id else conversation))
+        conversation = "" if target.chat_id else target.conversation_id
+        track = self.tracks.make(CardPlace(target.user_id, target.chat_id, conversation))
         space = {"supportForward": False}  # a forwarded card would ask elsewhere what was asked here
         body: dict[str, Any] = {
             "cardTemplateId": BUTTON_CARD_TEMPLATE,
@@ -197,7 +197,7 @@ def read_card_tap(config: DingTalkBotConfig, tracks: TrackIds, frame_id: str, da
         mentioned_bot=True,
         group_id=place.group_id,
         received_at=now,
-        reply_to=ReplyTarget(user_id=user, chat_id=place.group_id),  # no sessionWebhook: the OpenAPI answers
+        reply_to=ReplyTarget(user_id=user, chat_id=place.group_id, conversation_id=conversation),  # OpenAPI answers
         tap=tap,
     )
     return CardTap(config.identity.stamp(message), by_asker=user == place.asker)

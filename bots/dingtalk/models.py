@@ -49,6 +49,7 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
         reply_to=ReplyTarget(
             user_id=sender,
             chat_id=conversation if group else "",
+            conversation_id=conversation,  # a card asked in a one-to-one chat brings its taps back here
             webhook_url=str(payload.get("sessionWebhook", "")),
             webhook_expires_at=_epoch_s(payload.get("sessionWebhookExpiredTime"), "sessionWebhookExpiredTime"),
         ),

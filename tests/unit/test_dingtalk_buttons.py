@@ -77,7 +77,8 @@ def test_the_askers_tap_in_a_group_is_a_message_of_that_group_by_the_callbacks_u
     assert tap is not None and tap.by_asker
     message = tap.message
     assert (message.conversation_id, message.group_id, message.sender_id) == ("cidgroup", "cidgroup", "asker")
-    assert message.reply_to == ReplyTarget(user_id="asker", chat_id="cidgroup"), "no webhook: the OpenAPI answers"
+    expected = ReplyTarget(user_id="asker", chat_id="cidgroup", conversation_id="cidgroup")
+    assert message.reply_to == expected, "no webhook: the OpenAPI answers"
     assert message.tap is not None and (message.tap.question_id, message.tap.choice) == (QUESTION.id, "confirmed")
     assert message.text == "确认" and message.mentioned_bot and message.family == "dingtalk"
     params = tap.response["cardData"]["cardParamMap"]
@@ -98,7 +99,11 @@ def test_someone_elses_tap_is_read_as_theirs_and_changes_no_card() -> None:
 def test_a_one_to_one_tap_stays_in_the_persons_chat() -> None:
     tracks = TrackIds("s3cret")
     tap = read_card_tap(CONFIG, tracks, "frame", callback(tracks.make(CardPlace("asker", "", ""))), 1.0)
-    assert tap.message.group_id == "" and tap.message.reply_to == ReplyTarget(user_id="asker")
+    expected = ReplyTarget(user_id="asker", conversation_id=tap.message.conversation_id)
+    assert tap.message.group_id == "" and tap.message.reply_to == expected
+    asked_in = tracks.make(CardPlace("asker", "", "cidone2one"))  # the chat's conversationId, as the question had it
+    again = read_card_tap(CONFIG, tracks, "frame-2", callback(asked_in), 1.0)
+    assert again is not None and again.message.conversation_id == "cidone2one", "the question's own lane"
     assert tap.message.conversation_id == ONE_TO_ONE_CONVERSATION + "asker"
     assert tap.message.session_key == "dm:dingtalk:ding:asker", "the asker's own lane, as their messages"
 
