@@ -9,12 +9,15 @@ import asyncio
 import os
 import sys
 import time
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 
 from gateway.config import load_settings
 from gateway.logs import setup_logging
+
+if TYPE_CHECKING:
+    from bots.wecom.config import WeComAppConfig
 
 T = TypeVar("T")
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8080"
@@ -64,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     sim_serve.set_defaults(run=serve)
     sim_wecom = _player(sim_sub, "wecom", "send a message as a WeCom user and print the bot's reply")
+    sim_wecom.add_argument("--tap", metavar="LABEL", default=None,
+                           help="tap the button LABEL (确认, 取消) of the last card the user was shown, instead of "
+                           "writing")
     sim_wecom.set_defaults(run=wecom)
     sim_dt = _player(sim_sub, "dingtalk", "write to a DingTalk robot (HTTP or Stream mode), print its answer")
     sim_dt.add_argument("--group", default=None, help="a group conversation id: the robot is @-mentioned there")
@@ -147,7 +153,9 @@ def wecom(args: argparse.Namespace) -> int:
         return 2
     # An app message is one of text, image, voice, video, location, link (doc 96467): no file, no quote, and a
     # picture comes without text. A voice message's text is WeCom's recognition of it (语音识别 on).
-    refused = ("--file: a WeCom app has no file messages" if args.file else
+    refused = ("--tap is a tap, not a message: no text or attachment with it" if args.tap and (
+                   args.text or args.image or args.voice or args.file or args.quote) else
+               "--file: a WeCom app has no file messages" if args.file else
                "--quote: a WeCom app message cannot quote" if args.quote else
                "--image and --voice are two messages: send one" if args.image and args.voice else
                "--image: an app's image message carries no text" if args.image and args.text else "")
@@ -179,17 +187,61 @@ def wecom(args: argparse.Namespace) -> int:
             audio_format = Path(name).suffix.lstrip(".").lower() or "amr"
             callback = (signer.image(args.user, media_id, pic_url) if args.image else
                         signer.voice(args.user, media_id, audio_format, args.text or None))
+        elif args.tap:
+            tapped = _card_tap(http, bot, args.user, args.tap)
+            if isinstance(tapped, int):
+                return tapped
+            callback = signer.card_event(tapped)
         else:
             callback = signer.text(args.user, args.text)
         failed = _post_callback(http, f"{gateway}/callback/{bot.id}", callback)
         if failed is not None:
             return failed
         pieces = _wait_for_reply(bot.api_base, args.user, since, args.timeout)
-    if not pieces:
+        cards = _cards_shown(http, bot.api_base, args.user, since)
+    if not pieces and not cards:
         print(f"botgw sim: no reply within {args.timeout:.0f} s", file=sys.stderr)
         return 1
     print("".join(pieces))
+    for card in cards:
+        print(card)
     return 0
+
+
+def _cards_shown(http: httpx.Client, api_base: str, user: str, since: float) -> list[str]:
+    """The template cards the simulated WeCom showed `user` since `since`, one line each, with how to tap."""
+    try:
+        shown = http.get(f"{api_base}/__sim__/wecom/cards", params={"touser": user}).json()
+    except (httpx.HTTPError, ValueError):
+        return []
+    lines = []
+    for card in shown:
+        if card.get("at", 0) < since:
+            continue
+        title = (card["card"].get("main_title") or {}).get("title", "")
+        labels = [str(button.get("text", "")) for button in card["card"].get("button_list", [])]
+        lines.append(f"[卡片 card] {title} [{' | '.join(labels)}]  (tap: --tap {labels[0] if labels else 'LABEL'})")
+    return lines
+
+
+def _card_tap(http: httpx.Client, bot: WeComAppConfig, user: str, label: str) -> dict[str, str] | int:
+    """The event WeCom sends for `user`'s tap on the button `label` of the last card they were shown, from the
+    simulator (which refuses a button of no card they got); an exit status when there is none."""
+    api_base, agent_id = bot.api_base, bot.agent_id
+    try:
+        shown = http.get(f"{api_base}/__sim__/wecom/cards", params={"touser": user}).json()
+        buttons = [button for button in (shown[-1]["card"].get("button_list", []) if shown else [])
+                   if button.get("text") == label]
+        if not buttons:
+            print(f"botgw sim: {user} was shown no card with a button {label!r}", file=sys.stderr)
+            return 1
+        tapped = http.post(f"{api_base}/__sim__/wecom/tap",
+                           json={"user": user, "key": buttons[0]["key"], "agentid": agent_id})
+        tapped.raise_for_status()
+        return dict(tapped.json()["event"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        print(f"botgw sim: the simulator at {api_base} took no tap ({type(exc).__name__})", file=sys.stderr)
+        return 3
 
 
 def wecom_ai(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import httpx
 from bots.wecom.config import WeComAIBotConfig
 from gateway import texts
 from simulator.wecom.ai_user import WeComAIBotUser
-from testkit.processes import wait_for
+from testkit.processes import BOTGW, ROOT, child_env, wait_for
 from testkit.stacks import Cluster, Stack
 from tests.e2e.general.test_tools import _lane, ask, calls_made, mcp_server, tools_cluster
 
@@ -135,3 +136,27 @@ def test_the_ai_bots_card_goes_by_response_url_and_its_tap_answers_through_the_e
     assert posted()["msgtype"] == "markdown" and posted()["content"].startswith("tool results:"), posted()
     assert "泰山厅" in posted()["content"]
     assert len(calls_made(calls, "book")) == 1
+
+
+def test_botgw_sim_wecom_shows_the_card_and_taps_it(
+    stack: Stack, cluster: Callable[..., Cluster], user: str, mcp_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The playground's way: `botgw sim wecom` prints the card it got, and `--tap 确认` taps it."""
+    url, calls = mcp_server
+    made = tools_cluster(cluster, url, tmp_path, confirm=["rooms.book"])
+
+    def sim(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [*BOTGW, "sim", "wecom", "--config", str(made.path), "--bot", "app", "--user", user,
+                   "--gateway", made.stack.gateway_url, "--timeout", "40", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=90, cwd=ROOT, env=child_env())
+
+    asked = sim(BOOKING)
+    assert asked.returncode == 0, asked.stderr
+    assert "[卡片 card]" in asked.stdout and "确认 | 取消" in asked.stdout, asked.stdout
+    assert calls_made(calls, "book") == []
+    confirmed = sim("--tap", "确认")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert "tool results:" in confirmed.stdout, confirmed.stdout
+    assert len(calls_made(calls, "book")) == 1
+    refused = sim("--tap", "确认", "more text")
+    assert refused.returncode == 2 and "--tap is a tap" in refused.stderr
