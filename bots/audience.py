@@ -29,7 +29,7 @@ def admit(settings: BotSettings, message: InboundMessage) -> tuple[InboundMessag
         if settings.allow_groups and group not in settings.allow_groups:
             return None, "not_allowed_group"
         prefix = settings.group_prefix
-        if prefix:
+        if prefix and message.tap is None:  # a tap answers botgw's own question: it carries no prefix
             text = LEADING_MENTION.sub("", message.text.lstrip())  # the AI bot's group text starts "@bot …"
             if not text.startswith(prefix):
                 return None, "no_prefix"

@@ -18,6 +18,7 @@ import httpx
 from redis.asyncio import Redis
 
 from bots.channels import Channel
+from bots.http import PlatformClient
 from bots.registry import build_adapters
 from engine.observability import export_endpoint
 from engine.pool import EnginePool
@@ -72,7 +73,14 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
         raise
     async with contextlib.AsyncExitStack() as opened:  # whatever fails below, what was opened is closed
         opened.push_async_callback(redis.aclose)
-        http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=200))
+        json_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=200),
+            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT.read, sock_connect=HTTP_TIMEOUT.connect),
+            trust_env=True,  # as httpx: a proxy named in HTTPS_PROXY is used
+        )
+        opened.push_async_callback(json_session.close)
+        http = PlatformClient(json_session=json_session, timeout=HTTP_TIMEOUT,
+                              limits=httpx.Limits(max_connections=200))
         opened.push_async_callback(http.aclose)
         engine_connections = (settings.engine.max_in_flight + 8) * len(settings.engine.urls())
         engine_http = httpx.AsyncClient(

@@ -20,11 +20,13 @@ ack's `response` may update the card (card/model.go CardResponse: cardUpdateOpti
 asker's tap shows the choice and takes the buttons away.
 
 UNCONFIRMED (the harsher reading is taken): the outTrackId's allowed characters and length (kept to [A-Za-z0-9_-],
-about 110 characters for a group); the characters a button id may hold (no ':': the key's colons become '_');
-whether DingTalk delivers card callbacks to an HTTP-mode robot without a registered callbackRouteKey (buttons are
-offered in Stream mode only). A one-to-one question's card does not know the chat's conversationId (ReplyTarget
-carries none): a one-to-one tap uses `ONE_TO_ONE_CONVERSATION` + the staffId, which lands in the asker's lane
-because a DingTalk one-to-one memory is the person's (memory.group per_user, the default).
+up to ~140 characters for a group with long ids); the characters a button id may hold (no ':': the key's colons
+become '_'); whether DingTalk delivers card callbacks to an HTTP-mode robot without a registered callbackRouteKey
+(buttons are offered in Stream mode only). A one-to-one card carries the chat's conversationId (ReplyTarget's
+`conversation_id`), so its tap comes back to that chat's lane; without one, `ONE_TO_ONE_CONVERSATION` + the staffId.
+The card is updated when the tap is queued, before the answer path settles it: its tip says the choice was sent
+(已提交), not that it was carried out; what was done is said in the conversation. The outTrackIds are signed with the
+app secret: rotating the secret leaves cards shown before without effect (their taps are acked and left).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ TRACK_PREFIX = "bq1"
 MAC_CHARS = 16  # 12 bytes of HMAC-SHA256, base64url
 ONE_TO_ONE_CONVERSATION = "IM_ROBOT."  # + staffId: DingTalk's own name of a person's chat with the robot
 BUTTON_COLORS = {"confirmed": "blue", "cancelled": "gray"}
-CHOSEN_TIPS = {"confirmed": "已选择：确认 Confirmed", "cancelled": "已选择：取消 Cancelled"}
+CHOSEN_TIPS = {"confirmed": "已提交：确认 Sent: confirm", "cancelled": "已提交：取消 Sent: cancel"}
 _MAC_CONTEXT = b"botgw-dingtalk-button-card|"
 
 

@@ -110,6 +110,8 @@ class WebAdapter(ChannelDefaults):
         conversation = user if login in PAGE_LOGINS else f"{login}:{user}"
         tap_id = f"tap:{person}:{tap.choice}:{tap.question_id}" if tap else ""
         msg_id = tap_id or str(payload.get("msg_id") or secrets.token_hex(12))
+        if not tap_id and msg_id.startswith("tap:"):  # a typed message cannot pre-empt a tap's delivery
+            raise CallbackRejected("bad_msg_id", 400, "msg_id: 'tap:' names a button's delivery")
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,

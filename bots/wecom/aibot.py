@@ -246,8 +246,8 @@ class ResponseUrlButtons:
         self._adapter = adapter
 
     async def ask(self, target: ReplyTarget, question: Question) -> None:
-        if target.chat_id:
-            return
+        if target.chat_id:  # not marked shown: the question's text is the way to answer
+            raise PermanentSendError("a template card goes through response_url only in a single chat")
         card = button_card(question, AIBOT_CARD)
         await self._adapter.post_response(target, {"msgtype": "template_card", "template_card": card})
 

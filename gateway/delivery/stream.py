@@ -13,7 +13,7 @@ from bots.base import SendError
 from bots.buttons import Question
 from bots.channels import StreamChannel
 from bots.text import utf8_len, utf8_prefix
-from gateway import texts
+from gateway import metrics, texts
 from gateway.delivery.base import Presenter
 from gateway.state.reply_record import ReplyState
 
@@ -65,6 +65,8 @@ class StreamPresenter(StoredStreamPresenter):
         if not self.streams:
             if not state.overflow_sent and not await self._post_once(text):
                 log.warning("the answer to a message without a stream could not be posted through its response_url")
+                await self.record.mark(send_failed="response_url")  # said in the record, counted
+                metrics.REPLIES.labels(self.message.platform, "undeliverable").inc()
             return
         cap = self.adapter.max_stream_bytes
         visible = utf8_prefix(text, cap)

@@ -72,7 +72,7 @@ class PolledStreamHandler:
     async def handle(self, request: CallbackRequest) -> CallbackReply:
         query, now = request.query, request.now
         event = self.adapter.parse(query, request.body, now)
-        if isinstance(event, InboundMessage) and not event.reply_to.stream_id:
+        if isinstance(event, InboundMessage) and event.tap is not None:  # a button: acknowledged empty, no stream
             outcome = await self._ingest.accept(event)
             metrics.CALLBACKS.labels(self.adapter.platform, outcome).inc()
             return CallbackReply(200, "")

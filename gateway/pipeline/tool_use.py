@@ -75,8 +75,8 @@ class ToolConfirmations:
         pending = await kit.confirmations.get(key)
         if tap is not None:  # a button names its question: only that one, only by its asker
             if pending is None or pending.id != tap.question_id or pending.bot != message.bot_id:
-                return await services.commit(job, texts.TOOL_BUTTON_STALE_TEXT if pending is None or
-                                             pending.asker == message.person else "")
+                # told, whoever waits here now: the tapper's card may say their choice was taken
+                return await services.commit(job, texts.TOOL_BUTTON_STALE_TEXT)
             if pending.asker != message.person:  # someone else's tap does nothing (in a group, says nothing)
                 metrics.TOOL_CONFIRMATIONS.labels("refused").inc()
                 return await services.commit(job, "")
@@ -91,6 +91,8 @@ class ToolConfirmations:
                                         and not ledger.started(slot)):
                 return await services.commit(job, "")  # a second tap does nothing: the first one was answered
             if settled.verdict == "confirmed" and verdict == "confirmed" and not ledger.started(slot):
+                if not ledger.confirmed(slot):  # the first answer's worker died before it wrote the mark
+                    await ledger.mark_confirmed(slot)
                 job.tool_resume = pending  # confirmed, yet never run (refused by a limit then): this one runs it
                 return await next(job)
             if time.time() - settled.at > SECOND_TAP_S:  # long after: a yes or no of a new conversation

@@ -2,6 +2,7 @@
 
 from bots.audience import admit, restricts
 from bots.base import BotSettings, InboundMessage
+from bots.buttons import ButtonTap
 
 
 def message(sender: str = "alice", group: str = "", text: str = "你好") -> InboundMessage:
@@ -39,3 +40,11 @@ def test_groups_and_prefix() -> None:
 def test_a_leading_mention_does_not_hide_the_prefix() -> None:
     admitted, _ = admit(settings(group_prefix="/ai"), message(group="g", text="@RobotA /ai 几点开会"))
     assert admitted is not None and admitted.text == "几点开会"
+
+
+def test_a_tap_on_botgws_question_needs_no_prefix_but_obeys_the_lists() -> None:
+    pressed = ButtonTap(question_id="a" * 16, choice="confirmed")
+    tap = message(group="g1", text="确认").model_copy(update={"tap": pressed})
+    admitted, _ = admit(settings(group_prefix="#ai"), tap)
+    assert admitted is not None and admitted.text == "确认", "the question was asked there: its buttons answer it"
+    assert admit(settings(group_prefix="#ai", deny_groups=["g1"]), tap) == (None, "denied_group")

@@ -71,6 +71,7 @@ def test_a_tap_is_one_delivery_per_person_and_button() -> None:
     {"user": "alice", "button": ""},
     {"user": "alice", "button": ["botgw:confirmed:" + "a" * 16]},
     {"user": "alice", "button": None},
+    {"user": "alice", "text": "确认", "msg_id": f"tap:web:web:alice:confirmed:{'a' * 16}"},  # a tap's name, typed
     {"user": "alice", "button": "botgw:confirmed:" + "a" * 16, "text": "确认 and more"},
     {"user": "alice", "button": "botgw:confirmed:" + "a" * 16,
      "attachments": [{"ref": "a" * 32, "name": "x.png", "mime": "image/png", "size": 3}]},

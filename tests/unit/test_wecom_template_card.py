@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bots.base import CallbackRejected, ReplyTarget
+from bots.base import CallbackRejected, PermanentSendError, ReplyTarget
 from bots.buttons import Question, button_key
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
@@ -192,7 +192,8 @@ async def test_the_ai_bot_posts_its_card_only_in_a_one_to_one_chat() -> None:
         adapter = WeComAIBotAdapter(AIBOT, http)
         url = "https://qyapi.weixin.qq.com/cgi-bin/aibot/response?response_code=1"
         assert adapter.buttons is not None
-        await adapter.buttons.ask(ReplyTarget(user_id="lisi", chat_id="wrGROUP", webhook_url=url), QUESTION)
+        with pytest.raises(PermanentSendError):  # refused, so the record does not say the buttons were shown
+            await adapter.buttons.ask(ReplyTarget(user_id="lisi", chat_id="wrGROUP", webhook_url=url), QUESTION)
         assert posted == [], "a group's response_url takes no template card"
         await adapter.buttons.ask(ReplyTarget(user_id="lisi", webhook_url=url), QUESTION)
     assert [p["msgtype"] for p in posted] == ["template_card"]
