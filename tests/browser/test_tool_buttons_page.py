@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from testkit.fakes.demo_mcp import start_demo_mcp
 from testkit.processes import BOTGW, Proc, free_port, wait_http
 from testkit.services import start_gateway, start_worker
 from testkit.stacks import start_stub_engine
-from tests.browser.test_web_attach import signed_in, steps
+from tests.browser.test_web_attach import next_answer, signed_in, steps
 from tests.conftest import ARTIFACTS
 from tests.e2e.general.test_tools import calls_made
 from tests.e2e.web.page_stack import PASSWORD, USERS, PageStack
@@ -108,17 +107,6 @@ def type_message(page: object, text: str) -> None:
     page.click("#chat-input")  # type: ignore[attr-defined]
     page.keyboard.insert_text(text)  # type: ignore[attr-defined]
     page.keyboard.press("Enter")  # type: ignore[attr-defined]
-
-
-def next_answer(page: object, before: int, holding: str) -> str:
-    """The assistant's next message once it holds `holding` (after `before` of them were on the page)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        answers = steps(page, "assistant_message")
-        if len(answers) > before and holding in answers[-1]:
-            return answers[-1]
-        time.sleep(0.1)
-    raise AssertionError(f"no answer holding {holding!r}: {steps(page, 'assistant_message')}")
 
 
 def buttons(page: object, label: str) -> object:

@@ -73,13 +73,18 @@ def send(page: object, text: str) -> str:
     page.click("#chat-input")  # type: ignore[attr-defined]
     page.keyboard.type(text)  # type: ignore[attr-defined]
     page.keyboard.press("Enter")  # type: ignore[attr-defined]
+    return next_answer(page, before, text)
+
+
+def next_answer(page: object, before: int, holding: str) -> str:
+    """The assistant's next message once it holds `holding` (after `before` of them were on the page)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         answers = steps(page, "assistant_message")
-        if len(answers) > before and text in answers[-1]:
+        if len(answers) > before and holding in answers[-1]:
             return answers[-1]
         time.sleep(0.1)
-    raise AssertionError(f"no answer to {text!r} on the page: {steps(page, 'assistant_message')}")
+    raise AssertionError(f"no answer holding {holding!r} on the page: {steps(page, 'assistant_message')}")
 
 
 def png(color: tuple[int, int, int]) -> bytes:
