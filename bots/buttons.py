@@ -29,6 +29,7 @@ class ButtonTap(BaseModel):
 
     question_id: str
     choice: Choice
+    card_ref: str = ""  # the platform's handle to update the tapped card (WeCom's ResponseCode); '' none
 
 
 @dataclass(frozen=True)

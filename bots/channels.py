@@ -23,7 +23,7 @@ from bots.base import (
     ReplyTarget,
     Sessions,
 )
-from bots.buttons import Question
+from bots.buttons import ButtonTap, Question
 from bots.parts import Downloaded, Media
 
 HumanSessions = Sessions  # who holds a conversation, handoff to a human (bots.base.Sessions)
@@ -139,6 +139,11 @@ class Buttons(Protocol):
 
     async def ask(self, target: ReplyTarget, question: Question) -> None:
         """Show `question` with its buttons to `target` (SendError when it could not)."""
+        ...
+
+    async def answered(self, target: ReplyTarget, tap: ButtonTap, label: str) -> None:
+        """The tapped card says `label` (已确认 …) and takes no more taps, where the platform lets botgw update it
+        after the tap was settled (SendError when it could not; nothing where it cannot)."""
         ...
 
 

@@ -79,6 +79,7 @@ TOOL_CONFIRM_TEXT = (
     "About to run {tool} with the above. Reply 确认 to confirm or 取消 to cancel (valid {minutes} min)."
 )
 TOOL_CONFIRM_TITLE = "确认执行「{tool}」？"
+TOOL_CARD_LABELS = {"confirmed": "已确认", "cancelled": "已取消", "expired": "已过期"}  # a tapped card's last button
 TOOL_BUTTON_STALE_TEXT = (
     "这个确认已失效（已过期，或已有更新的请求），没有执行任何操作。"
     "This confirmation is no longer current (expired or replaced); nothing was done."

@@ -156,6 +156,9 @@ class DingTalkButtons:
         await self._api.call("POST", "/v1.0/card/instances", body)
         await self._api.deliver_card(track, group_id=target.chat_id, user_id=target.user_id)
 
+    async def answered(self, target: ReplyTarget, tap: ButtonTap, label: str) -> None:
+        """Nothing more: the card was updated by the tap's acknowledgement (the choice sent, the buttons gone)."""
+
 
 @dataclass(frozen=True)
 class CardTap:

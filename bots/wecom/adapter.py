@@ -22,7 +22,7 @@ from bots.base import (
     TokenStore,
     per_window,
 )
-from bots.buttons import Question
+from bots.buttons import ButtonTap, Question
 from bots.channels import CallbackRequest, Queued
 from bots.parts import Downloaded, Media, MediaError
 from bots.wecom.cards import APP_CARD, button_card
@@ -92,6 +92,12 @@ class AppCardButtons:
 
     async def ask(self, target: ReplyTarget, question: Question) -> None:
         await self._api.send_card(target.user_id, button_card(question, APP_CARD))
+
+    async def answered(self, target: ReplyTarget, tap: ButtonTap, label: str) -> None:
+        """The tap's ResponseCode lets the app update the card once within 72 h (doc 94888 更新模版卡片消息,
+        更新按钮为不可点击状态): its buttons become one that cannot be tapped, named `label`."""
+        if tap.card_ref:
+            await self._api.update_card_button(target.user_id, tap.card_ref, label)
 
 
 class WeComAppAdapter(ChannelDefaults):

@@ -251,6 +251,10 @@ class ResponseUrlButtons:
         card = button_card(question, AIBOT_CARD)
         await self._adapter.post_response(target, {"msgtype": "template_card", "template_card": card})
 
+    async def answered(self, target: ReplyTarget, tap: ButtonTap, label: str) -> None:
+        """Not updated: the AI bot's card can be updated only in the reply to the tap's own callback (doc 101031),
+        which is answered empty at once, before the tap is settled. A second tap is answered with nothing."""
+
 
 def new_nonce() -> str:
     return str(secrets.randbelow(10**10))

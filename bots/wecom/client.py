@@ -67,12 +67,19 @@ class WeComApiClient:
                    "template_card": card}  # fmt: skip
         await self._send_message(payload)
 
-    async def _send_message(self, payload: dict) -> None:
-        """message/send, the token refetched once if WeCom says it is invalid; errcode 0 that names the user
-        invalid or unlicensed is a delivery to nobody."""
+    async def update_card_button(self, user_id: str, response_code: str, label: str) -> None:
+        """message/update_template_card (doc 94888): the card's buttons become one that cannot be tapped, named
+        `label`; a response_code works once, within 72 h."""
+        payload = {"userids": [user_id], "agentid": self._config.agent_id, "response_code": response_code,
+                   "button": {"replace_name": label}}  # fmt: skip
+        await self._send_message(payload, "/cgi-bin/message/update_template_card")
+
+    async def _send_message(self, payload: dict, path: str = "/cgi-bin/message/send") -> None:
+        """message/send (or another call that answers like it), the token refetched once if WeCom says it is
+        invalid; errcode 0 that names the user invalid or unlicensed is a delivery to nobody."""
         token = await self.access_token()
         for _ in range(2):
-            data = await self._post_json("/cgi-bin/message/send", token, payload)
+            data = await self._post_json(path, token, payload)
             errcode = int(data.get("errcode", 0))
             if errcode == 0:
                 refused = [name for name in ("invaliduser", "unlicenseduser") if data.get(name)]

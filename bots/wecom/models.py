@@ -25,6 +25,8 @@ from bots.xml import parse_flat_xml
 
 PLATFORM = "wecom"
 
+MAX_RESPONSE_CODE_CHARS = 512  # a ResponseCode is an opaque token; anything longer is not one
+
 
 def app_parts(msg_type: str, fields: Mapping[str, str]) -> tuple[str, tuple[Part, ...]]:
     """(what the sender typed, the other parts) of one app message. A type the engine cannot read (video,
@@ -69,6 +71,9 @@ def card_tap(bot_id: str, fields: Mapping[str, str], received_at: float) -> Inbo
     if not sender or not created:
         raise CallbackRejected("missing_fields", 400, "a card event without FromUserName or CreateTime")
     msg_id = f"{sender}:{created}:{fields.get('TaskId', '')}:{fields.get('EventKey', '')}"
+    code = fields.get("ResponseCode", "")  # lets the app update this card once (doc 94888)
+    if isinstance(code, str) and 0 < len(code) <= MAX_RESPONSE_CODE_CHARS:
+        tap = tap.model_copy(update={"card_ref": code})
     return one_to_one(bot_id, sender, msg_id, CHOICE_WORDS[tap.choice], "text", (), received_at, tap)
 
 

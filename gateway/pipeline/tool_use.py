@@ -18,7 +18,8 @@ import secrets
 import time
 from typing import Any
 
-from bots.buttons import Question
+from bots.base import SendError
+from bots.buttons import ButtonTap, Question
 from bots.text import utf8_len, utf8_prefix
 from engine.client import Completion, ToolCall
 from gateway import metrics, texts
@@ -84,6 +85,8 @@ class ToolConfirmations:
                 or message.received_at < pending.asked_at):  # an older 确认 (a replay) is not to this question
             return await next(job)
         settled = await kit.confirmations.settle(key, message.dedup_key, "expired" if pending.expired() else verdict)
+        if tap is not None:
+            await self._card_answered(job, tap, settled.verdict)
         slot = CallSlot(pending.round, pending.index)
         ledger = await ToolLedger.open(services.redis, services.keys.tool_ledger(pending.call_set))
         if settled.by != message.dedup_key:  # it was settled already, and stays as it was
@@ -116,6 +119,17 @@ class ToolConfirmations:
             await self._audit(kit, pending, "confirmed", "")
         job.tool_resume = pending
         return await next(job)
+
+    async def _card_answered(self, job: Job, tap: ButtonTap, verdict: str) -> None:
+        """The asker's tapped card says how the question was settled and takes no more taps, where the platform
+        lets botgw update it; best effort (the answer in the conversation says it too)."""
+        buttons = job.adapter.buttons
+        if buttons is None:
+            return
+        try:
+            await buttons.answered(job.message.reply_to, tap, texts.TOOL_CARD_LABELS[verdict])
+        except SendError as exc:
+            log.warning("the tapped card could not be updated", extra={"error": str(exc)})
 
     async def _audit(self, kit: ToolKit, pending: PendingCall, kind: str, outcome: str) -> None:
         await kit.audit.record(

@@ -31,6 +31,7 @@ TOKEN_LIFETIME_S = 7200
 # and a msgid as for a delivered message, so that only a sender that never goes past the allowance loses nothing.
 # (The per-app daily quota, 账号上限数×200 人次/天, is not played: no test comes near it.)
 MEMBER_ALLOWANCES = ((60.0, 30), (3600.0, 1000))
+RESPONSE_CODE_LIFETIME_S = 72 * 3600  # doc 94888: "只能在72小时内调用"
 MSGTYPES = ("text", "markdown", "template_card")  # what message/send plays (template cards: simulator/wecom/cards.py)
 
 
@@ -122,6 +123,33 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         )
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid": msgid})
 
+    @router.post("/cgi-bin/message/update_template_card")
+    async def update_template_card(request: Request, access_token: str = "") -> JSONResponse:
+        """Doc 94888 更新模版卡片消息, the buttons' update (更新按钮为不可点击状态): the card's buttons become one
+        that cannot be tapped, named `button.replace_name`, for the `userids` listed. A response_code (from the
+        card's send or from a tap's event) works once and within 72 h. UNCONFIRMED, played the harsher way: the
+        errcode of an unknown, used or expired code is not documented (REFUSED, as for a refused card); an
+        update to a whole new card (documented) is not played and is refused."""
+        refused = state.token_refusal(access_token)
+        if refused:
+            return _error(*refused)
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(47001, "data format error")
+        button = body.get("button") if isinstance(body, dict) else None
+        name = button.get("replace_name") if isinstance(button, dict) else None
+        code = body.get("response_code") if isinstance(body, dict) else None
+        if not isinstance(code, str) or not isinstance(name, str) or not name.strip():
+            return _error(REFUSED, "response_code and button.replace_name are required (only buttons are updated)")
+        issued = state.response_codes.pop(code, None)
+        if issued is None or time.time() - issued[1] > RESPONSE_CODE_LIFETIME_S:
+            return _error(REFUSED, "invalid response_code")
+        card, userids = issued[0], body.get("userids")
+        if card is not None and isinstance(userids, list) and card.touser in userids:
+            card.replaced = name
+        return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": []})
+
     return router
 
 
@@ -148,6 +176,9 @@ def _send_card(state: WeComApiState, body: dict[str, Any]) -> JSONResponse:
         state.cards_dropped += 1
         return JSONResponse(answer)
     state.task_ids.add((agentid, card["task_id"]))
+    shown = None
     if not over_allowance(state, agentid, member, now):
-        state.cards.append(ShownCard(str(agentid), member, card, now))
+        shown = ShownCard(str(agentid), member, card, now)
+        state.cards.append(shown)
+    state.response_codes[answer["response_code"]] = (shown, now)
     return JSONResponse(answer)

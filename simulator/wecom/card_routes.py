@@ -39,6 +39,8 @@ def _tapped(card: ShownCard | None, tap: Tap) -> ShownCard:
     """The card tapped, the tap recorded; 409 for a button of no card the person was shown."""
     if card is None:
         raise HTTPException(409, f"{tap.user} was shown no card with a button {tap.key!r}: WeCom sends no event")
+    if card.replaced:  # update_template_card left one button that cannot be tapped (doc 94888)
+        raise HTTPException(409, f"the card's buttons were replaced by {card.replaced!r}: nothing can be tapped")
     card.taps.append(tap.key)
     return card
 
@@ -55,7 +57,9 @@ def app_card_routes(state: WeComApiState) -> APIRouter:
         """The app's event for the tap (doc 90240 fields), to be signed with the app's secrets and posted."""
         owner = "" if tap.agentid is None else str(tap.agentid)
         card = _tapped(find_card(state.cards, tap.user, tap.key, owner), tap)
-        return {"event": app_tap_event(card, tap.key, int(card.owner))}
+        event = app_tap_event(card, tap.key, int(card.owner))
+        state.response_codes[event["ResponseCode"]] = (card, time.time())
+        return {"event": event}
 
     return router
 

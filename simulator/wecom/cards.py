@@ -56,6 +56,7 @@ class ShownCard:
     card: dict[str, Any]
     at: float
     taps: list[str] = field(default_factory=list)  # the keys tapped, in order
+    replaced: str = ""  # update_template_card made its buttons one that cannot be tapped, named this
 
     @property
     def keys(self) -> list[str]:

@@ -48,6 +48,8 @@ class WeComApiState:
     cards: list[ShownCard] = field(default_factory=list)  # template cards shown (simulator/wecom/cards.py)
     task_ids: set[tuple[int, str]] = field(default_factory=set)  # (agentid, task_id) of every card taken
     cards_dropped: int = 0  # cards answered ok and never shown (a reused task_id)
+    # response_code -> (the card it updates, when issued): one per card sent and per tap event (doc 94888)
+    response_codes: dict[str, tuple[ShownCard | None, float]] = field(default_factory=dict)
     media: dict[str, StoredMedia] = field(default_factory=dict)  # media_id -> the file
     faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, gettoken, getuserinfo
     gettoken_calls: int = 0
@@ -76,6 +78,7 @@ class WeComApiState:
         self.delivered.clear()
         self.cards.clear()
         self.task_ids.clear()
+        self.response_codes.clear()
         self.cards_dropped = 0
         self.media.clear()
         self.faults.clear()

@@ -92,6 +92,48 @@ def test_the_apps_tap_is_a_message_in_the_askers_one_to_one_lane() -> None:
     assert again is not None and other_button is not None and later is not None
     assert again.dedup_key == tapped.dedup_key, "a retry of one tap is one delivery"
     assert len({tapped.dedup_key, other_button.dedup_key, later.dedup_key}) == 3, "two taps are two"
+    assert tapped.tap.card_ref == "rc", "the tap's ResponseCode: the app may update that card once"
+    unbounded = parse_app_message("app", app_event(ResponseCode="x" * 600), 4.0)
+    assert unbounded is not None and unbounded.tap is not None and unbounded.tap.card_ref == "", "not a code"
+
+
+async def test_the_apps_tapped_card_gets_one_button_that_cannot_be_tapped() -> None:
+    posted: list[tuple[str, dict[str, Any]]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/gettoken"):
+            return httpx.Response(200, json={"errcode": 0, "access_token": "t", "expires_in": 7200})
+        posted.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, json={"errcode": 0, "errmsg": "ok"})
+
+    class Tokens:  # an in-process token cache (bots.base.TokenStore)
+        def __init__(self) -> None:
+            self.kept: dict[str, str] = {}
+
+        async def get(self, name: str) -> str | None:
+            return self.kept.get(name)
+
+        async def put(self, name: str, token: str, ttl_s: float) -> None:
+            self.kept[name] = token
+
+        async def invalidate(self, name: str, token: str) -> None:
+            self.kept.pop(name, None)
+
+        def refresh_lock(self, name: str) -> Any:
+            import contextlib
+
+            return contextlib.AsyncExitStack()
+
+    tapped = parse_app_message("app", app_event(), 2.0)
+    assert tapped is not None and tapped.tap is not None
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        adapter = WeComAppAdapter(APP, http, Tokens())
+        assert adapter.buttons is not None
+        await adapter.buttons.answered(tapped.reply_to, tapped.tap, "已确认")
+        await adapter.buttons.answered(tapped.reply_to, tapped.tap.model_copy(update={"card_ref": ""}), "已确认")
+    assert posted == [("/cgi-bin/message/update_template_card", {
+        "userids": ["zhangsan"], "agentid": 1000002, "response_code": "rc", "button": {"replace_name": "已确认"}})], \
+        "once, with the tap's code; a tap without one updates nothing"
 
 
 def test_the_apps_adapter_stamps_a_tap_as_it_stamps_a_message() -> None:

@@ -44,11 +44,14 @@ def sim_tap(made: Cluster, user: str, key: str) -> httpx.Response:
     return httpx.post(f"{made.stack.sim_url}/__sim__/wecom/tap", json={"user": user, "key": key}, timeout=5)
 
 
-def tap(made: Cluster, user: str, key: str) -> None:
-    """`user` taps `key`: the event the simulator describes, signed with the app's secrets and posted."""
-    tapped = sim_tap(made, user, key)
-    assert tapped.status_code == 200, tapped.text
-    answered = made.stack.post_callback(made.stack.signer().card_event(tapped.json()["event"]))
+def tap(made: Cluster, user: str, key: str, tapped: dict[str, str] | None = None) -> None:
+    """`user` taps `key`: the event the simulator describes (or `tapped`, one it described before), signed with
+    the app's secrets and posted."""
+    if tapped is None:
+        answer = sim_tap(made, user, key)
+        assert answer.status_code == 200, answer.text
+        tapped = answer.json()["event"]
+    answered = made.stack.post_callback(made.stack.signer().card_event(tapped))
     assert answered.status_code == 200 and answered.text == ""
 
 
@@ -79,11 +82,15 @@ def test_the_apps_card_confirms_by_its_askers_tap_once_and_cancels_and_expires(
     # at most they are told that nothing was done
     assert [m["content"] for m in made.stack.delivered(other)] in ([], [texts.TOOL_BUTTON_STALE_TEXT])
 
-    tap(made, user, keys["确认"])
+    event_of_first = sim_tap(made, user, keys["确认"]).json()["event"]
+    tap(made, user, keys["确认"], tapped=event_of_first)
     made.stack.wait_delivered(user, 2, timeout=40)
     assert made.stack.texts(user)[-1].startswith("tool results:"), made.stack.texts(user)
     assert len(calls_made(calls, "book")) == 1
-    tap(made, user, keys["确认"])  # a second tap
+    wait_for(lambda: cards(made, user)[0]["replaced"] == "已确认", 10, "the tapped card to say it was confirmed")
+    assert sim_tap(made, user, keys["确认"]).status_code == 409, "its buttons are gone: nothing left to tap"
+    second = {**event_of_first, "CreateTime": str(int(event_of_first["CreateTime"]) + 1)}  # tapped before the update
+    tap(made, user, keys["确认"], tapped=second)
     handled(made)
     assert len(calls_made(calls, "book")) == 1 and len(made.stack.delivered(user)) == 2, "a second tap does nothing"
 
@@ -91,6 +98,7 @@ def test_the_apps_card_confirms_by_its_askers_tap_once_and_cancels_and_expires(
     tap(made, user, wait_cards(made, user, 2)["取消"])
     made.stack.wait_delivered(user, 4, timeout=40)
     assert "已取消" in made.stack.texts(user)[-1]
+    wait_for(lambda: cards(made, user)[1]["replaced"] == "已取消", 10, "the cancelled card to say so")
 
     ask(made, user, BOOKING, 5)
     keys = wait_cards(made, user, 3)
