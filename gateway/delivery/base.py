@@ -52,6 +52,7 @@ class Delivery:
     pacer: MovingWindowLimiter
     settings: WorkerSettings
     conversations: Conversations | None = None  # reply quotas, for platforms that have them
+    single_slot: bool = False  # a single Redis (not a Cluster): a send's pacing, repeat count and mark go together
 
     async def retry_send(self, call: Callable[[int], Awaitable[None]]) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 
 from bots.base import ConversationTaken, SendError
 from bots.channels import PiecesChannel
@@ -64,13 +65,19 @@ class PiecesPresenter(Presenter):
             await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
-            await self._pace()
             piece, progress = pieces[index], {"started": index + 1}
+            if self._in_one_step():
+                repeat = await self._begin_at_once(piece, index, progress, state, checked=checked,
+                                                   resend=outcome_unknown)
+            else:
+                await self._pace()
+                if checked:
+                    repeat = state.variants.get(index, 0) if outcome_unknown else await self._repeat_of(piece)
+                    progress[f"v{index}"] = repeat
+                await self._begin(progress, resend=outcome_unknown)  # fenced: a worker that lost it stops here
             if checked:
-                repeat = state.variants.get(index, 0) if outcome_unknown else await self._repeat_of(piece)
-                piece, progress[f"v{index}"] = piece + repeat_marks(repeat), repeat
+                piece += repeat_marks(repeat)
             piece_key = f"{self.message.dedup_key}:{index}"
-            await self._begin(progress, resend=outcome_unknown)  # fenced: a worker that lost the message stops here
             await self._remember_sent(piece_key, index)
             await self.delivery.retry_send(
                 lambda attempt, piece=piece, unknown=outcome_unknown, key=piece_key: self.adapter.send_piece(
@@ -99,6 +106,34 @@ class PiecesPresenter(Presenter):
         cut = utf8_prefix(pieces[allowed - 1], cap - utf8_len(texts.ANSWER_CUT_TEXT)) + texts.ANSWER_CUT_TEXT
         return [*pieces[: allowed - 1], cut]
 
+    def _in_one_step(self) -> bool:
+        """A send's pacing, its repeat count and its mark go to Redis in one script where every key may share it
+        (a single Redis) and no reply allowance takes a slot with the mark (微信客服's: conversations.take_slot)."""
+        return self.delivery.single_slot and (self.adapter.reply_quota is None or self.delivery.conversations is None)
+
+    async def _begin_at_once(self, piece: str, index: int, progress: dict[str, str | int], state: ReplyState, *,
+                             checked: bool, resend: bool) -> int:
+        """`_pace`, `_repeat_of` and `_begin` in one round trip (ReplyRecord.begin_send): the piece's repeat number
+        (0 unchecked); Paced when an allowance is used up (nothing counted, nothing marked)."""
+        windows = []
+        for key, spec in self.adapter.pacing(self.message.reply_to):
+            limit = window(spec)
+            windows.append((self.delivery.pacer.window_key(key, limit), limit.amount, limit.get_expiry()))
+        repeats = None
+        if checked and resend:  # a resend is byte for byte the first: its number was recorded then
+            progress[f"v{index}"] = state.variants.get(index, 0)
+        elif checked:
+            ttl = int(self.adapter.duplicate_check_window_s)
+            repeats = (self._recent_key(piece), ttl, f"v{index}", MAX_REPEATS + 1)
+        wait_s, count = await self.record.begin_send(windows, repeats, progress)
+        if wait_s > 0:
+            raise Paced(max(1, math.ceil(wait_s)))
+        if repeats is None:
+            return int(progress.get(f"v{index}", 0))
+        if count > MAX_REPEATS:
+            log.warning("a piece repeats too often within the duplicate-check window; the platform may drop it")
+        return (count - 1) % (MAX_REPEATS + 1)
+
     async def _begin(self, progress: dict[str, str | int], *, resend: bool) -> None:
         """Mark a piece's send as begun; where the person has an allowance, a new piece takes its slot in the
         same step (a resend took its slot the first time), so a crash between the two can neither waste a
@@ -123,9 +158,7 @@ class PiecesPresenter(Presenter):
     async def _repeat_of(self, piece: str) -> int:
         """How often `piece` went to this recipient within the platform's duplicate-check window before now
         (a counter in Redis, so every worker knows; it lives as long as the window after the last send)."""
-        recipient = self.message.reply_to.user_id or self.message.reply_to.chat_id
-        digest = hashlib.sha256(f"{recipient}\0{piece}".encode()).hexdigest()[:32]
-        key = self.delivery.keys.recent_send(self.message.bot_id, digest)
+        key = self._recent_key(piece)
         async with self.delivery.redis.pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.expire(key, int(self.adapter.duplicate_check_window_s))
@@ -133,6 +166,12 @@ class PiecesPresenter(Presenter):
         if count > MAX_REPEATS:
             log.warning("a piece repeats too often within the duplicate-check window; the platform may drop it")
         return (int(count) - 1) % (MAX_REPEATS + 1)
+
+    def _recent_key(self, piece: str) -> str:
+        """The counter of `piece`'s sends to this recipient within the duplicate-check window."""
+        recipient = self.message.reply_to.user_id or self.message.reply_to.chat_id
+        digest = hashlib.sha256(f"{recipient}\0{piece}".encode()).hexdigest()[:32]
+        return self.delivery.keys.recent_send(self.message.bot_id, digest)
 
     async def _pace(self) -> None:
         """Take one send from every allowance (a robot's, a member's, a conversation's), or raise Paced."""

@@ -211,11 +211,17 @@ class MovingWindowLimiter:
     """Hits per key in moving windows shared by all replicas (a user's messages, a robot's sends)."""
 
     def __init__(self, redis_url: str, key_prefix: str, **redis_options: float) -> None:
+        self._prefix = key_prefix
         uri, options = limits_storage(redis_url)
         self._storage = storage_from_string(
             uri, implementation="redispy", key_prefix=key_prefix, **options, **redis_options
         )
         self._limiter = MovingWindowRateLimiter(self._storage)
+
+    def window_key(self, key: str, limit: RateLimitItem) -> str:
+        """The Redis list the library keeps `limit`'s moving window of `key` in (its storage puts the prefix and a
+        colon before its own name), for a script that counts in the same window (ReplyRecord.begin_send)."""
+        return f"{self._prefix}:{limit.key_for(key)}"
 
     async def hit(self, key: str, limits: list[RateLimitItem]) -> LimitDecision:
         """Count one hit in every window; refused by the first that is full (the rest are not counted)."""

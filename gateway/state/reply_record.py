@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,6 +27,7 @@ from gateway.state.memory import Turn, turns_of
 from gateway.state.redis_text import as_text
 
 State = Literal["new", "committed", "done", "failed"]
+T = TypeVar("T")
 MARK_RETRY_S = 10.0
 
 _FENCE = """
@@ -77,6 +79,44 @@ return {1, ARGV[3]}
 """
 )
 
+
+# A piece's send begins, in one round trip where every key may go into one script (a single Redis; in a Cluster the
+# pacing windows and the repeat counter stand outside the record's slot, and the steps go one by one):
+# KEYS: lease (the record when unfenced), record, repeat counter (the record when none), then one list per window.
+# ARGV: epoch ('' = unfenced), ttl, now, windows n, repeat counter ttl (0 = none), variant field ('' = none),
+# repeats modulus, then per window its limit and seconds, then field, value, ...
+# A window is the `limits` library's moving window (LINDEX limit-1 within its seconds: full; else LPUSH now, LTRIM,
+# EXPIRE), so the library and this script keep one count. Every window has room, or nothing is counted at all.
+# Returns {-1, '0'} fenced, {0, seconds to wait} when a window is full, {1, repeat count} when begun.
+_BEGIN_SEND = (
+    _FENCE
+    + """
+if fenced() then return {-1, '0'} end
+local now, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+local wait = 0
+for i = 1, n do
+  local limit, seconds = tonumber(ARGV[6 + 2 * i]), tonumber(ARGV[7 + 2 * i])
+  local entry = redis.call('LINDEX', KEYS[3 + i], limit - 1)
+  if entry and tonumber(entry) >= now - seconds then wait = math.max(wait, tonumber(entry) + seconds - now) end
+end
+if wait > 0 then return {0, tostring(wait)} end
+for i = 1, n do
+  local limit, seconds = tonumber(ARGV[6 + 2 * i]), tonumber(ARGV[7 + 2 * i])
+  redis.call('LPUSH', KEYS[3 + i], ARGV[3])
+  redis.call('LTRIM', KEYS[3 + i], 0, limit - 1)
+  redis.call('EXPIRE', KEYS[3 + i], seconds)
+end
+local count = 0
+if tonumber(ARGV[5]) > 0 then
+  count = redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], ARGV[6], (count - 1) % tonumber(ARGV[7])) end
+end
+for i = 8 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return {1, tostring(count)}
+"""
+)
 
 # KEYS: lease (the value's own key when unfenced), the key. ARGV: epoch ('' = unfenced), ttl (0 = none), value
 # ('' deletes). Returns -1 if fenced, else 1.
@@ -159,6 +199,19 @@ class Fence:
 FENCE_LUA = _FENCE  # for other modules' fenced scripts: defines fenced() over KEYS[1] (lease) and ARGV[1] (epoch)
 
 
+async def _while_redis_returns(call: Callable[[], Awaitable[T]]) -> T:
+    """`call`, tried again while Redis is away (a restart), for up to MARK_RETRY_S."""
+    delay, deadline = 0.05, time.monotonic() + MARK_RETRY_S
+    while True:
+        try:
+            return await call()
+        except (RedisConnectionError, RedisTimeoutError):
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def fence_args(fence: Fence | None, own_key: str) -> tuple[str, str]:
     """(lease key, epoch) for a fenced script; unfenced, the written key itself stands in (every key given to a
     script must be of its one cluster slot) and the empty epoch says there is no lease to check."""
@@ -186,7 +239,11 @@ class ReplyRecords:
         self._redis = redis
         self._keys = keys
         self._ttl_s = ttl_s
-        self._scripts = {"write": redis.register_script(_WRITE), "commit": redis.register_script(_COMMIT)}
+        self._scripts = {
+            "write": redis.register_script(_WRITE),
+            "commit": redis.register_script(_COMMIT),
+            "begin_send": redis.register_script(_BEGIN_SEND),
+        }
 
     def open(
         self, dedup_key: str, fence: Fence | None = None, memory_key: str = "", files_key: str = ""
@@ -253,16 +310,33 @@ class ReplyRecord:
         Progress written after a send must not be lost to a Redis restart (the piece would be sent again,
         and DingTalk has no duplicate check): the write is idempotent, so it is retried while Redis is away,
         for up to MARK_RETRY_S (a takeover only happens after the lease runs out, which it cannot do sooner)."""
-        delay, deadline = 0.05, time.monotonic() + MARK_RETRY_S
-        while True:
-            try:
-                await self._write("set", values)
-                return
-            except (RedisConnectionError, RedisTimeoutError):
-                if time.monotonic() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        await _while_redis_returns(lambda: self._write("set", values))
+
+    async def begin_send(
+        self, windows: list[tuple[str, int, int]], repeats: tuple[str, int, str, int] | None,
+        values: dict[str, str | int],
+    ) -> tuple[float, int]:
+        """A piece's send begins in one round trip (single Redis only: see _BEGIN_SEND): one send counted in every
+        window (key, limit, seconds), the piece's repeats counted (counter key, its ttl, the record's field for
+        the repeat number, the modulus) and `values` marked. (seconds to wait, 0) when a window is full: nothing
+        was counted or marked; else (0, the repeat count). LeaseLost when fenced. Retried while Redis is away,
+        like `mark`: a repeat may count a send twice (less is sent, never more) and number the piece anew."""
+        lease_key, epoch = self._fence_args()
+        counter, counter_ttl, variant, modulus = repeats or (self.key, 0, "", 1)
+        argv: list[str | int] = [epoch, self.ttl_s, f"{time.time():.6f}", len(windows), counter_ttl, variant, modulus]
+        for _, limit, seconds in windows:
+            argv += [limit, seconds]
+        for name, value in values.items():
+            argv += [name, value]
+        keys = [lease_key, self.key, counter, *(key for key, _, _ in windows)]
+
+        async def once() -> list:
+            return await self._scripts["begin_send"](keys=keys, args=argv)
+
+        status, number = await _while_redis_returns(once)
+        if int(status) < 0:
+            raise LeaseLost(self.key)
+        return (float(number), 0) if int(status) == 0 else (0.0, int(number))
 
     async def claim(self, name: str, value: str = "1") -> bool:
         """Set a field only if unset (a once-only step such as the overflow post); True if this call set it."""

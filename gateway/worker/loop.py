@@ -40,6 +40,7 @@ from gateway.runtime import Runtime
 from gateway.state.conversations import Conversations
 from gateway.state.limits import Budgets, MovingWindowLimiter
 from gateway.state.memory import ConversationMemory, Scope
+from gateway.state.redis_client import is_cluster_url
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
@@ -61,6 +62,7 @@ def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
         MovingWindowLimiter(settings.redis_url, keys.send_pace_prefix, **options),
         settings.worker,
         conversations,
+        single_slot=not is_cluster_url(settings.redis_url),
     )
     return Services(
         settings=settings,
