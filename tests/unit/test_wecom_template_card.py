@@ -21,6 +21,7 @@ from bots.wecom.models import parse_app_message
 from simulator.wecom.ai_user import WeComAIBotUser
 from simulator.wecom.cards import AIBOT_LIMITS, APP_LIMITS, card_problem
 from simulator.wecom.signer import WeComCallbackSigner, card_event_xml, text_message_xml
+from tests.unit.test_kf_parts import MemoryTokens
 
 KEY = "kWxPEV2UEDyxWpmPdKC3F4dgPDmOvfKX1HGnEUDS1aR"
 APP = WeComAppConfig(id="app", token="tok", encoding_aes_key=KEY, corp_id="wwcorp", agent_id=1000002, secret="s")
@@ -106,28 +107,10 @@ async def test_the_apps_tapped_card_gets_one_button_that_cannot_be_tapped() -> N
         posted.append((request.url.path, json.loads(request.content)))
         return httpx.Response(200, json={"errcode": 0, "errmsg": "ok"})
 
-    class Tokens:  # an in-process token cache (bots.base.TokenStore)
-        def __init__(self) -> None:
-            self.kept: dict[str, str] = {}
-
-        async def get(self, name: str) -> str | None:
-            return self.kept.get(name)
-
-        async def put(self, name: str, token: str, ttl_s: float) -> None:
-            self.kept[name] = token
-
-        async def invalidate(self, name: str, token: str) -> None:
-            self.kept.pop(name, None)
-
-        def refresh_lock(self, name: str) -> Any:
-            import contextlib
-
-            return contextlib.AsyncExitStack()
-
     tapped = parse_app_message("app", app_event(), 2.0)
     assert tapped is not None and tapped.tap is not None
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        adapter = WeComAppAdapter(APP, http, Tokens())
+        adapter = WeComAppAdapter(APP, http, MemoryTokens())
         assert adapter.buttons is not None
         await adapter.buttons.answered(tapped.reply_to, tapped.tap, "已确认")
         await adapter.buttons.answered(tapped.reply_to, tapped.tap.model_copy(update={"card_ref": ""}), "已确认")
