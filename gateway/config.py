@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from bots.registry import PLATFORMS
 from engine.asr import AsrSettings
 from engine.settings import EngineSettings
+from gateway.console.settings import ConsoleSettings
 from gateway.state import redis_client
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
 from gateway.state.limits import LimitSettings
@@ -121,6 +122,7 @@ class Settings(BaseSettings):
         "recognise (vLLM serving Whisper: engine profile asr-whisper-*); null: such voice gets a reply asking to type",
     )
     tools: ToolsSettings = Field(default_factory=ToolsSettings, description="MCP servers bots may call (issue 24)")
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings, description="the operator console (/console/)")
     bots: list[BotConfig] = Field(default_factory=list)
     alert_bot: str | None = Field(default=None, description="a wecom-webhook bot that receives operators' alerts")
 
@@ -182,6 +184,20 @@ class Settings(BaseSettings):
                 except IdentityError as exc:
                     raise ValueError(f"limits.{field}: {exc}") from None
             setattr(self.limits, field, full)
+        return self
+
+    @model_validator(mode="after")
+    def _console_resolves(self) -> Settings:
+        """`console.roles` names people as limits do (qualified); `console.login` names bots that can sign in."""
+        tenants = tenants_by_family(self.bots)
+        full = {}
+        for key, role in self.console.roles.items():
+            try:
+                full[qualify(key, tenants)] = role
+            except IdentityError as exc:
+                raise ValueError(f"console.roles: {exc}") from None
+        self.console.roles = full
+        self.console.login.check("console.login", self.bots)
         return self
 
     @model_validator(mode="after")

@@ -146,6 +146,23 @@ class WebLogin(BaseModel):
     wecom: LoginThrough | None = None
     dingtalk: LoginThrough | None = None
 
+    def check(self, where: str, bots: Sequence[BotSettings]) -> None:
+        """Each login names a bot whose credentials sign people in: a WeCom app (an AI bot has no secret to
+        call auth/getuserinfo with), or a DingTalk bot with its corp_id (a staffId is the corp's). `where` is the
+        key this login was written under (`bots.web.web_login`, `console.login`), for the error."""
+        by_id = {bot.id: bot for bot in bots}
+        for via in ("wecom", "dingtalk"):  # the login's field, and the platform of the bot it names
+            through = getattr(self, via)
+            if through is None:
+                continue
+            named = by_id.get(through.bot)
+            if named is None or named.platform != via:
+                found = f"a {named.platform!r} bot" if named else "no such bot"
+                raise ValueError(f"{where}.{via}.bot must name a {via!r} bot (found {found} {through.bot!r})")
+            if via == "dingtalk" and not getattr(named, "corp_id", ""):
+                raise ValueError(f"{where}.dingtalk: bots.{named.id}.corp_id must be set "
+                                 "(a staffId names a person only within its organisation)")
+
 
 class LoginGuard(BaseModel):
     """How many wrong passwords the page takes before it asks a name, or an address, to wait."""
@@ -204,21 +221,7 @@ class WebBotConfig(BotSettings):
         return value
 
     def check_peers(self, bots: Sequence[BotSettings]) -> None:
-        """`web_login` names a bot whose credentials sign people in: a WeCom app (an AI bot has no secret to
-        call auth/getuserinfo with), or a DingTalk bot with its corp_id (a staffId is the corp's)."""
-        by_id = {bot.id: bot for bot in bots}
-        for via in ("wecom", "dingtalk"):  # the login's field, and the platform of the bot it names
-            through = getattr(self.web_login, via)
-            if through is None:
-                continue
-            named = by_id.get(through.bot)
-            if named is None or named.platform != via:
-                found = f"a {named.platform!r} bot" if named else "no such bot"
-                raise ValueError(f"bots.{self.id}.web_login.{via}.bot must name a {via!r} bot "
-                                 f"(found {found} {through.bot!r})")
-            if via == "dingtalk" and not getattr(named, "corp_id", ""):
-                raise ValueError(f"bots.{self.id}.web_login.dingtalk: bots.{named.id}.corp_id must be set "
-                                 "(a staffId names a person only within its organisation)")
+        self.web_login.check(f"bots.{self.id}.web_login", bots)
 
     @field_validator("title")
     @classmethod

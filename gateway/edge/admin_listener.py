@@ -2,7 +2,8 @@
 
 The gateway listens twice with one app: the public port (callbacks, /healthz, the web API) and the admin
 listener (`admin.host:admin.port`, loopback by default) for /metrics, /readyz (engine URLs, Redis state) and
-/admin/…. On the public port those answer 404, except /metrics and /readyz for a caller with the admin token
+/admin/…, and the operator console (/console/). On the public port those answer 404 (the console always),
+except /metrics and /readyz for a caller with the admin token
 (a Prometheus that can only reach the public port); /admin/… checks its token itself.
 """
 
@@ -15,10 +16,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 OPERATOR_PATHS = ("/metrics", "/readyz")
 ADMIN_PREFIX = "/admin/"
+CONSOLE_PREFIX = "/console"  # the operator console (gateway/console): the admin listener only
 
 
 def is_operator_path(path: str) -> bool:
     return path in OPERATOR_PATHS or path.startswith(ADMIN_PREFIX)
+
+
+def is_console_path(path: str) -> bool:
+    return path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
 
 
 class AdminListenerGuard:
@@ -36,7 +42,9 @@ class AdminListenerGuard:
         path: str = scope.get("path", "")
         on_admin = self.admin_port is not None and (scope.get("server") or (None, None))[1] == self.admin_port
         if on_admin:
-            allowed = is_operator_path(path) or path == "/healthz"
+            allowed = is_operator_path(path) or is_console_path(path) or path == "/healthz"
+        elif is_console_path(path):
+            allowed = False  # the console is for the admin listener's network, token or not
         else:
             allowed = path not in OPERATOR_PATHS or self._has_token(scope)
         if allowed:

@@ -12,6 +12,7 @@ from slowapi.middleware import SlowAPIASGIMiddleware
 from slowapi.util import get_remote_address
 
 from gateway.config import Settings
+from gateway.console.routes import install as install_console
 from gateway.edge.admin_listener import AdminListenerGuard
 from gateway.edge.admin_routes import router as admin_router
 from gateway.edge.batching import RedisBatcher
@@ -66,4 +67,5 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
     app.include_router(web_router)
     app.include_router(admin_router)
     app.include_router(kb_router)
+    install_console(app)
     return app

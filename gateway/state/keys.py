@@ -152,6 +152,19 @@ class Keys:
         no one else's (gateway/state/uploads.py)."""
         return f"{self.namespace}:upload:{bot_id}:{owner}:{ref}"
 
+    def console_session(self, digest: str) -> str:
+        """One console sign-in (a hash: who, via, csrf; expires), named by the SHA-256 of its cookie."""
+        return f"{self.namespace}:console:session:{digest}"
+
+    def console_login_code(self, digest: str) -> str:
+        """A platform's sign-in code the console has used (kept while such a code lives): tried once."""
+        return f"{self.namespace}:console:code:{digest}"
+
+    @property
+    def console_audit(self) -> str:
+        """Every change made on the console, with who made it (a stream, capped)."""
+        return f"{self.namespace}:console:audit"
+
     def tool_ledger(self, call_set: str) -> str:
         """One answer's tool calls (issue 24): each recorded before it is made and its result after (a hash)."""
         return f"{self.namespace}:tools:ledger:{call_set}"

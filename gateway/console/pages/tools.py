@@ -1,0 +1,7 @@
+"""The console's tools page (gateway/console/web.py says what a page module is)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(prefix="/console")

@@ -1,0 +1,216 @@
+"""What every console page shares: who is asking (`require`), the CSRF check on every change, rendering a template
+in the reader's language with the page's Content-Security-Policy, the audit of changes, and bounded lists.
+
+A page module (gateway/console/pages/) declares `router = APIRouter()` with its routes under /console/<page>, takes
+`operator: Viewer` (or `Editor`, `Admin`: the signed-in operator with that role or higher), and answers with
+`render(...)`; a change
+(any method but GET and HEAD) is refused before the route runs unless it carries the session's CSRF token, as the
+`X-CSRF-Token` header (console.js sends it) or the form field `csrf` (the pages' plain forms), and `record(...)`
+writes what it did to the audit stream.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from gateway.console.auth import SESSION_COOKIE, Operator, Sessions, bearer_matches
+from gateway.console.settings import Role
+from webchat.guard import content_security_policy
+
+HERE = Path(__file__).parent
+TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
+
+
+def _datetime(at: object) -> str:
+    """An epoch time as the server's local date and time ('' for none)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(at)))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return ""
+
+
+def _ago(at: object) -> str:
+    """How long ago an epoch time was: 5s, 3m, 2h, 4d ('' for none)."""
+    try:
+        seconds = max(0, int(time.time() - float(at)))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+TEMPLATES.env.filters["datetime"] = _datetime
+TEMPLATES.env.filters["ago"] = _ago
+LANG_COOKIE = "botgw_lang"
+LANGUAGES = ("zh", "en")
+SAFE_METHODS = ("GET", "HEAD")
+AUDIT_MAX = 100_000  # the audit stream keeps about this many changes
+SECURITY_HEADERS = {
+    "Content-Security-Policy": content_security_policy([]),  # the page's policy: scripts and styles from itself only
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "SAMEORIGIN",
+    "Cache-Control": "no-store",
+}
+
+# (path, role needed, 中文, English): the navigation, in order
+PAGES = (
+    ("/console/", "viewer", "概览", "Overview"),
+    ("/console/dead-letters", "viewer", "死信", "Dead letters"),
+    ("/console/knowledge", "viewer", "知识库", "Knowledge"),
+    ("/console/kf", "viewer", "微信客服", "WeChat Kefu"),
+    ("/console/limits", "viewer", "限额", "Limits"),
+    ("/console/tools", "viewer", "工具审计", "Tool audit"),
+    ("/console/audit", "viewer", "操作记录", "Changes"),
+)
+
+
+class ConsoleDenied(Exception):
+    """A request the console answers with a refusal: 401 (not signed in: a page read gets the sign-in page
+    instead), 403 (role or CSRF)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def language(request: Request) -> str:
+    chosen = request.cookies.get(LANG_COOKIE, "")
+    return chosen if chosen in LANGUAGES else "zh"
+
+
+def wants_html(request: Request) -> bool:
+    return request.method in SAFE_METHODS and "text/html" in request.headers.get("accept", "")
+
+
+def sessions(request: Request) -> Sessions:
+    runtime = request.app.state.runtime
+    return Sessions(runtime.redis, runtime.keys, runtime.settings)
+
+
+async def current_operator(request: Request) -> Operator | None:
+    settings = request.app.state.runtime.settings
+    header = request.headers.get("authorization", "")
+    if header:
+        return Operator("admin-token", "admin", "bearer") if bearer_matches(settings, header) else None
+    return await sessions(request).operator(request.cookies.get(SESSION_COOKIE, ""))
+
+
+def _same_origin(request: Request) -> bool:
+    """A change's Origin (or Referer), when the browser sends one, is this console's own host."""
+    source = request.headers.get("origin") or request.headers.get("referer") or ""
+    if not source or source == "null":
+        return not source
+    return urlsplit(source).netloc == request.headers.get("host", "")
+
+
+async def _csrf_ok(request: Request, operator: Operator) -> bool:
+    if operator.via == "bearer":
+        return True
+    if not _same_origin(request):
+        return False
+    given = request.headers.get("x-csrf-token", "")
+    if not given and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        given = str((await request.form()).get("csrf", ""))
+    return bool(given) and hmac.compare_digest(given.encode(), operator.csrf.encode())
+
+
+def require(role: Role):
+    """The dependency of a console route: the operator, when signed in with `role` or higher (and, for a change,
+    with the session's CSRF token); otherwise ConsoleDenied."""
+
+    async def dependency(request: Request) -> Operator:
+        operator = await current_operator(request)
+        if operator is None:
+            raise ConsoleDenied(401, "sign in first")
+        if request.method not in SAFE_METHODS and not await _csrf_ok(request, operator):
+            raise ConsoleDenied(403, "this change did not come from the console's own page (CSRF token missing "
+                                     "or wrong): reload the page and try again")  # fmt: skip
+        if not operator.may(role):
+            raise ConsoleDenied(403, f"your role {operator.role} cannot do this ({role} or higher can)")
+        return operator
+
+    return dependency
+
+
+Viewer = Annotated[Operator, Depends(require("viewer"))]
+Editor = Annotated[Operator, Depends(require("editor"))]
+Admin = Annotated[Operator, Depends(require("admin"))]
+
+
+async def denied(request: Request, exc: Exception) -> Response:
+    """ConsoleDenied as the reader should see it: the sign-in page for a page read without a session."""
+    assert isinstance(exc, ConsoleDenied)
+    if exc.status == 401 and wants_html(request):
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/console/login?next={quote_next(target)}", status_code=303)
+    if wants_html(request):
+        return render(request, None, "message.html", status_code=exc.status, title="403", message=exc.reason)
+    return JSONResponse({"error": exc.reason}, status_code=exc.status, headers=SECURITY_HEADERS)
+
+
+def quote_next(target: str) -> str:
+    from urllib.parse import quote
+
+    return quote(safe_next(target), safe="/")
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path of the console only (never another site: `//evil`, `/\\evil`)."""
+    if not target or not target.startswith("/console/") or target.startswith("//") or "\\" in target:
+        return "/console/"
+    return target
+
+
+def translator(lang: str):
+    def t(zh: str, en: str) -> str:
+        return zh if lang == "zh" else en
+
+    return t
+
+
+def render(request: Request, operator: Operator | None, template: str, status_code: int = 200,
+           **context: Any) -> HTMLResponse:
+    """A console page in the reader's language, with the navigation their role sees."""
+    lang = language(request)
+    nav = [(path, zh if lang == "zh" else en) for path, role, zh, en in PAGES if operator and operator.may(role)]
+    response = TEMPLATES.TemplateResponse(
+        request, template,
+        {"operator": operator, "t": translator(lang), "lang": lang, "nav": nav, "path": request.url.path,
+         "csrf": operator.csrf if operator else "", **context},
+        status_code=status_code,
+    )
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def json_answer(data: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+async def record(request: Request, operator: Operator, action: str, target: str, detail: Any = None) -> None:
+    """Write a change to the audit stream, after it was made: who, how they signed in, what, on what."""
+    runtime = request.app.state.runtime
+    fields = {"at": f"{time.time():.3f}", "who": operator.who, "role": operator.role, "via": operator.via,
+              "action": action, "target": target[:500],
+              "detail": json.dumps(detail, ensure_ascii=False)[:2000] if detail is not None else ""}  # fmt: skip
+    await runtime.redis.xadd(runtime.keys.console_audit, fields, maxlen=AUDIT_MAX, approximate=True)
+
+
+def bounded(value: str | None, default: int, maximum: int) -> int:
+    """A page size or offset from the query: a whole number within 0..maximum, else `default`."""
+    if value is None or not value.isascii() or not value.isdigit():
+        return default
+    return min(int(value), maximum)
