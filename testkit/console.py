@@ -56,6 +56,12 @@ class ConsoleStack:
         headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
         return httpx.request(method, f"{self.admin_url}{path}", headers=headers, timeout=30, **kwargs)
 
+    def as_stack(self) -> Stack:
+        """This console's gateway as a `Stack` (post_callback, wait_delivered, texts, dead_letters, fault, …): the
+        session's simulator and Redis, this namespace."""
+        return Stack(self.config, self.path, self.gateway_url, self.sim_url, self.stack.redis, self.namespace,
+                     self.stack.log_dir)
+
     def gateway_log(self) -> str:
         return self.procs[1].log_path.read_text(encoding="utf-8", errors="replace")
 
