@@ -233,6 +233,16 @@ start_bg dingtalk-stream "$BOTGW" dingtalk-stream --config "$CONFIG"
 start_bg web "$BOTGW" web --config "$CONFIG" --bot web --port "$WEB_PORT" --app-root "$RUN/web"
 wait_url "http://127.0.0.1:$SIM_PORT/__sim__/healthz" 30 simulator
 wait_url "http://127.0.0.1:$GATEWAY_PORT/healthz" 60 gateway
+# What an operator does once in WeCom's admin console for the operator console's 企业微信登录: its callback becomes a
+# 可信域名 of the app that signs people in (console.login.wecom.bot), here at the simulator.
+CONSOLE_TRUST=$(.venv/bin/python -c 'import json, sys; from gateway.config import load_settings
+settings = load_settings(sys.argv[1]); login = settings.console.login.wecom
+print(json.dumps({"agentid": settings.bot(login.bot).agent_id, "redirect_uri":
+      f"http://127.0.0.1:{sys.argv[2]}/console/login/wecom/callback"}) if login else "")' "$CONFIG" "$ADMIN_PORT")
+if [ -n "$CONSOLE_TRUST" ]; then
+  curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -d "$CONSOLE_TRUST" \
+    "http://127.0.0.1:$SIM_PORT/__sim__/login/trust" || echo "botgw: the simulator did not take the console's 可信域名" >&2
+fi
 echo "botgw: waiting for the engine to load (first start builds the tiny model; up to a few minutes)"
 wait_url "http://127.0.0.1:$ENGINE_PORT/health" 900 engine
 wait_url "http://127.0.0.1:$ADMIN_PORT/readyz" 60 gateway
@@ -254,6 +264,7 @@ botgw is up.  Talk to the bots as their users would (the simulator signs and enc
   web chat   http://127.0.0.1:$WEB_PORT  (sign in as alice / alice-demo-password)
   readiness  http://127.0.0.1:$ADMIN_PORT/readyz     metrics  http://127.0.0.1:$ADMIN_PORT/metrics   (admin listener, loopback)
   admin API  http://127.0.0.1:$ADMIN_PORT/admin/kb   (Bearer admin.token from $CONFIG)
+  console    http://127.0.0.1:$ADMIN_PORT/console/  (the admin token from $CONFIG, or 企业微信登录 as alice, bob or carol)
   engine     http://127.0.0.1:$ENGINE_PORT/v1/models
   logs       $LOGS/  ($RUN/logs/latest)
   stop everything: make stop    (state is kept for the next make run; make clean removes it)

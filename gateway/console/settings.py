@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bots.web.config import WebLogin
 
@@ -31,6 +32,22 @@ class ConsoleSettings(BaseModel):
         default=None,
         description="the console's address as browsers reach it (behind a proxy), for the platforms' redirect back",
     )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        """`https://ops.example.com/` or `https://ops.example.com`: the scheme and host the platforms send people
+        back to; the console's own path is added (`/console/login/<login>/callback`)."""
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError("console.public_url is the console's address as browsers reach it, like "
+                             "https://ops.example.com (no query, no fragment)")
+        path = parts.path.rstrip("/")
+        if path.endswith("/console"):  # the console's own address pasted: the console adds that part itself
+            path = path[: -len("/console")]
+        return f"{parts.scheme}://{parts.netloc}{path}"
 
     def role_of(self, identity: str) -> Role | None:
         return self.roles.get(identity)
