@@ -212,3 +212,9 @@ class Keys:
     def limits_prefix(self) -> str:
         """Prefix for the `limits` library's counters."""
         return f"{self.namespace}:limits"
+
+    @property
+    def pulse(self) -> str:
+        """The hash-tagged prefix of the processes' activity for the console's overview (gateway/state/pulse.py:
+        per-minute counts, last answer times, token errors, each live process): one slot, one flush a trip."""
+        return "{" + self.namespace + ":pulse}"
