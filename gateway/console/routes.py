@@ -37,6 +37,7 @@ from gateway.console.web import (
     render,
     safe_next,
     sessions,
+    small_form,
     translator,
 )
 from gateway.state.redis_text import as_text
@@ -44,7 +45,6 @@ from gateway.state.tokens import RedisTokenStore
 from webchat.sso import LoginRefused, dingtalk_member, wecom_member
 
 router = APIRouter(prefix="/console")
-LOGIN_FORM_MAX = 4096
 AUDIT_PAGE = 50
 
 
@@ -91,9 +91,10 @@ async def login_page(request: Request) -> Response:
 async def login_with_token(request: Request) -> Response:
     """The admin token typed into the sign-in page."""
     t = translator(language(request))
-    if int(request.headers.get("content-length") or 0) > LOGIN_FORM_MAX:
-        return _login_page(request, t("请求太大。", "The request is too large."), 413)
-    form = await request.form()
+    try:
+        form = await small_form(request)
+    except ConsoleDenied as exc:
+        return _login_page(request, t("请求无法读取。", "The request cannot be read.") + f" ({exc.reason})", exc.status)
     settings = request.app.state.runtime.settings
     if not token_matches(settings, str(form.get("token", ""))):
         return _login_page(request, t("令牌不对。", "That is not the admin token."), 401)

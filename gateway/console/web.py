@@ -21,9 +21,12 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.datastructures import FormData
 
+from bots.base import CallbackRejected
 from gateway.console.auth import SESSION_COOKIE, Operator, Sessions, bearer_matches
 from gateway.console.settings import Role
+from gateway.edge.routes import BodyTooLarge, read_body
 from webchat.guard import content_security_policy
 
 HERE = Path(__file__).parent
@@ -116,6 +119,21 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(source).netloc == request.headers.get("host", "")
 
 
+async def small_form(request: Request) -> FormData:
+    """A plain form's fields, its body read within `max_body_bytes` first (Starlette's own form() reads any size,
+    chunked or not); over it, or cut off: ConsoleDenied with 413 or 400. Read once: later calls get the same."""
+    if request.headers.get("content-type", "").startswith("multipart/"):
+        raise ConsoleDenied(415, "this route takes a plain form (application/x-www-form-urlencoded) or JSON")
+    if not hasattr(request, "_body"):
+        try:
+            request._body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
+        except BodyTooLarge:
+            raise ConsoleDenied(413, "the request is too large") from None
+        except CallbackRejected as exc:
+            raise ConsoleDenied(exc.status, exc.detail) from None
+    return await request.form()
+
+
 async def _csrf_ok(request: Request, operator: Operator) -> bool:
     if operator.via == "bearer":
         return True
@@ -123,7 +141,7 @@ async def _csrf_ok(request: Request, operator: Operator) -> bool:
         return False
     given = request.headers.get("x-csrf-token", "")
     if not given and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-        given = str((await request.form()).get("csrf", ""))
+        given = str((await small_form(request)).get("csrf", ""))
     return bool(given) and hmac.compare_digest(given.encode(), operator.csrf.encode())
 
 
