@@ -232,6 +232,12 @@ class Settings(BaseSettings):
                              "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
         return self
 
+    def shown(self) -> dict:
+        """The effective configuration as it may be shown (`botgw config check`, the console): every secret
+        masked (SecretStr dumps as '**********'), credentials inside URLs too, and password hashes (they can be
+        attacked offline)."""
+        return _masked(self.model_dump(mode="json"))  # type: ignore[return-value]
+
     def redis_options(self) -> dict[str, float]:
         """Timeouts for every Redis client: a blackholed Redis fails a call instead of hanging it (WeCom waits
         5 s for an ack). A worker's blocking read waits less than this (worker.block_ms)."""
@@ -257,6 +263,20 @@ class Settings(BaseSettings):
         """Dedup must outlive every replay window, so that no replay is processed twice."""
         windows = [getattr(bot, "replay_window_s", 0) for bot in self.bots]
         return max([self.dedup_ttl_s, *[w * 2 for w in windows]])
+
+
+def _masked(value: object, key: str = "") -> object:
+    if isinstance(value, str):
+        if "hash" in key or "sha256" in key:
+            return "**********"
+        from bots.urls import redact_url
+
+        return redact_url(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {name: _masked(item, str(name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_masked(item, key) for item in value]
+    return value
 
 
 def _found_in(model: BaseModel, kind: type[T], where: str = "") -> Iterator[tuple[str, T]]:

@@ -44,22 +44,6 @@ def _config_check(args: argparse.Namespace) -> int:
             else:
                 print(f"ok: knowledge bases {', '.join(sorted(settings.bases_in_use()))} found in {where}",
                       file=sys.stderr)
-    shown = _masked(settings.model_dump(mode="json"))  # SecretStr dumps as '**********' already
-    print(yaml.safe_dump(shown, allow_unicode=True, sort_keys=False), end="")
+    print(yaml.safe_dump(settings.shown(), allow_unicode=True, sort_keys=False), end="")
     return 2 if failed else 0
 
-
-def _masked(value: object, key: str = "") -> object:
-    """What else may be secret in a dumped configuration: credentials inside URLs (bots.urls.redact_url), and
-    password hashes (they can be attacked offline)."""
-    if isinstance(value, str):
-        if "hash" in key or "sha256" in key:
-            return "**********"
-        from bots.urls import redact_url
-
-        return redact_url(value) if "://" in value else value
-    if isinstance(value, dict):
-        return {name: _masked(item, str(name)) for name, item in value.items()}
-    if isinstance(value, list):
-        return [_masked(item, key) for item in value]
-    return value

@@ -76,6 +76,7 @@ PAGES = (
     ("/console/limits", "viewer", "限额", "Limits"),
     ("/console/tools", "viewer", "工具审计", "Tool audit"),
     ("/console/audit", "viewer", "操作记录", "Changes"),
+    ("/console/config", "viewer", "配置", "Configuration"),
 )
 
 

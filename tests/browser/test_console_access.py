@@ -113,3 +113,17 @@ def test_a_change_without_the_csrf_token_is_refused(console: ConsoleStack, brows
                          cookies={"botgw_console": cookies["botgw_console"]},
                          headers={"X-CSRF-Token": csrf, "Origin": "http://evil.example"})  # fmt: skip
     assert crossed.status_code == 403
+
+
+def test_the_configuration_is_shown_with_every_secret_masked(console: ConsoleStack, browser: object) -> None:
+    page = console.sign_in_with(browser, "wecom", VIEWER)
+    page.goto(f"{console.console_url}/config")
+    text = page.inner_text("#config")
+    assert "**********" in text and "corp_id" in text
+    secrets_in_config = [console.token, console.config["bots"][0]["secret"], console.config["bots"][0]["token"],
+                         console.config["bots"][0]["encoding_aes_key"]]
+    for secret in secrets_in_config:
+        assert secret not in text and secret not in page.content()
+    shown = console.api("GET", "/console/config?format=json").text
+    assert not any(secret in shown for secret in secrets_in_config)
+    screenshot(page, "config")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.console.pages import dead_letters, kf, knowledge, limits, overview, tools
+from gateway.console.pages import config, dead_letters, kf, knowledge, limits, overview, tools
 
-PAGE_ROUTERS = [overview.router, dead_letters.router, knowledge.router, kf.router, limits.router, tools.router]
+PAGE_ROUTERS = [overview.router, dead_letters.router, knowledge.router, kf.router, limits.router, tools.router,
+                config.router]
