@@ -236,6 +236,21 @@ def test_make_clean_removes_the_run_folder_it_is_given(tmp_path: Path) -> None:
 
 
 @pytest.mark.after_everything
+def check_console(config: Path, console: str) -> None:
+    """The playground's operator console: the admin token signs in, and 企业微信登录 reaches the simulator's login
+    page (run_local.sh made the console's callback a 可信域名 of the demo app)."""
+    token = yaml.safe_load(config.read_text(encoding="utf-8"))["admin"]["token"]
+    with httpx.Client(timeout=10) as client:
+        signed = client.post(f"{console}/login", data={"token": token, "next": "/console/"})
+        assert signed.status_code == 303 and "botgw_console" in signed.cookies
+        overview = client.get(f"{console}/", headers={"Accept": "text/html"})
+        assert overview.status_code == 200 and "概览" in overview.text
+        away = client.get(f"{console}/login/wecom")
+        assert away.status_code == 303
+        login_page = client.get(away.headers["location"])
+        assert login_page.status_code == 200 and "id='userid'" in login_page.text, login_page.text[:500]
+
+
 def test_the_playground_answers_on_wecom_kf_again_after_make_stop_and_make_run(
     unrelated: subprocess.Popen[bytes],
 ) -> None:
@@ -254,6 +269,7 @@ def test_the_playground_answers_on_wecom_kf_again_after_make_stop_and_make_run(
         run_script("start", env, START_TIMEOUT_S)
         assert recorded_pid(run / "worker.pid") != unrelated.pid, "the worker was not started"
         ask_kefu(config, gateway, "wmbefore", "你们几点上班？")
+        check_console(config, f"http://127.0.0.1:{ports['ADMIN']}/console")
         first_logs = (run / "logs" / "latest").resolve()
         pids = {path.stem: recorded_pid(path) for path in run.glob("*.pid")}
         assert set(pids) == {"redis", "engine", "simulator", "gateway", "worker", "dingtalk-stream", "web",
