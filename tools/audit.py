@@ -134,10 +134,14 @@ class ToolAudit:
         await pipe.execute()
 
     async def read(
-        self, *, user: str | None = None, since_s: float | None = None, limit: int = 1000
+        self, *, user: str | None = None, since_s: float | None = None, limit: int = 1000,
+        tool: str | None = None, outcome: str | None = None, kind: str | None = None,
     ) -> list[AuditRecord]:
-        """The most recent `limit` records (of `user`, the exact qualified identity, and not older than `since_s`),
-        oldest first. Records past the retention that trimming left behind are not shown."""
+        """The most recent `limit` records (of `user`, the exact qualified identity, and not older than `since_s`;
+        of that `tool`, `outcome` and `kind` when given), oldest first. Records past the retention that trimming
+        left behind are not shown."""
+        wanted = {"user": user, "tool": tool, "outcome": outcome, "kind": kind}
+        wanted = {name: value for name, value in wanted.items() if value is not None}
         now = time.time()
         oldest_ms = self._oldest_kept_ms(now)
         if since_s is not None:
@@ -153,7 +157,7 @@ class ToolAudit:
                 except ValueError:  # not written by ToolAudit (a hand-made entry): skipped, not a failed read
                     log.warning("tools audit: entry %s is unreadable, skipped", as_text(raw_id))
                     continue
-                if user is None or record.user == user:
+                if all(getattr(record, name) == value for name, value in wanted.items()):
                     found.append(record)
                     if len(found) == limit:
                         break

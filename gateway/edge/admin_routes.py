@@ -7,6 +7,7 @@ Off (404) unless `admin.token` is configured; a wrong or missing token gets 401 
 from __future__ import annotations
 
 import hmac
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -18,6 +19,9 @@ from gateway.queue.push import enqueue_handoff
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
 from gateway.state.limits import Budgets
 from tools.audit import MAX_READ, ToolAudit, parse_duration
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 router = APIRouter(prefix="/admin")
 
@@ -33,25 +37,43 @@ def refused(request: Request) -> JSONResponse | None:
     return None
 
 
-def _not_an_id(who: str) -> JSONResponse | None:
+NOT_AN_ID = "an id has no *, ?, [, ] or \\"
+
+
+def not_an_id(who: str) -> bool:
     """An id is taken literally, and the reset SCANs with it: `*`, `?` or `[` would clear other users' budgets."""
-    if any(char in who for char in "*?[]\\"):
-        return JSONResponse({"error": "an id has no *, ?, [, ] or \\"}, status_code=400)
-    return None
+    return any(char in who for char in "*?[]\\")
 
 
-def _budgets(request: Request) -> Budgets:
-    runtime = request.app.state.runtime
+def _not_an_id(who: str) -> JSONResponse | None:
+    return JSONResponse({"error": NOT_AN_ID}, status_code=400) if not_an_id(who) else None
+
+
+def budgets(runtime: Runtime) -> Budgets:
+    """The limits of the running gateway, as the operators' routes and the console read and reset them."""
     return Budgets(runtime.redis, runtime.settings.redis_url, runtime.keys, runtime.settings.limits)
 
 
+def _budgets(request: Request) -> Budgets:
+    return budgets(request.app.state.runtime)
+
+
+def qualified_identity(who: str, runtime: Runtime) -> str:
+    """The qualified identity an operator named (`wecom:zhangsan` → `wecom:<corp>:zhangsan`); IdentityError with
+    the forms a bare id could mean."""
+    return qualify(who, tenants_by_family(runtime.settings.bots))
+
+
 def _identity(who: str, request: Request) -> str | JSONResponse:
-    """The qualified identity an operator named (`wecom:zhangsan` → `wecom:<corp>:zhangsan`), or a 400 with the
-    forms a bare id could mean."""
     try:
-        return qualify(who, tenants_by_family(request.app.state.runtime.settings.bots))
+        return qualified_identity(who, request.app.state.runtime)
     except IdentityError as exc:
         return JSONResponse({"error": "unqualified_identity", "message": str(exc)}, status_code=400)
+
+
+def tool_audit(runtime: Runtime) -> ToolAudit:
+    """The tools' audit trail of the running gateway (this route's and the console's reader)."""
+    return ToolAudit(runtime.redis, runtime.keys, runtime.settings.tools)
 
 
 @router.get("/limits/{who}")
@@ -131,7 +153,5 @@ async def tools_audit(request: Request, user: str | None = None, since: str | No
     if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_READ:
         return JSONResponse({"error": "bad_limit", "message": f"limit is a whole number from 1 to {MAX_READ}"},
                             status_code=400)
-    runtime = request.app.state.runtime
-    records = await ToolAudit(runtime.redis, runtime.keys, runtime.settings.tools).read(
-        user=who, since_s=since_s, limit=int(limit))
+    records = await tool_audit(request.app.state.runtime).read(user=who, since_s=since_s, limit=int(limit))
     return JSONResponse({"records": [record.to_json() for record in records]})
