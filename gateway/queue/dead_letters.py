@@ -100,44 +100,36 @@ class DeadLetters:
         items = await self._redis.xrevrange(self._keys.dead_letters, max=upper, min="-", count=count)
         return [self._letter(letter_id, fields) for letter_id, fields in items]
 
-    async def _fields(self, letter_id: str) -> dict:
+    async def get(self, letter_id: str) -> DeadLetter:
         items = await self._redis.xrange(self._keys.dead_letters, min=letter_id, max=letter_id)
         if not items:
             raise NoSuchDeadLetter(letter_id)
-        return items[0][1]
-
-    async def get(self, letter_id: str) -> DeadLetter:
-        return self._letter(letter_id, await self._fields(letter_id))
+        return self._letter(*items[0])
 
     async def reply_state(self, letter: DeadLetter) -> ReplyState:
         """The reply record of the letter's message: how far its answer got (state "new" when there is none)."""
         return ReplyState.from_hash(await self._redis.hgetall(self._keys.reply(letter.message.dedup_key)))
 
     async def replay(self, letter_id: str) -> str:
-        """Queue the message again (same dedup key), drop the dead letter; what the reply record says it needs.
+        """Queue the message again (same dedup key), then drop the dead letter; what the reply record says it needs.
 
-        The letter is taken off the stream first: of two replays at once (a second click, a stale page, two
-        operators) one gets it and the other NoSuchDeadLetter, so a message is never queued twice. Should the
-        queueing fail, the letter is put back (under a new id)."""
-        fields = await self._fields(letter_id)
-        letter = self._letter(letter_id, fields)
+        Queued first, dropped after: a replay cut off between the two (a killed process) leaves the letter to be
+        replayed again, never lost. Queueing twice (that, or two operators at the same moment) is harmless: the
+        entries share the message's dedup key and its reply record, in one lane, so the second finds the answer
+        delivered and sends nothing. A letter already replayed is NoSuchDeadLetter."""
+        letter = await self.get(letter_id)
         message = letter.message
-        if not await self._redis.xdel(self._keys.dead_letters, letter_id):
-            raise NoSuchDeadLetter(letter_id)
-        try:
-            record_key = self._keys.reply(message.dedup_key)
-            state = ReplyState.from_hash(await self._redis.hgetall(record_key))
-            if state.state == "failed":
-                await self._redis.delete(record_key)  # composed afresh; a delivered answer ("done") is kept
-            scope = Scope.of(message, self._settings.memory.group)
-            assert letter.entry is not None  # `message` said so
-            entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
-                               request_id=letter.entry.request_id, servicer=letter.entry.servicer,
-                               event=letter.entry.event)  # fmt: skip
-            await self._scheduler.enqueue(scope.lane, entry, self._settings.worker.weight(message.bot_id))
-        except BaseException:
-            await self._redis.xadd(self._keys.dead_letters, fields)
-            raise
+        record_key = self._keys.reply(message.dedup_key)
+        state = ReplyState.from_hash(await self._redis.hgetall(record_key))
+        if state.state == "failed":
+            await self._redis.delete(record_key)  # composed afresh; a delivered answer ("done") is kept
+        scope = Scope.of(message, self._settings.memory.group)
+        assert letter.entry is not None  # `message` said so
+        entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
+                           request_id=letter.entry.request_id, servicer=letter.entry.servicer,
+                           event=letter.entry.event)  # fmt: skip
+        await self._scheduler.enqueue(scope.lane, entry, self._settings.worker.weight(message.bot_id))
+        await self._redis.xdel(self._keys.dead_letters, letter_id)
         return "already delivered: will not be sent again" if state.state == "done" else "queued"
 
     async def purge(self, letter_ids: list[str]) -> int:
