@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from bots.base import CallbackRejected, SendError
+from bots.base import CallbackRejected
 from bots.safe_json import parse_json_object
+from gateway.edge.kf_handoff import HandoffRefused, queue_handoff
 from gateway.edge.routes import BodyTooLarge, read_body
-from gateway.queue.push import enqueue_handoff
 from gateway.state.identities import IdentityError, qualify, tenants_by_family
 from gateway.state.limits import Budgets
 from tools.audit import MAX_READ, ToolAudit, parse_duration
@@ -101,37 +101,24 @@ async def reset_limits(who: str, request: Request) -> JSONResponse:
 @router.post("/kf/{bot_id}/handoff")
 async def kf_handoff(bot_id: str, request: Request) -> JSONResponse:
     """Hand a 微信客服 customer to a human (as `botgw kf handoff`): {"customer", "servicer"?, "open_kfid"?}.
-    Any bot whose platform has human agents (`adapter.sessions`) takes it; the route keeps its first name."""
+    Any bot whose platform has human agents (`adapter.sessions`) takes it; the route keeps its first name.
+    The platform is asked first (gateway/edge/kf_handoff.py, shared with the console): 409 with no open session."""
     refusal = refused(request)
     if refusal:
         return refusal
     runtime = request.app.state.runtime
     try:
         body = parse_json_object(await read_body(request, runtime.settings.max_body_bytes), "body")
-        adapter = runtime.adapters.get(bot_id)
-        if adapter is None:
-            return JSONResponse({"error": f"no bot {bot_id!r}"}, status_code=404)
-        if adapter.sessions is None:
-            return JSONResponse({"error": f"bot {bot_id!r} has no human agents to hand over to"}, status_code=400)
-        bot = runtime.settings.bot(bot_id)
-        message = bot.handoff_request(body.get("open_kfid"), body.get("customer") or "", body.get("servicer"))
+        place = await queue_handoff(runtime, bot_id, body.get("open_kfid"), body.get("customer") or "",
+                                    body.get("servicer"))  # fmt: skip
     except BodyTooLarge:
         return JSONResponse({"error": "request body too large"}, status_code=413)
     except CallbackRejected as exc:  # as a callback's body: nesting, NaN, lone surrogates (bots.safe_json)
         return JSONResponse({"error": exc.detail}, status_code=exc.status)
+    except HandoffRefused as exc:
+        return JSONResponse({"error": exc.error}, status_code=exc.status)
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
-    servicer = str(body.get("servicer") or "")
-    # Asked first, as `botgw kf handoff` does: a person without an open conversation cannot be handed to anyone,
-    # and queueing the move anyway only had the worker dead-letter it after this said "queued".
-    account, person = message.reply_to.chat_id, message.sender_id
-    try:
-        if not await adapter.sessions.is_open(message.reply_to):
-            return JSONResponse({"error": f"{person} has no open session with {account} (ended, or never "
-                                          "started): nothing to hand off until they write again"}, status_code=409)
-    except SendError as exc:  # the platform refused or did not answer: its words (no token, no secret in them)
-        return JSONResponse({"error": f"cannot ask the platform for the conversation: {exc}"}, status_code=502)
-    place = await enqueue_handoff(runtime.scheduler, message, runtime.settings.memory.group, servicer)
     return JSONResponse({"queued": True, "place": place}, status_code=202)
 
 

@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from bots.base import InboundMessage, Owner, ReplyQuota, Sessions
 from gateway import metrics
+from gateway.state.handoffs import Handoffs
 from gateway.state.keys import Keys
 from gateway.state.memory import GroupMemory, Scope
 from gateway.state.redis_text import as_text
@@ -95,6 +96,7 @@ class Conversations:
         self._take_slot = redis.register_script(_TAKE_SLOT)
         self._renew = redis.register_script(_RENEW)
         self._adjust = redis.register_script(_ADJUST)
+        self.handoffs = Handoffs(redis, keys)  # the console's register of customers handed to a human
 
     def _lane(self, message: InboundMessage) -> str:
         return Scope.of(message, self._group).lane
@@ -115,7 +117,8 @@ class Conversations:
     async def take(self, sessions: Sessions, message: InboundMessage, fence: Fence | None = None) -> None:
         """The bot takes a conversation nobody holds, before answering it."""
         await sessions.take(message.reply_to)
-        await self.set_owner(message, "bot", fence)
+        # The holder cached and the customer out of the handoff register, in the one round trip the cache took.
+        await self.handoffs.taken(message, self._keys.conversation_owner(self._lane(message)), OWNER_CACHE_S, fence)
 
     async def renew_quota(self, message: InboundMessage, quota: ReplyQuota, fence: Fence | None = None) -> None:
         """The person wrote (at `message.received_at`): their allowance starts again, for the platform's window."""
@@ -177,6 +180,7 @@ class Conversations:
         else:
             code = await sessions.hand_off(message.reply_to, servicer)
             await record.mark(handoff_code=code or "-")
+            await self.handoffs.handed(message, servicer, record.fence)  # after the move, as the mark
             metrics.HANDOFFS.labels(message.platform, "agent" if servicer else "pool").inc()
             log.info("conversation handed to a human", extra={"bot_id": message.bot_id, "to": servicer or "pool"})
         await self.set_owner(message, "human", record.fence)

@@ -218,3 +218,9 @@ class Keys:
         """The hash-tagged prefix of the processes' activity for the console's overview (gateway/state/pulse.py:
         per-minute counts, last answer times, token errors, each live process): one slot, one flush a trip."""
         return "{" + self.namespace + ":pulse}"
+
+    def kf_handoffs(self, bot_id: str) -> str:
+        """The 微信客服 customers one bot handed to a human (a sorted set by when; each customer's entry is a hash
+        named `<this>:<open_kfid>/<external_userid>`, gateway/state/handoffs.py): in the core slot, beside the
+        holder cache and the lease its writes are fenced by."""
+        return f"{self.core}:kfhand:{bot_id}"

@@ -178,6 +178,7 @@ class PulledWork:
         metrics.PLATFORM_EVENTS.labels(message.platform, effect.label).inc()
         if effect.owner is not None:
             await self.conversations.set_owner(message, effect.owner, record.fence)
+            await self.conversations.handoffs.changed(message, event, record.fence)  # the console's register
         if effect.failed_msgid:
             await self._delivery_failed(adapter, message, effect)
         if effect.welcome_code and effect.welcome_text:
