@@ -180,9 +180,11 @@ class Conversations:
         else:
             code = await sessions.hand_off(message.reply_to, servicer)
             await record.mark(handoff_code=code or "-")
-            await self.handoffs.handed(message, servicer, record.fence)  # after the move, as the mark
             metrics.HANDOFFS.labels(message.platform, "agent" if servicer else "pool").inc()
             log.info("conversation handed to a human", extra={"bot_id": message.bot_id, "to": servicer or "pool"})
+        # After the move, and again on a retry that found it marked (a worker that died between the mark and this
+        # line left the customer out of the console's list): the register keeps the first `since`.
+        await self.handoffs.handed(message, servicer, record.fence)
         await self.set_owner(message, "human", record.fence)
         if not code or state.handoff_notice_sent:
             return code
