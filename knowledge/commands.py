@@ -25,6 +25,7 @@ from knowledge.ingest import collect
 from knowledge.progress import AddProgress
 from knowledge.service import Knowledge
 
+CLI_ADDED_BY = "cli"  # who a document added by `botgw kb add` was added by (its record's `added_by`)
 ADD_NICENESS = 10  # `kb add` runs at a lower CPU priority than the engine and the workers beside it
 
 
@@ -72,7 +73,8 @@ async def kb_add(knowledge: Knowledge, args: argparse.Namespace) -> int:
     shown = AddProgress(collect(args.paths), sys.stderr, terminal=sys.stderr.isatty())
     knowledge.ingestor.release_while_embedding = True  # workers answer from the store while files are embedded
     outcomes = await knowledge.add(
-        args.kb, args.paths, shown.file_done, embedding=shown.embedding, skip_unsupported=args.skip_unsupported
+        args.kb, args.paths, shown.file_done, embedding=shown.embedding, skip_unsupported=args.skip_unsupported,
+        added_by=CLI_ADDED_BY,
     )
     counts = {status: sum(o.status == status for o in outcomes) for status in ("added", "replaced", "unchanged")}
     failed = [o for o in outcomes if o.status == "failed"]

@@ -121,10 +121,11 @@ class Ingestor:
         progress: Progress | None = None,
         embedding: Embedding | None = None,
         skip_unsupported: bool = False,
+        added_by: str = "",
     ) -> list[Outcome]:
         """Add files and folders to `kb`, one file at a time; return what became of each. A file of a format
         that cannot be read fails when it was named (as an upload of it does), unless `skip_unsupported`; one
-        found in a folder is skipped."""
+        found in a folder is skipped. `added_by` is kept in each added document's record (who added it)."""
         files = collect(paths)
         first: dict[str, Path] = {}
         outcomes: list[Outcome] = []
@@ -135,13 +136,15 @@ class Ingestor:
                                   "name: give their folder instead (its files are named by their path in it), or "
                                   "rename one")
             else:
-                outcome = await self._add_file(kb, found, skip_unsupported or not found.named, embedding)
+                outcome = await self._add_file(kb, found, skip_unsupported or not found.named, embedding, added_by)
             outcomes.append(outcome)
             if progress is not None:
                 progress(number, len(files), outcome)
         return outcomes
 
-    async def _add_file(self, kb: str, found: Found, skip_unsupported: bool, embedding: Embedding | None) -> Outcome:
+    async def _add_file(
+        self, kb: str, found: Found, skip_unsupported: bool, embedding: Embedding | None, added_by: str
+    ) -> Outcome:
         started = time.monotonic()
         file, doc = found.path, found.doc
 
@@ -164,12 +167,12 @@ class Ingestor:
         if cut.chunks is None:
             return done("unchanged", cut.existing.chunks if cut.existing else 0)
         # A failed write raises: it is not the file's fault.
-        chunks = await self._write(kb, cut, str(file.resolve()), embedding)
+        chunks = await self._write(kb, cut, str(file.resolve()), added_by, embedding)
         return done("replaced" if cut.existing is not None else "added", chunks)
 
-    async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
+    async def add_uploads(self, kb: str, uploads: Sequence[Upload], added_by: str = "") -> list[Outcome]:
         """Add files held in memory (an admin upload). Every file is read and cut before anything is written: one
-        that cannot be (`FileRejected`, naming it) leaves the knowledge base as it was."""
+        that cannot be (`FileRejected`, naming it) leaves the knowledge base as it was. `added_by`: who sent them."""
         names = [upload.doc for upload in uploads]
         if len(set(names)) != len(names):
             raise FileRejected("two uploaded files have the same name")
@@ -190,7 +193,7 @@ class Ingestor:
                 status: Status = "unchanged"
                 chunks = cut.existing.chunks if cut.existing else 0
             else:
-                chunks = await self._write(kb, cut, f"upload:{upload.doc}")
+                chunks = await self._write(kb, cut, f"upload:{upload.doc}", added_by)
                 status = "replaced" if cut.existing is not None else "added"
             outcomes.append(Outcome(upload.doc, upload.doc, status, chunks, "", time.monotonic() - started))
         return outcomes
@@ -208,7 +211,7 @@ class Ingestor:
             raise FileRejected("no text found in the file")
         return _Cut(doc, fingerprint, len(data), document.title, chunks, existing)
 
-    async def _write(self, kb: str, cut: _Cut, source: str, embedding: Embedding | None = None) -> int:
+    async def _write(self, kb: str, cut: _Cut, source: str, added_by: str, embedding: Embedding | None = None) -> int:
         """Embed a cut file and publish it (new version, flip, old one out); the number of chunks."""
         assert cut.chunks is not None
         if self.release_while_embedding and self._store.embedded:
@@ -229,6 +232,7 @@ class Ingestor:
             bytes=cut.size,
             source=source,
             added_at=time.time(),
+            added_by=added_by,
         )
         await asyncio.to_thread(self._publish, record, points)
         return len(points)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from knowledge import metrics
-from knowledge.config import KnowledgeSettings, KnowledgeUse
+from knowledge.config import KnowledgeSettings, KnowledgeUse, ThresholdSettings
 from knowledge.prompt import grounding_prompt, sources_line, with_sources
 from knowledge.search import Hit
 from knowledge.service import SharedKnowledge
@@ -93,6 +93,14 @@ class Retrieval:
         }
 
 
+def answer_floor(thresholds: ThresholdSettings, min_score: float | None, scale: str) -> float:
+    """The score a hit must reach to be answered from: a bot's own `knowledge.min_score`, else the deployment's
+    threshold for the hit's scale (cosine, or the reranker's). The console's search draws its line here too."""
+    if min_score is not None:
+        return min_score
+    return thresholds.rerank_min_score if scale == "rerank" else thresholds.min_score
+
+
 class Retriever:
     """One per worker process; safe to call concurrently."""
 
@@ -106,14 +114,7 @@ class Retriever:
         async with self._shared.use() as knowledge:
             hits = await knowledge.search(use.bases, question, limit=max(use.top_k * 2, 8))
         thresholds = self._settings.thresholds
-        kept = []
-        for hit in hits:
-            floor = use.min_score
-            if floor is None:
-                floor = thresholds.rerank_min_score if hit.scale == "rerank" else thresholds.min_score
-            if hit.score >= floor:
-                kept.append(hit)
-        kept = kept[: use.top_k]
+        kept = [hit for hit in hits if hit.score >= answer_floor(thresholds, use.min_score, hit.scale)][: use.top_k]
         direct = None
         if use.direct_answers and kept and kept[0].question is not None:
             similarity = kept[0].question_similarity

@@ -54,13 +54,14 @@ class Knowledge:
 
     async def add(self, kb: str, paths: Iterable[str | Path], progress: Progress | None = None, **options: Any
                   ) -> list[Outcome]:
-        """Ingestor.add: files and folders into `kb` (its options: `embedding`, `skip_unsupported`)."""
+        """Ingestor.add: files and folders into `kb` (its options: `embedding`, `skip_unsupported`, `added_by`)."""
         return await self.ingestor.add(kb, paths, progress, **options)
 
-    async def add_uploads(self, kb: str, uploads: Sequence[Upload]) -> list[Outcome]:
+    async def add_uploads(self, kb: str, uploads: Sequence[Upload], added_by: str = "") -> list[Outcome]:
         """Add files sent over HTTP (held in memory, never written to disk): all are read and cut first, and if
-        any of them cannot be, nothing is written (`FileRejected` says which and why)."""
-        return await self.ingestor.add_uploads(kb, uploads)
+        any of them cannot be, nothing is written (`FileRejected` says which and why). `added_by`: who sent them
+        (kept in each document's record)."""
+        return await self.ingestor.add_uploads(kb, uploads, added_by)
 
     async def documents(self, kb: str | None = None) -> list[DocRecord]:
         return await asyncio.to_thread(self.store.documents, None if kb is None else [kb])

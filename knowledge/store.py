@@ -28,7 +28,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,8 @@ WRITE_BATCH = 256
 
 @dataclass(frozen=True)
 class DocRecord:
-    """A document as `kb list` shows it; `doc` is its name in the knowledge base."""
+    """A document as `kb list` shows it; `doc` is its name in the knowledge base. `added_by`: who added this
+    version ("cli", "admin-api", a console operator's identity); "" in records written before it was kept."""
 
     kb: str
     doc: str
@@ -58,6 +59,7 @@ class DocRecord:
     bytes: int
     source: str
     added_at: float
+    added_by: str = ""
 
     @staticmethod
     def point_id(kb: str, doc: str) -> str:
@@ -617,5 +619,7 @@ def _vectors(point: ChunkPoint) -> dict[str, Any]:
 
 
 def _record(payload: dict[str, Any]) -> DocRecord:
+    """A document record from its point's payload; a field added since it was written takes its default."""
     fields = DocRecord.__dataclass_fields__
-    return DocRecord(**{key: payload[key] for key in fields})
+    kept = {key: payload[key] for key, field in fields.items() if key in payload or field.default is MISSING}
+    return DocRecord(**kept)
