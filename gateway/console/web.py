@@ -120,11 +120,9 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(source).netloc == request.headers.get("host", "")
 
 
-async def small_form(request: Request) -> FormData:
-    """A plain form's fields, its body read within `max_body_bytes` first (Starlette's own form() reads any size,
-    chunked or not); over it, or cut off: ConsoleDenied with 413 or 400. Read once: later calls get the same."""
-    if request.headers.get("content-type", "").startswith("multipart/"):
-        raise ConsoleDenied(415, "this route takes a plain form (application/x-www-form-urlencoded) or JSON")
+async def _small_body(request: Request) -> bytes:
+    """The body, read within `max_body_bytes` (Starlette's own body() and form() read any size, chunked or not);
+    over it, or cut off: ConsoleDenied with 413 or 400. Read once: later calls get the same."""
     if not hasattr(request, "_body"):
         try:
             request._body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
@@ -132,7 +130,24 @@ async def small_form(request: Request) -> FormData:
             raise ConsoleDenied(413, "the request is too large") from None
         except CallbackRejected as exc:
             raise ConsoleDenied(exc.status, exc.detail) from None
+    return request._body
+
+
+async def small_form(request: Request) -> FormData:
+    """A plain form's fields, the body bounded first (see _small_body)."""
+    if request.headers.get("content-type", "").startswith("multipart/"):
+        raise ConsoleDenied(415, "this route takes a plain form (application/x-www-form-urlencoded) or JSON")
+    await _small_body(request)
     return await request.form()
+
+
+async def small_json(request: Request) -> object:
+    """A script's JSON body, bounded first (see _small_body); an empty body is {}; not JSON: ConsoleDenied 400."""
+    body = await _small_body(request)
+    try:
+        return json.loads(body or b"{}")
+    except ValueError:
+        raise ConsoleDenied(400, "the body is not JSON") from None
 
 
 async def _csrf_ok(request: Request, operator: Operator) -> bool:

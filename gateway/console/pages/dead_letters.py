@@ -10,7 +10,6 @@ refuses the whole request (400) before anything changed.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlencode
@@ -20,7 +19,17 @@ from fastapi.responses import RedirectResponse, Response
 
 from gateway.cli.common import letter_id
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Admin, Viewer, bounded, json_answer, record, render
+from gateway.console.web import (
+    SECURITY_HEADERS,
+    Admin,
+    Viewer,
+    bounded,
+    json_answer,
+    record,
+    render,
+    small_form,
+    small_json,
+)
 from gateway.queue.dead_letters import DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
 
 router = APIRouter(prefix="/console")
@@ -118,16 +127,13 @@ async def _chosen(request: Request) -> tuple[list[str], bool] | None:
     """The ids a change names (`one` alone when a row's own button was pressed, else the ticked `ids`; JSON
     {"ids": [...], "all": bool} from a script) and whether it asks for every letter; None when one is not an id."""
     if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            return None
+        body = await small_json(request)
         ids = body.get("ids", []) if isinstance(body, dict) else None
         everything = bool(body.get("all")) if isinstance(body, dict) else False
         if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
             return None
     else:
-        form = await request.form()
+        form = await small_form(request)
         one = str(form.get("one", ""))
         ids = [one] if one else [str(item) for item in form.getlist("ids")]
         everything = form.get("all") == "1"

@@ -30,7 +30,7 @@ from bots.wecom_kf.adapter import WeComKfAdapter
 from bots.wecom_kf.config import USERID_PATTERN
 from bots.wecom_kf.exceptions import SESSION_ENDED
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render
+from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render, small_form
 from gateway.edge.kf_handoff import HandoffRefused, queue_handoff
 from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.state.conversations import Conversations
@@ -175,7 +175,7 @@ async def _fields(request: Request) -> dict[str, str]:
         except (BodyTooLarge, CallbackRejected, ValueError):  # an unreadable body names no customer: a 400 below
             body = {}
     else:
-        body = dict(await request.form())
+        body = dict(await small_form(request))
     return {key: str(body.get(key) or "").strip() for key in ("bot", "open_kfid", "customer", "servicer", "to")}
 
 

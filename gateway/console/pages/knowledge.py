@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render
+from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render, small_form
 from gateway.edge.kb_routes import KbRefused, add_uploaded, bases_of, read_documents, remove_one, search_in
 from knowledge.formats import PARSERS
 from knowledge.retrieval import answer_floor
@@ -141,7 +141,7 @@ async def upload(kb: str, request: Request, operator: Editor) -> Response:
 @router.post("/knowledge/{kb}/remove")
 async def remove(kb: str, request: Request, operator: Editor) -> Response:
     """Remove the document named in the form's `doc` (a name may hold '/', so it is not in the path)."""
-    form = await request.form()
+    form = await small_form(request)
     doc = str(form.get("doc", ""))
     try:
         removed = await remove_one(request, kb, doc)

@@ -4,7 +4,6 @@ is qualified as `botgw limits` and /admin/limits qualify it), see usage against 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,7 +11,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Admin, Viewer, json_answer, language, record, render, translator
+from gateway.console.web import (
+    SECURITY_HEADERS,
+    Admin,
+    Viewer,
+    json_answer,
+    language,
+    record,
+    render,
+    small_form,
+    small_json,
+    translator,
+)
 from gateway.edge.admin_routes import NOT_AN_ID, budgets, not_an_id, qualified_identity
 from gateway.state.identities import IdentityError
 
@@ -67,13 +77,10 @@ async def limits_page(request: Request, operator: Viewer) -> Response:
 async def limits_reset(request: Request, operator: Admin) -> Response:
     """Clear the windows, token counters and notice marks of the form's `who` (as `botgw limits reset`)."""
     if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            body = None
+        body = await small_json(request)
         written = str(body.get("who", "")) if isinstance(body, dict) else ""
     else:
-        written = str((await request.form()).get("who", ""))
+        written = str((await small_form(request)).get("who", ""))
     identity, error = _qualified(request, written)
     if not identity:
         return _refused(request, operator, written, error or "who?")
