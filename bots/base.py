@@ -172,9 +172,11 @@ class CallbackRejected(Exception):
 
 
 class SendError(Exception):
-    """A reply could not be delivered. `retryable` says whether trying again can help."""
+    """A reply could not be delivered. `retryable` says whether trying again can help; `token_refresh`, that the
+    platform refused the access token itself (bots/http.py `cached_token`), not the call that needed it."""
 
     retryable: bool = True
+    token_refresh: bool = False
 
     def __init__(self, message: str, *, code: int | str = "", retry_after: float = 0.0) -> None:
         super().__init__(message)

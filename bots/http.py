@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import httpx
 
-from bots.base import PermanentSendError, RetryableSendError, TokenStore
+from bots.base import PermanentSendError, RetryableSendError, SendError, TokenStore
 from bots.parts import MediaError
 
 TOKEN_EARLY_REFRESH_S = 300
@@ -42,7 +42,11 @@ async def cached_token(tokens: TokenStore, name: str, fetch: TokenFetch, stale: 
         cached = await tokens.get(name)
         if cached and cached != stale:
             return cached  # another process refreshed it while we waited
-        token, expires_in = await fetch()
+        try:
+            token, expires_in = await fetch()
+        except SendError as exc:  # said, so that the gateway can show it as the bot's token problem (60020, 40001)
+            exc.token_refresh = True
+            raise
         await tokens.put(name, token, max(60.0, expires_in - TOKEN_EARLY_REFRESH_S))
         return token
 

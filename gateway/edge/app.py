@@ -22,6 +22,7 @@ from gateway.edge.kb_routes import router as kb_router
 from gateway.edge.routes import router
 from gateway.edge.web_routes import router as web_router
 from gateway.runtime import open_runtime
+from gateway.state.pulse import start_pulse, stop_pulse
 from gateway.state.streams import StreamStore
 
 
@@ -42,9 +43,11 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
             app.state.streams = StreamStore(runtime.redis, runtime.keys)
             app.state.callbacks = callback_handlers(runtime.adapters, ingest, app.state.streams)
             app.state.knowledge = None  # the admin API's knowledge store, opened on first use (gateway.edge.kb_routes)
+            pulse = start_pulse(runtime.redis, runtime.keys, "gateway", lambda: runtime.engine.endpoints)
             try:
                 yield
             finally:
+                await stop_pulse(pulse)
                 await batcher.aclose()
                 if app.state.knowledge is not None:
                     await app.state.knowledge.aclose()

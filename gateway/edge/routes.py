@@ -16,6 +16,7 @@ from bots.channels import CallbackRequest
 from gateway import metrics
 from gateway.logs import request_id, request_id_for
 from gateway.runtime import Runtime
+from gateway.state.pulse import PULSE
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -87,9 +88,12 @@ async def receive(bot_id: str, request: Request) -> Response:
         body = await read_body(request, _runtime(request).settings.max_body_bytes)
         reply = await handler.handle(CallbackRequest(request.query_params, request.headers, body, time.time()))
     except BodyTooLarge:
+        PULSE.rejected(bot_id, "body_too_large")
         return _rejected(platform, CallbackRejected("body_too_large", 413, "request body too large"))
     except CallbackRejected as exc:
+        PULSE.rejected(bot_id, exc.reason)
         return _rejected(platform, exc)
+    PULSE.callback(bot_id)
     metrics.ACK_LATENCY.labels(platform).observe(time.perf_counter() - started)
     return Response(content=reply.body, status_code=reply.status, media_type=reply.media_type)
 

@@ -20,6 +20,7 @@ from gateway.config import ConfigError, Settings
 from gateway.edge.batching import RedisBatcher
 from gateway.edge.ingest import Ingest
 from gateway.runtime import open_runtime
+from gateway.state.pulse import PULSE, start_pulse, stop_pulse
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
         async def sink(message: InboundMessage) -> None:
             outcome = await ingest.accept(message)
             metrics.CALLBACKS.labels(message.platform, outcome).inc()
+            PULSE.callback(message.bot_id)
             log.info("stream message", extra={"outcome": outcome, "bot_id": message.bot_id})
 
         connections = [c for adapter in runtime.adapters.values() if (c := adapter.connection(sink)) is not None]
@@ -43,7 +45,10 @@ async def run_stream_mode(settings: Settings, stop: asyncio.Event) -> None:
             metrics.STREAM_CONNECTED.labels(connection.bot_id).set_function(
                 lambda connection=connection: 1.0 if connection.connected else 0.0
             )
+            PULSE.watch_connection(connection.bot_id, lambda connection=connection: connection.connected)
+        pulse = start_pulse(runtime.redis, runtime.keys, "stream")
         try:
             await asyncio.gather(*(connection.run(stop) for connection in connections))
         finally:
+            await stop_pulse(pulse)
             await batcher.aclose()

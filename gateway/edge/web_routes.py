@@ -35,6 +35,7 @@ from bots.web.uploads import Upload, canonical_type, clean_name, content_matches
 from gateway import metrics
 from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.state.limits import MovingWindowLimiter, windows
+from gateway.state.pulse import PULSE
 from gateway.state.streams import StreamStore
 
 router = APIRouter()
@@ -154,6 +155,7 @@ async def web_chat(bot_id: str, request: Request) -> Response:
         return JSONResponse({"error": "busy", "message": message_text}, status_code=429)
     outcome = await request.app.state.ingest.accept(message)
     metrics.CALLBACKS.labels(adapter.platform, outcome).inc()
+    PULSE.callback(bot_id)
     record_key = runtime.keys.reply(message.dedup_key)
 
     async def details() -> dict:

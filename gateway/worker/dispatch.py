@@ -11,6 +11,7 @@ from gateway import metrics
 from gateway.pipeline.job import Job, Services
 from gateway.pipeline.stage import Next
 from gateway.queue.entry import EntryKind
+from gateway.state.pulse import PULSE
 from gateway.worker.pulled import PulledWork
 
 Handler = Callable[[Job, Services, PulledWork], Awaitable[str]]
@@ -81,7 +82,9 @@ async def answer(job: Job, services: Services, pipeline: Next) -> str:
         await services.conversations.hand_off(sessions, job.adapter.reply_quota, job.message, job.record)
         await job.record.mark(state="done")
         metrics.REPLIES.labels(platform, "sent").inc()
+        PULSE.answered(job.message.bot_id)
         return "sent; handed off (no answer)"
     await job.presenter.finish(text, state)
     metrics.REPLIES.labels(platform, "sent").inc()
+    PULSE.answered(job.message.bot_id)
     return "sent"

@@ -13,6 +13,7 @@ from engine.client import EngineError
 from gateway import metrics, texts
 from gateway.pipeline.job import Job, Services
 from gateway.queue.push import enqueue_push
+from gateway.state.pulse import PULSE
 from gateway.state.reply_record import LeaseLost
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ async def failed(services: Services, job: Job, exc: Exception) -> None:
     permanent = isinstance(exc, SendError) and not exc.retryable
     if isinstance(exc, SendError):
         metrics.SEND_FAILURES.labels(job.message.platform, str(exc.code)).inc()
+        if exc.token_refresh:  # the bot cannot get a token at all: the console's overview says so (60020's hint)
+            PULSE.token_error(job.message.bot_id, exc.code, str(exc))
     elif not isinstance(exc, EngineError):
         log.exception("unexpected failure", extra={"lane": job.lease.lane})
     try:
@@ -45,6 +48,7 @@ async def failed(services: Services, job: Job, exc: Exception) -> None:
 async def give_up(services: Services, job: Job, reason: str) -> None:
     """End the message: its stream or card gets a final failed state, the entry becomes a dead letter."""
     metrics.REPLIES.labels(job.message.platform, "failed").inc()
+    PULSE.failed(job.message.bot_id)
     log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
     with contextlib.suppress(Exception):
         state = await job.record.load()

@@ -40,6 +40,7 @@ from gateway.runtime import Runtime
 from gateway.state.conversations import Conversations
 from gateway.state.limits import Budgets, MovingWindowLimiter
 from gateway.state.memory import ConversationMemory, Scope
+from gateway.state.pulse import start_pulse
 from gateway.state.redis_client import is_cluster_url
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
 from gateway.state.streams import StreamStore
@@ -113,7 +114,11 @@ class Worker:
                 await asyncio.sleep(1.0)
         log.info("worker started", extra={"consumer": self._consumer})
         taking = asyncio.create_task(self._take_loop(stop))
-        keeping = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._sweep_loop())]
+        keeping = [
+            asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(self._sweep_loop()),
+            start_pulse(self._rt.redis, self._rt.keys, "worker", lambda: self._rt.engine.endpoints),
+        ]
         await stop.wait()
         taking.cancel()
         await asyncio.gather(taking, return_exceptions=True)
