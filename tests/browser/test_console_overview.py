@@ -178,10 +178,11 @@ def test_a_refused_token_is_shown_with_the_trusted_ip_hint(console: ConsoleStack
     page.goto(f"{console.console_url}/lang/zh?next=/console/")  # type: ignore[attr-defined]
     page.set_viewport_size({"width": 390, "height": 844})  # type: ignore[attr-defined]
     page.wait_for_selector(f"#bot-{IP_BOT} .problem.bad", timeout=15000)  # type: ignore[attr-defined]
-    wide = page.evaluate("""() => [...document.querySelectorAll('#live *')]
+    wide = page.evaluate("""() => [...document.querySelectorAll('header.top *, #live *')]
         .filter(e => !e.closest('.scroll') && e.getBoundingClientRect().right > 390)
         .map(e => e.tagName + '.' + e.className)""")  # type: ignore[attr-defined]
     assert wide == [], f"wider than the phone: {wide}"
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390  # type: ignore[attr-defined]
     assert page.is_visible(f'#bot-{IP_BOT} .problem[data-kind="token"]')  # type: ignore[attr-defined]
     screenshot(page, "overview-phone")
 
