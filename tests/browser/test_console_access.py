@@ -6,13 +6,11 @@ without the CSRF token refused; the public port never serves the console; every 
 from __future__ import annotations
 
 import secrets
-import shutil
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.stacks import Stack
 
@@ -24,17 +22,10 @@ NOBODY = "nobody" + secrets.token_hex(3)
 
 @pytest.fixture(scope="module")
 def console(stack: Stack) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     roles = {f"wecom:{VIEWER}": "viewer", f"dingtalk:{EDITOR}": "editor", f"wecom:{ADMIN}": "admin"}
     with console_stack(stack, roles=roles) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def test_no_credentials_no_data(console: ConsoleStack) -> None:

@@ -8,13 +8,11 @@ audit stream with who did it; bad ids refuse the whole request."""
 from __future__ import annotations
 
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.processes import wait_for
 from testkit.stacks import Stack
@@ -25,16 +23,9 @@ UNTRUSTED_IP = {"errcode": 60020, "errmsg": "not allow to access from your ip"}
 
 @pytest.fixture(scope="module")
 def console(stack: Stack) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     with console_stack(stack, roles={f"wecom:{VIEWER}": "viewer"}) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def letters_of(console: ConsoleStack, user: str) -> list[dict]:

@@ -8,7 +8,6 @@ does not answer, the page shows botgw's record, marked."""
 from __future__ import annotations
 
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 
@@ -17,7 +16,6 @@ import pytest
 
 from bots.wecom_kf.config import WeComKfConfig
 from simulator.wecom_kf.signer import WeComKfCallbackSigner
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.processes import wait_for
 from testkit.stacks import Stack
@@ -30,8 +28,6 @@ AGENT = "agent-" + secrets.token_hex(3)
 
 @pytest.fixture(scope="module")
 def console(stack: Stack) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     app = next(bot for bot in stack.config["bots"] if bot["id"] == "app")
     # One self-built app serves the employees and 微信客服 (as tests/kf_env.py): the session simulator knows its
     # secret; the account is added to the simulator under the app's corporation.
@@ -43,11 +39,6 @@ def console(stack: Stack) -> Iterator[ConsoleStack]:
     with console_stack(stack, roles=roles, extra_bots=[kefu]) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def sim(console: ConsoleStack, method: str, path: str, **kwargs: object) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ import pytest
 
 from knowledge.config import StoreSettings
 from knowledge.store import KnowledgeStore
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.processes import BOTGW, ROOT
 from testkit.stacks import Stack
@@ -63,19 +61,12 @@ DROP = """([name, text]) => {
 
 @pytest.fixture(scope="module")
 def console(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     store = tmp_path_factory.mktemp("console-kb") / "store"
     roles = {f"dingtalk:{EDITOR}": "editor", f"wecom:{VIEWER}": "viewer"}
     knowledge = {"store": {"path": str(store), "idle_release_s": 0.3}, "max_file_mb": 1}
     with console_stack(stack, roles=roles, knowledge=knowledge) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def admin_api(console: ConsoleStack, method: str, path: str, **kwargs: object) -> httpx.Response:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.stacks import Stack
 
@@ -24,16 +22,9 @@ VIEWER = "viewer" + secrets.token_hex(3)
 
 @pytest.fixture(scope="module")
 def console(stack: Stack) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     with console_stack(stack, roles={f"wecom:{VIEWER}": "viewer"}, limits={"per_user": "2/minute"}) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def window_used(page: object) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,6 @@ import pytest
 
 from bots.wecom.config import WeComAppConfig
 from simulator.wecom.signer import WeComCallbackSigner
-from testkit.browser import CHROMIUM, chromium_browser
 from testkit.configs import wecom_app
 from testkit.console import ConsoleStack, console_stack, screenshot
 from testkit.processes import BOTGW, Proc, wait_for
@@ -34,18 +32,11 @@ LIVE_S = 25  # a flush (5 s) and a refresh of the page (5 s), with room on a bus
 
 @pytest.fixture(scope="module")
 def console(stack: Stack) -> Iterator[ConsoleStack]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is not installed: run `make test`, which installs it")
     corp = next(bot for bot in stack.config["bots"] if bot["id"] == "app")["corp_id"]
     ip_app = {**wecom_app(IP_BOT, stack.sim_url), "corp_id": corp, "agent_id": 1000003}  # another app, same company
     with console_stack(stack, roles={f"wecom:{VIEWER}": "viewer"}, extra_bots=[ip_app]) as made:
         yield made
 
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with chromium_browser() as instance:
-        yield instance
 
 
 def _overview(console: ConsoleStack) -> dict:
