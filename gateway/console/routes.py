@@ -168,6 +168,7 @@ async def login_callback(login: str, request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request, operator: Viewer) -> Response:
     await sessions(request).close(request.cookies.get(SESSION_COOKIE, ""))
+    await record(request, operator, "sign-out", operator.who)
     response = RedirectResponse("/console/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/console")
     return response
