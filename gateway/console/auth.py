@@ -4,7 +4,8 @@ the company's WeCom or DingTalk identity (the calls of webchat/sso.py, with the 
 A session is a random cookie (`botgw_console`, HttpOnly, SameSite=Lax, Path=/console) whose SHA-256 names a Redis
 hash {who, via, csrf} that expires after `console.session_hours`: signing out deletes it, so a copied cookie stops
 working at once. The role is looked up again on every request (`console.roles`, the token: admin), so a role
-taken out of the configuration is gone at the next restart of the gateway, not at the session's end.
+taken out of the configuration is gone at the next restart of the gateway, not at the session's end; a session
+opened with the admin token keeps a digest of it and ends when the token is changed.
 
 A script sends `Authorization: Bearer <admin.token>` instead: role admin, no session, no CSRF token (a browser
 never adds that header by itself, so no other site can make one send it).
@@ -62,6 +63,13 @@ def token_matches(settings: Settings, typed: str) -> bool:
     return token is not None and hmac.compare_digest(typed.strip().encode(), token.get_secret_value().encode())
 
 
+def token_mark(settings: Settings) -> str:
+    """What a session opened with the admin token keeps of it (a digest, never the token): a session whose mark is
+    not the configured token's (the token was changed) is over."""
+    token = settings.admin.token
+    return digest(f"botgw-console-session:{token.get_secret_value()}") if token is not None else ""
+
+
 def role_for(settings: Settings, who: str, via: str) -> Role | None:
     if via in ("token", "bearer"):
         return "admin" if settings.admin.token is not None else None
@@ -81,7 +89,10 @@ class Sessions:
         secret = secrets.token_urlsafe(32)
         key = self._keys.console_session(digest(secret))
         ttl = int(self._settings.console.session_hours * 3600)
-        await self._redis.hset(key, mapping={"who": who, "via": via, "csrf": secrets.token_urlsafe(24)})
+        fields = {"who": who, "via": via, "csrf": secrets.token_urlsafe(24)}
+        if via == "token":
+            fields["token"] = token_mark(self._settings)
+        await self._redis.hset(key, mapping=fields)
         await self._redis.expire(key, ttl)
         return secret
 
@@ -96,6 +107,9 @@ class Sessions:
         role = role_for(self._settings, values.get("who", ""), values.get("via", ""))
         if role is None:
             return None
+        mark = token_mark(self._settings).encode()
+        if values.get("via") == "token" and not hmac.compare_digest(values.get("token", "").encode(), mark):
+            return None  # opened with an admin token that is no longer the configured one
         return Operator(values.get("who", ""), role, values.get("via", ""), values.get("csrf", ""))
 
     async def close(self, cookie: str) -> None:

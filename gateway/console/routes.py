@@ -27,6 +27,7 @@ from gateway.console.web import (
     LANGUAGES,
     SECURITY_HEADERS,
     ConsoleDenied,
+    ConsoleHeaders,
     Viewer,
     bounded,
     current_operator,
@@ -38,6 +39,7 @@ from gateway.console.web import (
     safe_next,
     sessions,
     small_form,
+    stream_id,
     translator,
 )
 from gateway.state.redis_text import as_text
@@ -50,6 +52,7 @@ AUDIT_PAGE = 50
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ConsoleDenied, denied)
+    app.add_middleware(ConsoleHeaders)
     app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
     app.include_router(router)
     for page in PAGE_ROUTERS:
@@ -62,7 +65,10 @@ def _logins(request: Request) -> list[str]:
 
 
 def _secure(request: Request) -> bool:
-    return request.url.scheme == "https"
+    """The cookies are Secure when the browser comes through https: as this request came, or as
+    console.public_url says (a proxy that ends TLS and forwards plain http to the admin listener)."""
+    public = request.app.state.runtime.settings.console.public_url or ""
+    return request.url.scheme == "https" or public.startswith("https://")
 
 
 def _signed_in(request: Request, cookie: str, target: str) -> Response:
@@ -193,7 +199,7 @@ async def audit_page(request: Request, operator: Viewer) -> Response:
     runtime = request.app.state.runtime
     before = request.query_params.get("before", "")
     limit = bounded(request.query_params.get("limit"), AUDIT_PAGE, 200) or AUDIT_PAGE
-    upper = f"({before}" if before and all(c.isdigit() or c == "-" for c in before) and len(before) < 40 else "+"
+    upper = f"({before}" if stream_id(before) else "+"
     items = await runtime.redis.xrevrange(runtime.keys.console_audit, max=upper, min="-", count=limit)
     rows = [{"id": as_text(entry_id), **{as_text(k): as_text(v) for k, v in fields.items()}}
             for entry_id, fields in items]  # fmt: skip

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import time
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from fastapi import Depends, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bots.base import CallbackRejected
 from gateway.console.auth import SESSION_COOKIE, Operator, Sessions, bearer_matches
 from gateway.console.settings import Role
+from gateway.edge.admin_listener import is_console_path
 from gateway.edge.routes import BodyTooLarge, read_body
 from webchat.guard import content_security_policy
 
@@ -58,6 +61,7 @@ TEMPLATES.env.filters["ago"] = _ago
 LANG_COOKIE = "botgw_lang"
 LANGUAGES = ("zh", "en")
 SAFE_METHODS = ("GET", "HEAD")
+NEXT_MAX = 2000  # a console page's path and query, as `next` carries it
 AUDIT_MAX = 100_000  # the audit stream keeps about this many changes
 SECURITY_HEADERS = {
     "Content-Security-Policy": content_security_policy([]),  # the page's policy: scripts and styles from itself only
@@ -90,6 +94,37 @@ class ConsoleDenied(Exception):
         self.reason = reason
 
 
+class ConsoleHeaders:
+    """ASGI middleware: every answer under /console (a redirect, a 404 or 405, a static file, an error) carries
+    SECURITY_HEADERS where the route did not set its own; an exception's 500 too (then re-raised to be logged)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_console_path(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def with_headers(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        try:
+            await self.app(scope, receive, with_headers)
+        except Exception:
+            if not started:
+                await PlainTextResponse("Internal Server Error", 500, headers=SECURITY_HEADERS)(scope, receive, send)
+            raise
+
+
 def language(request: Request) -> str:
     chosen = request.cookies.get(LANG_COOKIE, "")
     return chosen if chosen in LANGUAGES else "zh"
@@ -105,9 +140,12 @@ def sessions(request: Request) -> Sessions:
 
 
 async def current_operator(request: Request) -> Operator | None:
+    """A script's `Authorization: Bearer` (right or wrong: it said who it is), else the session's cookie. Another
+    scheme (a proxy's Basic auth in front of the admin listener, which the browser then sends with every request)
+    is not the console's and does not hide the session."""
     settings = request.app.state.runtime.settings
     header = request.headers.get("authorization", "")
-    if header:
+    if header[:7].lower() == "bearer ":
         return Operator("admin-token", "admin", "bearer") if bearer_matches(settings, header) else None
     return await sessions(request).operator(request.cookies.get(SESSION_COOKIE, ""))
 
@@ -196,16 +234,28 @@ async def denied(request: Request, exc: Exception) -> Response:
 
 
 def quote_next(target: str) -> str:
-    from urllib.parse import quote
-
     return quote(safe_next(target), safe="/")
 
 
 def safe_next(target: str | None) -> str:
-    """Where to go after signing in: a path of the console only (never another site: `//evil`, `/\\evil`)."""
-    if not target or not target.startswith("/console/") or target.startswith("//") or "\\" in target:
+    """Where to go after signing in: a path of the console only (never another site: `//evil`, `/\\evil`), and
+    none a browser resolves out of /console/ (`/console/../admin`, `%2e%2e`, a tab or newline it drops)."""
+    if not target or not target.startswith("/console/") or len(target) > NEXT_MAX:
+        return "/console/"
+    path = unquote(target.partition("?")[0].partition("#")[0])
+    if "\\" in target or any(ord(c) < 0x21 or ord(c) == 0x7F for c in target + path):
+        return "/console/"
+    if any(segment in (".", "..") for segment in path.replace("\\", "/").split("/")):
         return "/console/"
     return target
+
+
+def stream_id(text: str) -> bool:
+    """A Redis stream id as a cursor or a dead letter's id may be written (`1712345678901-0`, or the time alone),
+    each number within the 64 bits Redis reads (a larger one is a Redis error, not an empty page)."""
+    if not re.fullmatch(r"[0-9]{1,20}(-[0-9]{1,20})?", text):
+        return False
+    return all(int(part) < 2**64 for part in text.split("-"))
 
 
 def translator(lang: str):

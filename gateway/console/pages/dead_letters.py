@@ -29,6 +29,7 @@ from gateway.console.web import (
     render,
     small_form,
     small_json,
+    stream_id,
 )
 from gateway.queue.dead_letters import DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
 
@@ -46,11 +47,12 @@ def _letters(request: Request) -> DeadLetters:
 
 
 def _valid(text: str) -> bool:
+    """An id as `botgw dlq` takes it, each number within what Redis reads (a larger one would be its error)."""
     try:
         letter_id(text)
     except argparse.ArgumentTypeError:
         return False
-    return True
+    return stream_id(text)
 
 
 def _wants_json(request: Request, operator: Operator) -> bool:
