@@ -16,6 +16,7 @@ from gateway.console.auth import (
     TOKEN_WHO,
     Operator,
     authorize_url,
+    digest,
     identity_of,
     role_for,
     token_matches,
@@ -48,6 +49,8 @@ from webchat.sso import LoginRefused, dingtalk_member, wecom_member
 
 router = APIRouter(prefix="/console")
 AUDIT_PAGE = 50
+FAILED_SIGN_INS = 10  # wrong admin tokens one address may type in a minute (then 429 until the minute is over)
+FAILED_WINDOW_S = 60
 
 
 def install(app: FastAPI) -> None:
@@ -101,8 +104,16 @@ async def login_with_token(request: Request) -> Response:
         form = await small_form(request)
     except ConsoleDenied as exc:
         return _login_page(request, t("请求无法读取。", "The request cannot be read.") + f" ({exc.reason})", exc.status)
-    settings = request.app.state.runtime.settings
-    if not token_matches(settings, str(form.get("token", ""))):
+    runtime = request.app.state.runtime
+    failures = runtime.keys.console_sign_in_failures(digest(request.client.host if request.client else "-"))
+    if int(await runtime.redis.get(failures) or 0) >= FAILED_SIGN_INS:
+        response = _login_page(request, t("输错令牌的次数太多，请一分钟后再试。",
+                                          "Too many wrong tokens: try again in a minute."), 429)  # fmt: skip
+        response.headers["Retry-After"] = str(FAILED_WINDOW_S)
+        return response
+    if not token_matches(runtime.settings, str(form.get("token", ""))):
+        async with runtime.redis.pipeline(transaction=False) as pipe:
+            await pipe.set(failures, 0, nx=True, ex=FAILED_WINDOW_S).incr(failures).execute()  # the minute: first
         return _login_page(request, t("令牌不对。", "That is not the admin token."), 401)
     cookie = await sessions(request).open(TOKEN_WHO, "token")
     await record(request, Operator(TOKEN_WHO, "admin", "token"), "sign-in", TOKEN_WHO)

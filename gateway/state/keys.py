@@ -156,6 +156,10 @@ class Keys:
         """One console sign-in (a hash: who, via, csrf; expires), named by the SHA-256 of its cookie."""
         return f"{self.namespace}:console:session:{digest}"
 
+    def console_sign_in_failures(self, digest: str) -> str:
+        """Wrong admin tokens typed into the console's sign-in from one address this minute (a counter; expires)."""
+        return f"{self.namespace}:console:fails:{digest}"
+
     def console_login_code(self, digest: str) -> str:
         """A platform's sign-in code the console has used (kept while such a code lives): tried once."""
         return f"{self.namespace}:console:code:{digest}"

@@ -289,3 +289,82 @@ def test_no_secret_in_any_page_json_or_the_log(console: ConsoleStack, browser: o
     time.sleep(0.5)
     log = console.gateway_log()
     assert not [value for value in [*secret_values, csrf] if value in log]
+
+
+def test_a_platform_sign_in_needs_this_browser_s_state_and_a_new_code(console: ConsoleStack) -> None:
+    """The WeCom sign-in's way back: a forged state, a state cookie of another attempt, and a code used once
+    (replayed on this gateway or another of the deployment) are refused, and open no session."""
+    away = httpx.get(f"{console.console_url}/login/wecom", params={"next": "/console/audit"}, timeout=10)
+    state_cookie = away.cookies["botgw_console_state"]
+    login_page = httpx.URL(away.headers["location"])
+    form = {**dict(login_page.params), "action": "member", "userid": VIEWER}
+    back = httpx.post(str(login_page.copy_with(query=None)), data=form, timeout=10)
+    assert back.status_code == 302, back.text[:300]
+    callback = httpx.URL(back.headers["location"])
+    assert callback.params["state"] and callback.params["code"]
+
+    def arrive(url: httpx.URL, cookie: str, admin_url: str | None = None) -> httpx.Response:
+        base = admin_url or console.admin_url
+        return httpx.get(f"{base}{url.raw_path.decode()}", cookies={"botgw_console_state": cookie}, timeout=10)
+
+    forged = arrive(callback.copy_merge_params({"state": "forged"}), state_cookie)
+    assert forged.status_code == 403 and "botgw_console" not in forged.cookies
+    other = httpx.get(f"{console.console_url}/login/wecom", timeout=10).cookies["botgw_console_state"]
+    assert arrive(callback, other).status_code == 403  # another attempt's state cookie
+    assert arrive(callback, "").status_code == 403
+    signed = arrive(callback, state_cookie)
+    assert signed.status_code == 303 and signed.headers["location"] == "/console/audit"
+    assert "botgw_console" in signed.cookies
+    replayed = arrive(callback, state_cookie)
+    assert replayed.status_code == 403 and "botgw_console" not in replayed.cookies
+    config = {**console.config, "admin": {"token": console.token}}
+    path = write_config(console.stack.log_dir / f"{console.namespace}-second.yaml", config)
+    second = start_gateway(path, free_port(), console.stack.log_dir, f"gw-{console.namespace}-second")
+    try:
+        elsewhere = arrive(callback, state_cookie, second.admin_url)
+        assert elsewhere.status_code == 403 and "botgw_console" not in elsewhere.cookies
+    finally:
+        second.stop()
+
+
+def test_the_token_form_with_no_token_configured_an_empty_token_or_a_huge_form(console: ConsoleStack) -> None:
+    huge = httpx.post(f"{console.console_url}/login", data={"token": "x" * 1_000_000}, timeout=30)
+    assert huge.status_code == 413 and "botgw_console" not in huge.cookies
+    for typed in ("", " ", console.token[:-1], console.token + "x"):
+        wrong = httpx.post(f"{console.console_url}/login", data={"token": typed}, timeout=10)
+        assert wrong.status_code == 401 and "botgw_console" not in wrong.cookies, typed
+    config = {key: value for key, value in console.config.items() if key != "admin"}
+    path = write_config(console.stack.log_dir / f"{console.namespace}-no-token.yaml", config)
+    bare = start_gateway(path, free_port(), console.stack.log_dir, f"gw-{console.namespace}-no-token")
+    try:
+        for typed in ("", "None", "null"):
+            refused = httpx.post(f"{bare.admin_url}/console/login", data={"token": typed}, timeout=10)
+            assert refused.status_code == 401 and "botgw_console" not in refused.cookies, typed
+        for header in ("Bearer None", "Bearer", "Bearer x"):
+            answer = httpx.get(f"{bare.admin_url}/console/audit?format=json", headers={"Authorization": header},
+                               timeout=10)  # fmt: skip
+            assert answer.status_code == 401, header
+        assert "id=\"token\"" not in httpx.get(f"{bare.admin_url}/console/login", timeout=10).text
+    finally:
+        bare.stop()
+
+
+def test_guessing_the_admin_token_is_throttled(console: ConsoleStack) -> None:
+    """Wrong tokens typed in from one address: after 10 in a minute, 429 with Retry-After (the right token too,
+    until the minute is over); a script's Bearer and the other addresses' sign-ins are not affected. On a gateway
+    of its own namespace, so that the module's other sign-ins are not throttled."""
+    config = {**console.config, "namespace": console.namespace + "g"}
+    path = write_config(console.stack.log_dir / f"{console.namespace}-guess.yaml", config)
+    gateway = start_gateway(path, free_port(), console.stack.log_dir, f"gw-{console.namespace}-guess")
+    try:
+        url = f"{gateway.admin_url}/console/login"
+        for _ in range(10):
+            assert httpx.post(url, data={"token": secrets.token_urlsafe(24)}, timeout=10).status_code == 401
+        guessed = httpx.post(url, data={"token": console.token}, timeout=10)
+        assert guessed.status_code == 429 and "botgw_console" not in guessed.cookies
+        assert int(guessed.headers["retry-after"]) > 0
+        script = httpx.get(f"{gateway.admin_url}/console/audit?format=json", timeout=10,
+                           headers={"Authorization": f"Bearer {console.token}"})
+        assert script.status_code == 200
+    finally:
+        gateway.stop()
