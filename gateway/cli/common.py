@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
+
+from gateway.state.redis_text import is_stream_id
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -33,7 +34,7 @@ def positive_int(text: str) -> int:
 
 def letter_id(text: str) -> str:
     """An argparse type: a dead letter's id as `dlq list` prints it (a Redis stream id, `1712345678901-0`)."""
-    if not re.fullmatch(r"\d{1,20}(-\d{1,20})?", text):
+    if not is_stream_id(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a dead-letter id (like 1712345678901-0; `botgw dlq list`)")
     return text
 

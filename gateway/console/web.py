@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -248,14 +247,6 @@ def safe_next(target: str | None) -> str:
     if any(segment in (".", "..") for segment in path.replace("\\", "/").split("/")):
         return "/console/"
     return target
-
-
-def stream_id(text: str) -> bool:
-    """A Redis stream id as a cursor or a dead letter's id may be written (`1712345678901-0`, or the time alone),
-    each number within the 64 bits Redis reads (a larger one is a Redis error, not an empty page)."""
-    if not re.fullmatch(r"[0-9]{1,20}(-[0-9]{1,20})?", text):
-        return False
-    return all(int(part) < 2**64 for part in text.split("-"))
 
 
 def translator(lang: str):

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 
 def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def is_stream_id(text: str) -> bool:
+    """A Redis stream id as an operator may write one (`1712345678901-0`, or the time alone): ASCII digits, each
+    number within the 64 bits Redis reads (a larger one, or `１-0`, is a Redis error, not an empty answer)."""
+    if not re.fullmatch(r"[0-9]{1,20}(-[0-9]{1,20})?", text):
+        return False
+    return all(int(part) < 2**64 for part in text.split("-"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.console.web import safe_next, stream_id
+from gateway.console.web import safe_next
+from gateway.state.redis_text import is_stream_id as stream_id
 
 
 @pytest.mark.parametrize("target", [

@@ -62,3 +62,28 @@ def test_a_console_address_that_cannot_work_is_refused_at_start(written: str) ->
 
     with pytest.raises(ValidationError, match=r"console\.public_url"):
         ConsoleSettings(public_url=written)
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ("1712345678901-0", True), ("1712345678901", True), ("18446744073709551615-0", True),
+    ("18446744073709551616-0", False), ("１-0", False), ("1-2-3", False), ("-", False), ("", False),
+])
+def test_a_stream_id_is_one_redis_can_read(text: str, valid: bool) -> None:
+    import argparse
+
+    from gateway.cli.common import letter_id
+    from gateway.state.redis_text import is_stream_id
+
+    assert is_stream_id(text) is valid
+    if valid:
+        assert letter_id(text) == text
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            letter_id(text)
+
+
+def test_an_unreadable_letter_shows_no_url_that_could_post_into_a_conversation() -> None:
+    from gateway.console.pages.dead_letters import _without_urls
+
+    raw = '{"reply_to": {"webhook": "https://oapi.dingtalk.com/robot/sendBySession?session=abc"}}'
+    assert "dingtalk.com" not in _without_urls(raw) and "[URL]" in _without_urls(raw)

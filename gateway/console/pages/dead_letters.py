@@ -9,7 +9,7 @@ refuses the whole request (400) before anything changed.
 
 from __future__ import annotations
 
-import argparse
+import re
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlencode
@@ -17,7 +17,6 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from gateway.cli.common import letter_id
 from gateway.console.auth import Operator
 from gateway.console.web import (
     SECURITY_HEADERS,
@@ -29,9 +28,9 @@ from gateway.console.web import (
     render,
     small_form,
     small_json,
-    stream_id,
 )
 from gateway.queue.dead_letters import DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
+from gateway.state.redis_text import is_stream_id
 
 router = APIRouter(prefix="/console")
 PAGE = 50
@@ -47,12 +46,8 @@ def _letters(request: Request) -> DeadLetters:
 
 
 def _valid(text: str) -> bool:
-    """An id as `botgw dlq` takes it, each number within what Redis reads (a larger one would be its error)."""
-    try:
-        letter_id(text)
-    except argparse.ArgumentTypeError:
-        return False
-    return stream_id(text)
+    """An id as `botgw dlq` takes it (letter_id), each number within what Redis reads."""
+    return is_stream_id(text)
 
 
 def _wants_json(request: Request, operator: Operator) -> bool:
@@ -60,8 +55,20 @@ def _wants_json(request: Request, operator: Operator) -> bool:
         "application/json" in request.headers.get("accept", ""))  # fmt: skip
 
 
+URL = re.compile(r"https?://\S+", re.IGNORECASE)
+
+
+def _without_urls(raw: str) -> str:
+    """An unreadable letter's text as a viewer may see it: a URL in it may be a reply target that posts into the
+    conversation (a DingTalk sessionWebhook, a response_url), so none is shown."""
+    return URL.sub("[URL]", raw)
+
+
 def _row(letter: DeadLetter) -> dict[str, Any]:
-    return {**letter.summary(), "readable": letter.entry is not None}
+    row = {**letter.summary(), "readable": letter.entry is not None}
+    if "raw" in row:
+        row["raw"] = _without_urls(str(row["raw"]))
+    return row
 
 
 @router.get("/dead-letters")
@@ -118,7 +125,7 @@ async def dead_letter_detail(letter: str, request: Request, operator: Viewer) ->
     message = _message(found) if found.entry is not None else None
     reply = asdict(await letters.reply_state(found)) if found.entry is not None else None
     shown = {"id": found.letter_id, "at": found.at, "reason": found.reason, "message": message, "reply": reply,
-             "raw": found.raw}
+             "raw": _without_urls(found.raw)}
     if _wants_json(request, operator):
         return json_answer(shown)
     fields = [(name, value) for name, value in (reply or {}).items() if value not in ("", 0, {}, None)]
