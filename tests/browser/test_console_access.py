@@ -85,6 +85,12 @@ def test_company_sign_in_gets_the_configured_role(console: ConsoleStack, browser
     assert (console.wecom_identity(VIEWER), "sign-in") in signed
     assert (console.dingtalk_identity(EDITOR), "sign-in") in signed
     assert not any(change["who"] == console.wecom_identity(NOBODY) for change in changes)
+    # The viewer reads the same on the 操作记录 page.
+    page = console.sign_in_with(browser, "wecom", VIEWER)
+    page.goto(f"{console.console_url}/audit")
+    table = page.inner_text("#audit")
+    assert console.dingtalk_identity(EDITOR) in table and "sign-in" in table
+    screenshot(page, "audit")
 
 
 def test_a_change_without_the_csrf_token_is_refused(console: ConsoleStack, browser: object) -> None:
