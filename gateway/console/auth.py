@@ -92,8 +92,10 @@ class Sessions:
         fields = {"who": who, "via": via, "csrf": secrets.token_urlsafe(24)}
         if via == "token":
             fields["token"] = token_mark(self._settings)
-        await self._redis.hset(key, mapping=fields)
-        await self._redis.expire(key, ttl)
+        async with self._redis.pipeline(transaction=True) as pipe:  # never a session without its end
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, ttl)
+            await pipe.execute()
         return secret
 
     async def operator(self, cookie: str) -> Operator | None:

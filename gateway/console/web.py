@@ -271,6 +271,14 @@ def render(request: Request, operator: Operator | None, template: str, status_co
     return response
 
 
+def wants_json(request: Request, operator: Operator | None = None) -> bool:
+    """Whether to answer with JSON, not a page: `?format=json`, an Accept of application/json that is not a
+    browser's page request, or a script signed in with the Bearer token."""
+    accept = request.headers.get("accept", "")
+    return (operator is not None and operator.via == "bearer") or request.query_params.get("format") == "json" or (
+        "application/json" in accept and "text/html" not in accept)  # fmt: skip
+
+
 def json_answer(data: Any, status_code: int = 200) -> JSONResponse:
     return JSONResponse(data, status_code=status_code, headers=SECURITY_HEADERS)
 

@@ -28,6 +28,7 @@ from gateway.console.web import (
     render,
     small_form,
     small_json,
+    wants_json,
 )
 from gateway.queue.dead_letters import DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
 from gateway.state.redis_text import is_stream_id
@@ -48,11 +49,6 @@ def _letters(request: Request) -> DeadLetters:
 def _valid(text: str) -> bool:
     """An id as `botgw dlq` takes it (letter_id), each number within what Redis reads."""
     return is_stream_id(text)
-
-
-def _wants_json(request: Request, operator: Operator) -> bool:
-    return operator.via == "bearer" or request.query_params.get("format") == "json" or (
-        "application/json" in request.headers.get("accept", ""))  # fmt: skip
 
 
 URL = re.compile(r"https?://\S+", re.IGNORECASE)
@@ -81,7 +77,7 @@ async def dead_letters_page(request: Request, operator: Viewer) -> Response:
     letters = await _letters(request).list(limit, before)
     rows = [_row(letter) for letter in letters]
     more = rows[-1]["id"] if len(rows) == limit else ""
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer({"letters": rows, "more": more})
     results = _shown_results(request.query_params.get("results", ""))
     purged = request.query_params.get("purged", "")
@@ -119,14 +115,14 @@ async def dead_letter_detail(letter: str, request: Request, operator: Viewer) ->
     try:
         found = await letters.get(letter)
     except NoSuchDeadLetter:
-        if _wants_json(request, operator):
+        if wants_json(request, operator):
             return json_answer({"error": f"no dead letter {letter}"}, 404)
         return render(request, operator, "dead_letter_detail.html", status_code=404, letter=None, letter_id=letter)
     message = _message(found) if found.entry is not None else None
     reply = asdict(await letters.reply_state(found)) if found.entry is not None else None
     shown = {"id": found.letter_id, "at": found.at, "reason": found.reason, "message": message, "reply": reply,
              "raw": _without_urls(found.raw)}
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer(shown)
     fields = [(name, value) for name, value in (reply or {}).items() if value not in ("", 0, {}, None)]
     return render(request, operator, "dead_letter_detail.html", letter=shown, letter_id=letter, reply_fields=fields)
@@ -152,7 +148,7 @@ async def _chosen(request: Request) -> tuple[list[str], bool] | None:
 
 
 def _answer(request: Request, operator: Operator, results: dict[str, str], status_code: int = 200) -> Response:
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer({"results": results}, status_code)
     query = urlencode({"results": ",".join(f"{key}:{value}" for key, value in results.items())})
     response = RedirectResponse(f"/console/dead-letters?{query}", status_code=303)
@@ -162,7 +158,7 @@ def _answer(request: Request, operator: Operator, results: dict[str, str], statu
 
 def _refused(request: Request, operator: Operator) -> Response:
     """A bad id, or none: 400 and nothing changed."""
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer({"error": f"dead-letter ids look like 1712345678901-0, at most {IDS_MAX} at once"}, 400)
     return render(request, operator, "message.html", status_code=400, title="400",
                   message="死信编号不对（形如 1712345678901-0），或一个也没选：什么都没改。"
@@ -200,7 +196,7 @@ async def purge(request: Request, operator: Admin) -> Response:
     if everything and not ids:
         count = await letters.purge([])
         await record(request, operator, "dead-letter.purge-all", "*", {"purged": count})
-        if _wants_json(request, operator):
+        if wants_json(request, operator):
             return json_answer({"purged": count})
         return RedirectResponse(f"/console/dead-letters?{urlencode({'purged': count})}", status_code=303)
     results = {letter: "purged" if await letters.purge([letter]) else "missing" for letter in ids}

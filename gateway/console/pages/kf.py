@@ -30,7 +30,17 @@ from bots.wecom_kf.adapter import WeComKfAdapter
 from bots.wecom_kf.config import USERID_PATTERN
 from bots.wecom_kf.exceptions import SESSION_ENDED
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render, small_form
+from gateway.console.web import (
+    SECURITY_HEADERS,
+    Editor,
+    Viewer,
+    bounded,
+    json_answer,
+    record,
+    render,
+    small_form,
+    wants_json,
+)
 from gateway.edge.kf_handoff import HandoffRefused, queue_handoff
 from gateway.edge.routes import BodyTooLarge, read_body
 from gateway.state.conversations import Conversations
@@ -124,11 +134,6 @@ async def _rows(request: Request, adapter: WeComKfAdapter, entries: list[Handoff
     return rows
 
 
-def _wants_json(request: Request, operator: Operator) -> bool:
-    return operator.via == "bearer" or request.query_params.get("format") == "json" or (
-        "application/json" in request.headers.get("accept", ""))  # fmt: skip
-
-
 async def _page(request: Request, operator: Operator, status_code: int = 200, error: str = "",
                 form: dict[str, str] | None = None) -> Response:  # fmt: skip
     runtime = request.app.state.runtime
@@ -143,7 +148,7 @@ async def _page(request: Request, operator: Operator, status_code: int = 200, er
         entries, total = await Handoffs(runtime.redis, runtime.keys).page(adapter.bot_id, offset, limit)
         rows = await _rows(request, adapter, entries)
     now = time.time()
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer({"bots": list(bots), "bot": chosen if adapter else "", "total": total, "offset": offset,
                             "customers": [row.json(now) for row in rows]}, status_code)  # fmt: skip
     accounts = {bot_id: list(adapter.config.open_kfids or []) for bot_id, adapter in bots.items()}
@@ -191,12 +196,12 @@ async def kf_handoff(request: Request, operator: Editor) -> Response:
         place = await queue_handoff(request.app.state.runtime, fields["bot"], fields["open_kfid"] or None,
                                     fields["customer"], servicer or None)  # fmt: skip
     except HandoffRefused as refusal:
-        if _wants_json(request, operator):
+        if wants_json(request, operator):
             return json_answer({"error": refusal.error}, refusal.status)
         return await _page(request, operator, refusal.status, refusal.error, fields)
     target = f"{fields['bot']}:{fields['open_kfid'] or '-'}:{fields['customer']}"
     await record(request, operator, "kf.handoff", target, {"servicer": servicer or "(queue)", "place": place})
-    if _wants_json(request, operator):
+    if wants_json(request, operator):
         return json_answer({"queued": True, "place": place}, 202)
     query = urlencode({"bot": fields["bot"], "done": "queued", "customer": fields["customer"], "servicer": servicer})
     return RedirectResponse(f"/console/kf?{query}", status_code=303, headers=SECURITY_HEADERS)

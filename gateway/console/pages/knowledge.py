@@ -19,7 +19,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gateway.console.auth import Operator
-from gateway.console.web import SECURITY_HEADERS, Editor, Viewer, bounded, json_answer, record, render, small_form
+from gateway.console.web import (
+    SECURITY_HEADERS,
+    Editor,
+    Viewer,
+    bounded,
+    json_answer,
+    record,
+    render,
+    small_form,
+    wants_json,
+)
 from gateway.edge.kb_routes import KbRefused, add_uploaded, bases_of, read_documents, remove_one, search_in
 from knowledge.formats import PARSERS
 from knowledge.retrieval import answer_floor
@@ -32,10 +42,6 @@ BASES_MAX = 200  # bases shown at most (a deployment has a handful)
 SEARCH_TOP_MAX = 20
 SNIPPET_CHARS = 240
 MODES = ("hybrid", "dense", "lexical")
-
-
-def _wants_json(request: Request) -> bool:
-    return request.query_params.get("format") == "json" or "application/json" in request.headers.get("accept", "")
 
 
 def _refusal(exc: KbRefused) -> Response:
@@ -109,7 +115,7 @@ async def knowledge_page(request: Request, operator: Viewer) -> Response:
     """The page; with `q`, it also shows what retrieval finds (`format=json`: the same as data)."""
     lists = await _lists(request)
     searched = await _search(request)
-    if _wants_json(request):
+    if wants_json(request):
         documents = [asdict(record) for record in lists.pop("documents")]
         return json_answer({**lists, "documents": documents, **searched})
     status = lists["store_status"] if lists["store_error"] else 200
@@ -146,11 +152,11 @@ async def remove(kb: str, request: Request, operator: Editor) -> Response:
     try:
         removed = await remove_one(request, kb, doc)
     except KbRefused as exc:
-        if _wants_json(request):
+        if wants_json(request):
             return _refusal(exc)
         return await _page_with_error(request, operator, exc)
     await record(request, operator, "knowledge-remove", kb, {"doc": removed.doc, "chunks": removed.chunks})
-    if _wants_json(request):
+    if wants_json(request):
         return json_answer({"removed": removed.doc, "kb": kb, "chunks": removed.chunks})
     target = f"/console/knowledge?kb={quote(kb, safe='')}&removed={quote(removed.doc, safe='')}"
     return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)

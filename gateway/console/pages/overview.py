@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from bots.registry import holds_connection
 from bots.wecom.exceptions import IP_NOT_TRUSTED, TRUSTED_IP_HINT
-from gateway.console.web import Viewer, _ago, json_answer, render
+from gateway.console.web import Viewer, _ago, json_answer, render, wants_json
 from gateway.runtime import Runtime
 from gateway.state.pulse import Activity, read_pulse
 
@@ -238,17 +238,10 @@ def bars(series: list[int], width: int = 150, height: int = 32) -> list[dict[str
     return shown
 
 
-def _wants_json(request: Request) -> bool:
-    accept = request.headers.get("accept", "")
-    return request.query_params.get("format") == "json" or (
-        "application/json" in accept and "text/html" not in accept
-    )
-
-
 @router.get("/")
 async def overview(request: Request, operator: Viewer) -> Response:
     data = await overview_data(request.app.state.runtime)
-    if _wants_json(request):
+    if wants_json(request):
         return json_answer(data)
     return render(request, operator, "overview.html", data=data, bars=bars)
 
