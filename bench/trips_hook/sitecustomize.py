@@ -7,7 +7,8 @@ block, each one round trip) and answers on the socket, to whoever connects, the 
 ({"sends": n, "commands": {name: n}}). With BENCH_TRIPS_COMMANDS=1 it also names the commands of each send
 ("HGET", a script as "EVALSHA(<module>:<line> where it was registered)", a pipeline as "PIPELINE[HSET+XADD]"),
 which costs some CPU in the process measured.
-Without BENCH_TRIPS_SOCKET it does nothing."""
+Without BENCH_TRIPS_SOCKET it does nothing. With BENCH_PROFILE naming a directory, the process also runs under
+cProfile and writes <directory>/<pid>.prof when it exits (for finding where the CPU per answer goes)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def _install() -> None:
     def named(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         registered(self, *args, **kwargs)
         caller = sys._getframe(2)  # register_script's caller
-        scripts[self.sha] = f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}"
+        where = f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}"
+        label = caller.f_locals.get("name")  # scripts registered in a loop over their names
+        scripts[self.sha] = f"{where} {label}" if isinstance(label, str) else where
 
     if NAMES:
         AsyncScript.__init__ = named  # type: ignore[method-assign]
@@ -95,3 +98,13 @@ def _serve() -> None:
 if SOCKET:
     _install()
     threading.Thread(target=_serve, name="bench-trips", daemon=True).start()
+
+
+PROFILE = os.environ.get("BENCH_PROFILE", "")
+if PROFILE:
+    import atexit
+    import cProfile
+
+    _profiler = cProfile.Profile()
+    _profiler.enable()
+    atexit.register(lambda: _profiler.dump_stats(os.path.join(PROFILE, f"{os.getpid()}.prof")))
