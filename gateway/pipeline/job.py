@@ -20,7 +20,7 @@ from gateway.queue.entry import QueueEntry
 from gateway.queue.scheduler import Lease, Scheduler
 from gateway.state.conversations import Conversations
 from gateway.state.keys import Keys
-from gateway.state.limits import Budgets
+from gateway.state.limits import Admission, Budgets
 from gateway.state.memory import ConversationMemory, Scope, Turn
 from gateway.state.reply_record import ReplyRecord, ReplyRecords, ReplyState
 from knowledge.retrieval import Retriever
@@ -65,6 +65,7 @@ class Job:
     answer_notes: list[str] = dataclasses.field(default_factory=list)  # said under the answer (a file cut to fit)
     tokens_used: int = 0  # what the engine took, failed attempts included (settled by the budget stage)
     tool_resume: PendingCall | None = None  # a confirmed tool call this message continues (the confirmation stage)
+    admission: Admission | None = None  # the message's admission, asked with the record's first load (the worker)
 
     @property
     def entry(self) -> QueueEntry:

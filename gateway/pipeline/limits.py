@@ -35,8 +35,11 @@ class MessageLimits:
         self._services = services
 
     async def __call__(self, job: Job, next: Next) -> Composed:
-        message = job.message
-        refusal = await self._services.budgets.admit_message(message.person, job.group_id, message.dedup_key)
+        message, admission = job.message, job.admission
+        if admission is not None and admission.answered:  # asked with the record's first load
+            refusal = admission.refusal
+        else:
+            refusal = await self._services.budgets.admit_message(message.person, job.group_id, message.dedup_key)
         if refusal is not None:
             return await self._services.commit(job, await refusal_notice(self._services, job, refusal))
         return await next(job)

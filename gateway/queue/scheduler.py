@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from gateway.queue.entry import QueueEntry
 from gateway.state.keys import Keys
@@ -320,8 +321,9 @@ class Scheduler:
         }
 
     async def load_scripts(self) -> None:
-        """Load the enqueue script, so that pipelines can call it by its SHA (evalsha does not load)."""
+        """Load the scripts that pipelines call by their SHA (evalsha in a pipeline does not load)."""
         await self._redis.script_load(_ENQUEUE)
+        await self._redis.script_load(_TAKE)
 
     # -- gateway side ------------------------------------------------------------------------
 
@@ -370,6 +372,28 @@ class Scheduler:
     async def take_next(self, owner: str, lease_ms: int, max_per_user: int) -> tuple[Lease | None, bool]:
         """`take`, and whether another lane may be ready (False: wait_for_work, nothing is there to take)."""
         result = await self._scripts["take"](keys=self._routing, args=[self._ns, owner, lease_ms, max_per_user])
+        return await self._leased(result)
+
+    async def wait_and_take(
+        self, owner: str, lease_ms: int, max_per_user: int, timeout_s: float
+    ) -> tuple[Lease | None, bool]:
+        """Block until a lane becomes ready somewhere (or `timeout_s` passes), then `take_next`, in one round trip:
+        Redis runs a connection's pipelined commands in order, and one held up by a blocking pop runs as soon as
+        the pop returns, so the take follows the wake-up without a second trip."""
+        take_args = [self._ns, owner, lease_ms, max_per_user]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.blpop([self._keys.scheduler_wake], timeout=max(0.01, timeout_s))
+            pipe.execute_command("EVALSHA", self._scripts["take"].sha, len(self._routing), *self._routing, *take_args)
+            _, result = await pipe.execute(raise_on_error=False)
+        if isinstance(result, NoScriptError):  # Redis restarted and lost its scripts: the take was not run
+            await self.load_scripts()
+            return await self.take_next(owner, lease_ms, max_per_user)
+        if isinstance(result, Exception):
+            raise result
+        return await self._leased(result)
+
+    async def _leased(self, result: list | None) -> tuple[Lease | None, bool]:
+        """The take script's answer as (lease, whether another lane may be ready)."""
         if not result:
             return None, False
         lane, epoch, head = (as_text(item) for item in result[:3])

@@ -19,6 +19,7 @@ import functools
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 from zoneinfo import ZoneInfo
@@ -28,6 +29,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from gateway.state.keys import Keys
 from gateway.state.redis_client import limits_storage
@@ -269,6 +271,26 @@ class TokenCounter:
     who: str
 
 
+@dataclass
+class Admission:
+    """One message's admission into its windows (the _ADMIT script), asked alone or as a rider of the reply
+    record's first load (gateway/state/riders.py). `answered` once the script's answer came."""
+
+    sha: str
+    keys: list[str]
+    args: list[str | int]
+    judge: Callable[[list], Refusal | None]
+    answered: bool = False
+    refusal: Refusal | None = None
+
+    def queue(self, pipe: Pipeline) -> None:
+        pipe.execute_command("EVALSHA", self.sha, len(self.keys), *self.keys, *self.args)
+
+    def answer(self, result: object) -> None:
+        if isinstance(result, list):
+            self.refusal, self.answered = self.judge(result), True
+
+
 @dataclass(frozen=True)
 class Reservation:
     """Tokens reserved for one engine call, on these counters."""
@@ -294,6 +316,10 @@ class Budgets:
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
 
+    async def load_scripts(self) -> None:
+        """Load the admission script, which a rider calls by its SHA (evalsha in a pipeline does not load)."""
+        await self._redis.script_load(_ADMIT)
+
     def _parties(self, user_id: str, group_id: str | None) -> list[tuple[str, Budget]]:
         parties = [(f"user:{user_id}", self._user_budget(user_id))]
         if group_id:
@@ -311,13 +337,27 @@ class Budgets:
     async def admit_message(self, user_id: str, group_id: str | None, message_key: str) -> Refusal | None:
         """Count message `message_key` in its sender's (and group's) windows, once however often it is asked;
         a Refusal when one is full, and then no window counts it."""
+        admission = self.admission(user_id, group_id, message_key)
+        if admission is None:
+            return None
+        return admission.judge(await self._admit(keys=admission.keys, args=admission.args))
+
+    def admission(self, user_id: str, group_id: str | None, message_key: str) -> Admission | None:
+        """`admit_message` as a rider of the reply record's first load; None when no window applies."""
         applying = self._message_windows(user_id, group_id)
         if not applying:
             return None
         argv: list[str | int] = [int(time.time() * 1000), message_key]
         for _, _, limit in applying:
             argv += [limit.amount, limit.get_expiry() * 1000]
-        full, wait_ms = await self._admit(keys=[key for key, _, _ in applying], args=argv)
+        keys = [key for key, _, _ in applying]
+        return Admission(self._admit.sha, keys, argv, functools.partial(self._refusal, user_id, group_id, applying))
+
+    def _refusal(
+        self, user_id: str, group_id: str | None, applying: list[tuple[str, str, RateLimitItem]], result: list
+    ) -> Refusal | None:
+        """The admission script's answer as a Refusal (None: admitted)."""
+        full, wait_ms = result
         if not int(full):
             return None
         _, who, _ = applying[int(full) - 1]

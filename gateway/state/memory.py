@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from bots.base import InboundMessage
 from gateway.state.keys import Keys
+from gateway.state.riders import Rider
 
 GroupMemory = Literal["per_user", "shared"]
 ADOPTED_MEMO_SIZE = 100_000  # sessions remembered as adopted; past that the memo starts over (Redis still knows)
@@ -82,6 +84,23 @@ class Scope:
         return cls(message.session_key, message.person)
 
 
+@dataclass
+class _Adoption:
+    """ConversationMemory.adopt, sent with the reply record's first load."""
+
+    memory: ConversationMemory
+    session_key: str
+    keys: list[str]
+
+    def queue(self, pipe: Pipeline) -> None:
+        script = self.memory._adopt_once
+        pipe.execute_command("EVALSHA", script.sha, len(self.keys), *self.keys, self.memory.ttl_s)
+
+    def answer(self, result: object) -> None:
+        if not isinstance(result, Exception):
+            self.memory._adopted_now(self.session_key)
+
+
 class ConversationMemory:
     """Reads and clears a session's turns; the reply record appends an exchange atomically with the answer."""
 
@@ -93,6 +112,10 @@ class ConversationMemory:
         self._adopt_once = redis.register_script(_ADOPT_ONCE)
         self._adopted: dict[str, float] = {}  # session -> monotonic time its adopted mark expires (this process)
 
+    async def load_scripts(self) -> None:
+        """Load the adoption script, which a rider calls by its SHA (evalsha in a pipeline does not load)."""
+        await self._redis.script_load(_ADOPT_ONCE)
+
     async def adopt(self, session_key: str, old_name: str) -> bool:
         """Move a session's memory kept under an older name (one-to-one memory kept per bot, before it followed
         the person) under its name now: the first time the person writes after the upgrade, and only then.
@@ -102,17 +125,32 @@ class ConversationMemory:
         `ttl_s`, as the mark does, so no old name outlives the mark). All three keys are in the core slot.
         Asked once per session and process (a memo as long-lived as the mark): it ran on every message before.
         True when the old memory moved (what was read under the name now is out of date)."""
+        if not self._may_adopt(session_key, old_name):
+            return False
+        moved = int(await self._adopt_once(keys=self._adopt_keys(session_key, old_name), args=[self._ttl_s]))
+        self._adopted_now(session_key)
+        return bool(moved)
+
+    def adoption(self, session_key: str, old_name: str) -> Rider | None:
+        """`adopt` as a rider of the reply record's first load (the memory read there follows the move); None
+        when there is nothing to ask. If it fails, `adopt` asks again."""
+        if not self._may_adopt(session_key, old_name):
+            return None
+        return _Adoption(self, session_key, self._adopt_keys(session_key, old_name))
+
+    def _may_adopt(self, session_key: str, old_name: str) -> bool:
+        """False when there is no older name, or this process set or saw the mark (as long-lived as the memo)."""
         if not old_name or old_name == session_key:
             return False
-        now = time.monotonic()
-        if self._adopted.get(session_key, 0.0) > now:
-            return False  # this process set or saw the mark, which lives as long: Redis would do nothing
-        keys = [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
-        moved = int(await self._adopt_once(keys=keys, args=[self._ttl_s]))
+        return self._adopted.get(session_key, 0.0) <= time.monotonic()
+
+    def _adopt_keys(self, session_key: str, old_name: str) -> list[str]:
+        return [self._keys.memory_adopted(session_key), self._keys.memory(old_name), self._keys.memory(session_key)]
+
+    def _adopted_now(self, session_key: str) -> None:
         if len(self._adopted) >= ADOPTED_MEMO_SIZE:
             self._adopted.clear()
-        self._adopted[session_key] = now + self._ttl_s
-        return bool(moved)
+        self._adopted[session_key] = time.monotonic() + self._ttl_s
 
     async def load(self, session_key: str) -> list[Turn]:
         return turns_of(await self._redis.lrange(self._keys.memory(session_key), 0, -1))

@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.state.keys import Keys
 from gateway.state.memory import Turn, turns_of
 from gateway.state.redis_text import as_text
+from gateway.state.riders import Rider
 
 State = Literal["new", "committed", "done", "failed"]
 T = TypeVar("T")
@@ -246,13 +247,20 @@ class ReplyRecords:
         }
 
     def open(
-        self, dedup_key: str, fence: Fence | None = None, memory_key: str = "", files_key: str = ""
+        self,
+        dedup_key: str,
+        fence: Fence | None = None,
+        memory_key: str = "",
+        files_key: str = "",
+        riders: list[Rider] | None = None,
     ) -> ReplyRecord:
         """`memory_key`: the conversation memory the answer will be planned on, and `files_key` the files it was
-        sent (gateway/pipeline/parts.py), read with the record's first load (one round trip for all)."""
+        sent (gateway/pipeline/parts.py), read with the record's first load, and `riders` sent with it (one
+        round trip for all; riders need a `memory_key`)."""
         key = self._keys.reply(dedup_key)
-        return ReplyRecord(self._redis, key, self._ttl_s, fence, self._scripts, memory_key, files_key=files_key)
-
+        return ReplyRecord(
+            self._redis, key, self._ttl_s, fence, self._scripts, memory_key, files_key=files_key, riders=riders or []
+        )
 
 @dataclass
 class ReplyRecord:
@@ -267,6 +275,7 @@ class ReplyRecord:
     memory: list[Turn] | None = field(default=None, repr=False)  # as read with the record; None: not read
     files_key: str = ""
     files: dict[bytes, bytes] | None = field(default=None, repr=False)  # as read with the record; None: not read
+    riders: list[Rider] = field(default_factory=list, repr=False)  # sent with the first load (memory_key set)
 
     def _fence_args(self) -> tuple[str, str]:
         return fence_args(self.fence, self.key)
@@ -280,12 +289,21 @@ class ReplyRecord:
         lease holder writes that memory, so it stays as read unless this job changes it (`forget_memory`)."""
         if not self.memory_key or self.memory is not None:
             return ReplyState.from_hash(await self.redis.hgetall(self.key))
+        riders, self.riders = self.riders, []
         async with self.redis.pipeline(transaction=False) as pipe:
+            for rider in riders:
+                rider.queue(pipe)
             pipe.hgetall(self.key)
             pipe.lrange(self.memory_key, 0, -1)
             if self.files_key:
                 pipe.hgetall(self.files_key)
-            raw, turns, *files = await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)
+        for rider, result in zip(riders, results, strict=False):
+            rider.answer(result)
+        raw, turns, *files = reads = results[len(riders) :]
+        for read in reads:
+            if isinstance(read, Exception):
+                raise read
         self.memory = turns_of(turns)
         self.files = files[0] if files else None
         return ReplyState.from_hash(raw)

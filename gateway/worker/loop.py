@@ -38,11 +38,12 @@ from gateway.queue.entry import EntryKind
 from gateway.queue.scheduler import Lease
 from gateway.runtime import Runtime
 from gateway.state.conversations import Conversations
-from gateway.state.limits import Budgets, MovingWindowLimiter
+from gateway.state.limits import Admission, Budgets, MovingWindowLimiter
 from gateway.state.memory import ConversationMemory, Scope
 from gateway.state.pulse import start_pulse
 from gateway.state.redis_client import is_cluster_url
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.state.riders import Rider
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
 from gateway.worker.failures import failed
@@ -106,6 +107,8 @@ class Worker:
         while True:  # a Redis blip at start must not end the worker (nothing would take the queue's work)
             try:
                 await self._scheduler.load_scripts()
+                await self.services.memory.load_scripts()
+                await self.services.budgets.load_scripts()
                 break
             except RedisError as exc:
                 log.warning("could not load the scheduler's scripts; trying again", extra={"error": str(exc)})
@@ -120,6 +123,11 @@ class Worker:
             start_pulse(self._rt.redis, self._rt.keys, "worker", lambda: self._rt.engine.endpoints),
         ]
         await stop.wait()
+        # The take loop ends after its current round trip (a blocking take returns within block_ms): cut off
+        # mid-trip, a take that Redis already ran would leave a lease nobody holds until it expires.
+        self._slot_freed.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(taking), timeout=self._cfg.block_ms / 1000 + 2.0)
         taking.cancel()
         await asyncio.gather(taking, return_exceptions=True)
         tasks = [task for _, task in self._held.values()]
@@ -156,11 +164,11 @@ class Worker:
                 await self._slot_freed.wait()
                 continue
             try:
-                if not look:
-                    await self._scheduler.wait_for_work(self._cfg.block_ms / 1000)
-                    look = True
-                    continue
-                lease, look = await self._scheduler.take_next(self._consumer, lease_ms, cap)
+                if look:
+                    lease, look = await self._scheduler.take_next(self._consumer, lease_ms, cap)
+                else:  # nothing was ready: block on the wake list and take in the same round trip
+                    wait_s = self._cfg.block_ms / 1000
+                    lease, look = await self._scheduler.wait_and_take(self._consumer, lease_ms, cap, wait_s)
             except RedisError as exc:
                 log.error("taking work failed", extra={"error": str(exc)})
                 look = True
@@ -280,10 +288,28 @@ class Worker:
         services = self.services
         fence = Fence(services.keys.lease(lease.lane), lease.epoch)
         scope = Scope.of(message, self._settings.memory.group)
-        # a chat is planned on its memory: read it with the reply record
+        # a chat is planned on its memory: read it with the reply record, and send what its stages will ask along
         chat = lease.entry.kind == EntryKind.CHAT
         memory_key = services.keys.memory(scope.lane) if chat else ""
         files_key = services.keys.attachments(scope.lane) if chat else ""
-        record = services.records.open(message.dedup_key, fence, memory_key, files_key)
+        admission = self._admission(message, adapter) if chat else None
+        riders = [rider for rider in (self._adoption(message, scope) if chat else None, admission) if rider]
+        record = services.records.open(message.dedup_key, fence, memory_key, files_key, riders)
         presenter = presenter_for(services.delivery, adapter, message, record, fence)
-        return Job(lease, message, scope, adapter, record, presenter)
+        return Job(lease, message, scope, adapter, record, presenter, admission=admission)
+
+    def _adoption(self, message: InboundMessage, scope: Scope) -> Rider | None:
+        """The AdoptMemory stage's question, asked with the record's first load (the memory read there follows)."""
+        if scope.lane != message.session_key:
+            return None
+        return self.services.memory.adoption(message.session_key, message.bot_session_key)
+
+    def _admission(self, message: InboundMessage, adapter: Channel) -> Admission | None:
+        """The MessageLimits stage's question, asked with the record's first load where nothing comes before the
+        stage that could end the answer uncounted (a platform with human agents has the gate first), and where its
+        windows share the record's Redis (a single Redis, not a Cluster). A retry of an answer already committed
+        asks it too: the message is a member of its windows already, so it is not counted again (unless the
+        retry comes after the window passed: then it counts once more there, erring towards fewer messages)."""
+        if adapter.sessions is not None or not self.services.delivery.single_slot:
+            return None
+        return self.services.budgets.admission(message.person, message.group or None, message.dedup_key)

@@ -29,7 +29,7 @@ from gateway.queue.scheduler import Scheduler
 from gateway.state.conversations import Conversations
 from gateway.state.keys import Keys
 from gateway.state.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
-from gateway.state.memory import Scope, Turn
+from gateway.state.memory import ConversationMemory, Scope, Turn
 from gateway.state.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import answer
@@ -231,7 +231,10 @@ async def test_a_redis_error_in_the_merge_is_counted_and_backed_off(world: World
     message = kf_message()
     _, lease = await leased(world, message)
     worker = object.__new__(Worker)
-    adapter = SimpleNamespace(merge_window_s=3.0, reply_style="pieces", reply_quota=QUOTA, duplicate_check_window_s=0)
+    adapter = SimpleNamespace(
+        merge_window_s=3.0, reply_style="pieces", reply_quota=QUOTA, duplicate_check_window_s=0,
+        sessions=SimpleNamespace(wants_human=lambda text: False),
+    )  # fmt: skip
     settings = SimpleNamespace(memory=MemorySettings(), worker=WorkerSettings(max_send_attempts=3))
     worker._rt = SimpleNamespace(adapters={"kefu": adapter})
     worker._settings, worker._cfg, worker._scheduler = settings, settings.worker, world.scheduler
@@ -241,7 +244,7 @@ async def test_a_redis_error_in_the_merge_is_counted_and_backed_off(world: World
 
     worker.services = SimpleNamespace(  # type: ignore[assignment]
         settings=settings, keys=world.keys, redis=world.redis, scheduler=world.scheduler, records=world.records,
-        delivery=world.delivery,
+        delivery=world.delivery, memory=ConversationMemory(world.redis, world.keys, 3600, 10),
     )  # fmt: skip
     worker.pulled = SimpleNamespace(merge=merge_fails)  # type: ignore[assignment]
     worker._pipelines = {}

@@ -234,6 +234,33 @@ async def test_wait_for_work_wakes_on_enqueue(scheduler: Scheduler) -> None:
     assert isinstance(lease, Lease)
 
 
+async def test_wait_and_take_takes_in_the_round_trip_of_the_wake_up(scheduler: Scheduler) -> None:
+    """The blocking pop and the take go out as one pipeline: the take runs as soon as an enqueue wakes it, the
+    lease comes back with the wake-up, and a timeout leaves nothing leased."""
+    assert await scheduler.wait_and_take("w", 5000, 0, 0.1) == (None, False)
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await put(scheduler, "conv", "u:x", "wake")
+
+    task = asyncio.create_task(later())
+    started = time.monotonic()
+    lease, more = await scheduler.wait_and_take("w", 5000, 0, 5.0)
+    assert time.monotonic() - started < 2.0
+    await task
+    assert isinstance(lease, Lease) and lease.entry.message.text == "wake" and more is False
+    assert await scheduler.take("w", 5000, 0) is None  # the lane is leased: nothing else to take
+    assert await scheduler.release(lease, "done")
+
+
+async def test_wait_and_take_loads_the_take_script_again_after_a_flush(scheduler: Scheduler) -> None:
+    """A Redis that restarted has lost its scripts: the take is run again after loading them, not dropped."""
+    await put(scheduler, "conv", "u:x", "after a restart")
+    await scheduler._redis.script_flush()
+    lease, _ = await scheduler.wait_and_take("w", 5000, 0, 0.1)
+    assert lease is not None and lease.entry.message.text == "after a restart"
+
+
 async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> None:
     await put(scheduler, "conv", "u:x", "doomed")
     lease = await scheduler.take("w", 5000, 0)
