@@ -76,7 +76,7 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
         json_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=200),
             timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT.read, sock_connect=HTTP_TIMEOUT.connect),
-            trust_env=True,  # as httpx: a proxy named in HTTPS_PROXY is used
+            # The proxy environment is read by PlatformClient, once per host (trust_env reads it on every call).
         )
         opened.push_async_callback(json_session.close)
         http = PlatformClient(json_session=json_session, timeout=HTTP_TIMEOUT,

@@ -130,7 +130,8 @@ class Presenter:
         raise NotImplementedError
 
     async def finish(self, text: str, state: ReplyState) -> None:
-        """Deliver the answer (and the buttons of a question it asks) and record it as done."""
+        """Deliver the answer (and the buttons of a question it asks) and record it as done; a style may leave
+        that last mark to the release of the lease, which follows at once (ReplyRecord.mark_at_release)."""
         await self.deliver(text, state)
         question = Question.from_json(state.question)
         if question is not None and not state.buttons_sent:

@@ -52,7 +52,8 @@ class PiecesPresenter(Presenter):
         if state.question and not state.buttons_sent:  # the buttons follow the text, then it is done
             await super().finish(text, state)
             return
-        await self.deliver(text, state, done_with_last=True)  # the last piece's mark says done: one write fewer
+        # the last piece's mark says done, and goes with the release of the lease: two writes fewer
+        await self.deliver(text, state, done_with_last=True)
 
     async def deliver(self, text: str, state: ReplyState, done_with_last: bool = False) -> None:
         target = self.message.reply_to
@@ -84,8 +85,10 @@ class PiecesPresenter(Presenter):
                     target, piece, duplicate_check=checked or unknown or attempt > 0, piece_key=key
                 )
             )
-            last = index + 1 == len(pieces)
-            await self.record.mark(sent=index + 1, **({"state": "done"} if last and done_with_last else {}))
+            if done_with_last and index + 1 == len(pieces):
+                self.record.mark_at_release(sent=index + 1, state="done")  # the worker releases at once
+            else:
+                await self.record.mark(sent=index + 1)
 
     async def _within_quota(self, pieces: list[str], cap: int, state: ReplyState) -> list[str]:
         """Where the platform allows a person only so many messages (微信客服: 5 per 48 h), the answer takes

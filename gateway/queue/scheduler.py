@@ -39,6 +39,7 @@ from redis.exceptions import NoScriptError
 from gateway.queue.entry import QueueEntry
 from gateway.state.keys import Keys
 from gateway.state.redis_text import as_text
+from gateway.state.reply_record import RecordMarks
 
 # Shared Lua: the current time in ms (Redis's clock, the same for every worker), and
 # putting a lane back into the ready set with a wake-up for one blocked worker.
@@ -158,9 +159,10 @@ return false
 """
 )
 
-# KEYS: the ready set.
+# KEYS: the ready set, then the entry's reply record if the release marks it.
 # ARGV: core prefix, lane, epoch, entry id ('*': whatever is the head, for one that cannot be read), outcome
-# ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none).
+# ('done' | 'retry'), delay ms, weight, dead-letter json ('' = none), then if marked: the record's ttl, field,
+# value, ... (the answer's last progress, written under the same fence as the release).
 # Returns 1, or 0 when the lease is no longer held at this epoch (nothing is changed then).
 _RELEASE = (
     _COMMON
@@ -168,6 +170,10 @@ _RELEASE = (
 local ns, lane = ARGV[1], ARGV[2]
 local lease_key = ns .. ':sched:lease:' .. lane
 if redis.call('HGET', lease_key, 'epoch') ~= ARGV[3] then return 0 end
+if KEYS[2] then
+  for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+  redis.call('EXPIRE', KEYS[2], ARGV[9])
+end
 local lane_key = ns .. ':sched:lane:' .. lane
 if ARGV[5] == 'done' then
   local head = redis.call('LINDEX', lane_key, 0)
@@ -423,12 +429,22 @@ class Scheduler:
         delay_s: float = 0.0,
         weight: float = 1.0,
         dead_letter: dict | None = None,
+        record: RecordMarks | None = None,
     ) -> bool:
         """End the lease: 'done' drops the entry (optionally into the dead letters), 'retry' keeps it at the
-        head, to run again after `delay_s`. False when the lease was lost meanwhile (nothing changed)."""
+        head, to run again after `delay_s`; `record` sets fields of the entry's reply record in the same step.
+        False when the lease was lost meanwhile (nothing changed). Idempotent: a release that is sent again after
+        it ran finds the lease gone and changes nothing."""
         dead = json.dumps({**dead_letter, "entry": lease.entry.wire()}, ensure_ascii=False) if dead_letter else ""
-        args = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome, int(delay_s * 1000), weight, dead]
-        return bool(await self._scripts["release"](keys=self._routing, args=args))
+        args: list[str | int | float] = [self._ns, lease.lane, lease.epoch, lease.entry_id, outcome]
+        args += [int(delay_s * 1000), weight, dead]
+        keys = self._routing
+        if record is not None and record.marks:
+            keys = [*keys, record.key]
+            args.append(record.ttl_s)
+            for name, value in record.marks.items():
+                args += [name, value]
+        return bool(await self._scripts["release"](keys=keys, args=args))
 
     async def following(self, lease: Lease, count: int) -> list[QueueEntry]:
         """Up to `count` entries queued behind the leased head (to be absorbed into it, for a merge); the first

@@ -133,6 +133,16 @@ return 1
 )
 
 
+@dataclass(frozen=True)
+class RecordMarks:
+    """Fields of a reply record to set with the release of its lease (gateway/queue/scheduler.py): an answer's
+    last step, written under the same fence in the same round trip."""
+
+    key: str
+    ttl_s: int
+    marks: dict[str, str | int]
+
+
 class LeaseLost(Exception):
     """This worker's lease on the message ended (it stalled, another worker took over): stop, change nothing."""
 
@@ -200,7 +210,7 @@ class Fence:
 FENCE_LUA = _FENCE  # for other modules' fenced scripts: defines fenced() over KEYS[1] (lease) and ARGV[1] (epoch)
 
 
-async def _while_redis_returns(call: Callable[[], Awaitable[T]]) -> T:
+async def while_redis_returns(call: Callable[[], Awaitable[T]]) -> T:
     """`call`, tried again while Redis is away (a restart), for up to MARK_RETRY_S."""
     delay, deadline = 0.05, time.monotonic() + MARK_RETRY_S
     while True:
@@ -276,6 +286,7 @@ class ReplyRecord:
     files_key: str = ""
     files: dict[bytes, bytes] | None = field(default=None, repr=False)  # as read with the record; None: not read
     riders: list[Rider] = field(default_factory=list, repr=False)  # sent with the first load (memory_key set)
+    at_release: dict[str, str | int] = field(default_factory=dict, repr=False)  # see mark_at_release
 
     def _fence_args(self) -> tuple[str, str]:
         return fence_args(self.fence, self.key)
@@ -312,7 +323,28 @@ class ReplyRecord:
         """The memory read with the record may have changed (an old one was adopted): read it again."""
         self.memory = None
 
+    def mark_at_release(self, **values: str | int) -> None:
+        """Fields to set with the release of the lease, in its round trip and under the same fence (the
+        scheduler's release script): for an answer's last step, the mark after its last send. Whoever holds the
+        record hands them to the release (`release_marks`); any write before that carries them first."""
+        self.at_release.update(values)
+
+    def release_marks(self) -> RecordMarks | None:
+        """What `mark_at_release` left for the release (taken: a second call has nothing)."""
+        if not self.at_release:
+            return None
+        marks, self.at_release = self.at_release, {}
+        return RecordMarks(self.key, self.ttl_s, marks)
+
+    async def flush(self) -> None:
+        """Write now what was left for the release (a path that ends without that release)."""
+        if self.at_release:
+            await self.mark()
+
     async def _write(self, mode: str, values: dict[str, str | int]) -> int:
+        if self.at_release:  # written first: the release may never come, or come after this write
+            marks, self.at_release = self.at_release, {}
+            values = {**marks, **values}
         lease_key, epoch = self._fence_args()
         argv: list[str | int] = [epoch, self.ttl_s, mode]
         for name, value in values.items():
@@ -328,7 +360,7 @@ class ReplyRecord:
         Progress written after a send must not be lost to a Redis restart (the piece would be sent again,
         and DingTalk has no duplicate check): the write is idempotent, so it is retried while Redis is away,
         for up to MARK_RETRY_S (a takeover only happens after the lease runs out, which it cannot do sooner)."""
-        await _while_redis_returns(lambda: self._write("set", values))
+        await while_redis_returns(lambda: self._write("set", values))
 
     async def begin_send(
         self, windows: list[tuple[str, int, int]], repeats: tuple[str, int, str, int] | None,
@@ -339,6 +371,7 @@ class ReplyRecord:
         the repeat number, the modulus) and `values` marked. (seconds to wait, 0) when a window is full: nothing
         was counted or marked; else (0, the repeat count). LeaseLost when fenced. Retried while Redis is away,
         like `mark`: a repeat may count a send twice (less is sent, never more) and number the piece anew."""
+        await self.flush()
         lease_key, epoch = self._fence_args()
         counter, counter_ttl, variant, modulus = repeats or (self.key, 0, "", 1)
         argv: list[str | int] = [epoch, self.ttl_s, f"{time.time():.6f}", len(windows), counter_ttl, variant, modulus]
@@ -351,7 +384,7 @@ class ReplyRecord:
         async def once() -> list:
             return await self._scripts["begin_send"](keys=keys, args=argv)
 
-        status, number = await _while_redis_returns(once)
+        status, number = await while_redis_returns(once)
         if int(status) < 0:
             raise LeaseLost(self.key)
         return (float(number), 0) if int(status) == 0 else (0.0, int(number))
@@ -373,6 +406,7 @@ class ReplyRecord:
     ) -> str:
         """Store the answer (and the exchange in memory) once; if another worker got there first, its answer.
         `clear_memory` (/reset) empties the conversation's memory in the same fenced step."""
+        await self.flush()
         lease_key, epoch = self._fence_args()
         items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
         flag = "1" if clear_memory else ""

@@ -42,7 +42,7 @@ from gateway.state.limits import Admission, Budgets, MovingWindowLimiter
 from gateway.state.memory import ConversationMemory, Scope
 from gateway.state.pulse import start_pulse
 from gateway.state.redis_client import is_cluster_url
-from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords, while_redis_returns
 from gateway.state.riders import Rider
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
@@ -249,21 +249,36 @@ class Worker:
                     lease = dataclasses.replace(lease, entry=merged)
                     job = self._job(lease, merged.message, adapter)
             outcome = await run_entry(job, self.services, self.pulled, self._pipelines[message.bot_id])
-            await self._scheduler.release(lease, "done", weight=weight)
+            await self._release_done(lease, weight, job)
             self._forget(lease)
             log.info("message handled", extra={"lane": lease.lane, "outcome": outcome})
         except ConversationTaken as taken:
             await withheld(self.services, job, str(taken.code), by_human=taken.by_human)
-            await self._scheduler.release(lease, "done", weight=weight)
+            await self._scheduler.release(lease, "done", weight=weight, record=job.record.release_marks())
         except LeaseLost:
             metrics.LEASES_LOST.inc()
             log.warning("lost the lease mid-answer; leaving the message to its new owner", extra={"lane": lease.lane})
         except Paced as paced:
-            await self._scheduler.release(lease, "retry", delay_s=paced.retry_after_s, weight=weight)
+            marks = job.record.release_marks()
+            await self._scheduler.release(lease, "retry", delay_s=paced.retry_after_s, weight=weight, record=marks)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             await failed(self.services, job, exc)
+
+    async def _release_done(self, lease: Lease, weight: float, job: Job) -> None:
+        """Drop the handled entry, with the record's last marks (the answer's last piece sent, done) in the same
+        step. Those marks must survive a Redis restart as `mark` does (the piece would be sent again): the release
+        is retried while Redis is away, which is safe as a release that ran finds its lease gone and does nothing."""
+        marks = job.record.release_marks()
+        if marks is None:
+            await self._scheduler.release(lease, "done", weight=weight)
+            return
+        scheduler = self._scheduler
+        released = await while_redis_returns(lambda: scheduler.release(lease, "done", weight=weight, record=marks))
+        if not released:
+            log.warning("the lease passed on before the answer's last mark; its new owner resends the last piece",
+                        extra={"lane": lease.lane})  # fmt: skip
 
     @staticmethod
     async def _may_merge(job: Job) -> bool:

@@ -14,7 +14,7 @@ from bots.base import InboundMessage
 from gateway.queue.entry import QueueEntry
 from gateway.queue.scheduler import Lease, Scheduler
 from gateway.state.keys import Keys
-from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
+from gateway.state.reply_record import Fence, LeaseLost, RecordMarks, ReplyRecords
 from gateway.state.streams import StreamStore
 
 
@@ -259,6 +259,46 @@ async def test_wait_and_take_loads_the_take_script_again_after_a_flush(scheduler
     await scheduler._redis.script_flush()
     lease, _ = await scheduler.wait_and_take("w", 5000, 0, 0.1)
     assert lease is not None and lease.entry.message.text == "after a restart"
+
+
+async def test_a_release_writes_the_record_marks_under_its_fence_and_only_then(scheduler: Scheduler) -> None:
+    """An answer's last mark rides on the release (gateway/delivery/pieces.py): written with it when the lease is
+    held, not at all when it passed on (a takeover resends the piece instead of finding it marked by a stale
+    worker), and a release sent again after it ran changes nothing."""
+    redis, keys = scheduler._redis, scheduler._keys
+    await put(scheduler, "conv", "u:x", "hello")
+    stale = await scheduler.take("w", 100, 0)
+    assert stale is not None
+    await asyncio.sleep(0.15)
+    assert (await scheduler.sweep())[0] == ["conv"]
+    fresh = await scheduler.take("w2", 5000, 0)
+    assert fresh is not None
+    record = keys.reply("m1")
+    marks = RecordMarks(record, 600, {"sent": 1, "state": "done"})
+    assert not await scheduler.release(stale, "done", record=marks)
+    assert await redis.hgetall(record) == {}
+    assert await scheduler.release(fresh, "done", record=marks)
+    assert await redis.hgetall(record) == {b"sent": b"1", b"state": b"done"}
+    assert 0 < await redis.ttl(record) <= 600
+    assert not await scheduler.release(fresh, "done", record=RecordMarks(record, 600, {"state": "failed"}))
+    assert await redis.hget(record, "state") == b"done"
+    assert await scheduler.stats() == (0, 0.0)
+
+
+async def test_marks_left_for_the_release_go_with_any_earlier_write(scheduler: Scheduler) -> None:
+    """A mark left for the release is never lost to a write that comes first: that write carries it, and a path
+    that ends without the release writes it (`flush`); `release_marks` hands it over once."""
+    redis, keys = scheduler._redis, scheduler._keys
+    record = ReplyRecords(redis, keys, 600).open("m2")
+    record.mark_at_release(sent=2)
+    await record.mark(buttons_sent="1")
+    assert (await record.load()).sent == 2 and record.release_marks() is None
+    record.mark_at_release(state="done")
+    await record.flush()
+    assert (await record.load()).state == "done" and record.release_marks() is None
+    record.mark_at_release(state="failed")
+    taken = record.release_marks()
+    assert taken is not None and taken.marks == {"state": "failed"} and record.release_marks() is None
 
 
 async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> None:
