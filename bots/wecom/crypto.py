@@ -59,6 +59,7 @@ class WeComCrypto:
     def __init__(self, token: str, encoding_aes_key: str, receive_id: str) -> None:
         self._token = token
         self._key = decode_aes_key(encoding_aes_key)
+        self._cipher = WeChatCipher(self._key)  # built once: each decrypt takes a decryptor of its own from it
         self._receive_id = receive_id
 
     def verify(self, msg_signature: str, timestamp: str, nonce: str, payload: str) -> None:
@@ -80,7 +81,7 @@ class WeComCrypto:
         if not raw or len(raw) % 16:
             raise CallbackRejected("bad_cipher_length", 400, "Encrypt is not whole AES blocks")
         try:
-            content = strip_pkcs7(WeChatCipher(self._key).decrypt(raw))[_RANDOM_PREFIX:]
+            content = strip_pkcs7(self._cipher.decrypt(raw))[_RANDOM_PREFIX:]
         except ValueError as exc:
             raise CallbackRejected("bad_padding", 400, "PKCS#7 padding out of range") from exc
         if len(content) < _LENGTH_FIELD:

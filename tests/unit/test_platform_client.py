@@ -70,3 +70,20 @@ async def test_a_redirect_is_not_followed_and_failures_are_typed(server: str, cl
         await request_json(client, "POST", f"{server}/busy", "test API", json={})
     with pytest.raises(RetryableSendError, match="unreachable"):
         await request_json(client, "POST", "http://127.0.0.1:9/send", "test API", json={})
+
+
+async def test_the_proxy_environment_is_honoured_without_a_session_that_trusts_it(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's session does not read the environment (aiohttp's trust_env does so in a thread on every call):
+    the client reads HTTP(S)_PROXY and NO_PROXY itself, as httpx does. The test server stands in for the proxy."""
+    monkeypatch.setenv("HTTP_PROXY", server)
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    seen.clear()
+    async with aiohttp.ClientSession() as session, PlatformClient(json_session=session) as http:
+        answer = await request_json(http, "POST", "http://127.0.0.1:9/send", "test API", json={"via": "proxy"})
+    assert answer["echo"] == {"via": "proxy"}, "nothing listens on port 9: the proxy answered"
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    async with aiohttp.ClientSession() as session, PlatformClient(json_session=session) as http:
+        with pytest.raises(RetryableSendError, match="unreachable"):
+            await request_json(http, "POST", "http://127.0.0.1:9/send", "test API", json={})
