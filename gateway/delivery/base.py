@@ -88,6 +88,12 @@ class Presenter:
         self.fence = fence
 
     @property
+    def begins_with_the_commit(self) -> bool:
+        """Whether the first write after the answer's commit is the begin of its first send, so that the commit can
+        ride on it (ReplyRecord.commit_rides_on_send): one round trip fewer."""
+        return False
+
+    @property
     def stream_id(self) -> str:
         """The answer's entry in the stream store, for styles that keep what was shown there ('' for none)."""
         return ""

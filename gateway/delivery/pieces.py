@@ -109,6 +109,10 @@ class PiecesPresenter(Presenter):
         cut = utf8_prefix(pieces[allowed - 1], cap - utf8_len(texts.ANSWER_CUT_TEXT)) + texts.ANSWER_CUT_TEXT
         return [*pieces[: allowed - 1], cut]
 
+    @property
+    def begins_with_the_commit(self) -> bool:
+        return self._in_one_step()
+
     def _in_one_step(self) -> bool:
         """A send's pacing, its repeat count and its mark go to Redis in one script where every key may share it
         (a single Redis) and no reply allowance takes a slot with the mark (微信客服's: conversations.take_slot)."""

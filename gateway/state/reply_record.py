@@ -83,9 +83,13 @@ return {1, ARGV[3]}
 
 # A piece's send begins, in one round trip where every key may go into one script (a single Redis; in a Cluster the
 # pacing windows and the repeat counter stand outside the record's slot, and the steps go one by one):
-# KEYS: lease (the record when unfenced), record, repeat counter (the record when none), then one list per window.
+# KEYS: lease (the record when unfenced), record, repeat counter (the record when none), then one list per window,
+# then the memory if a commit carries an exchange or clears it.
 # ARGV: epoch ('' = unfenced), ttl, now, windows n, repeat counter ttl (0 = none), variant field ('' = none),
-# repeats modulus, then per window its limit and seconds, then field, value, ...
+# repeats modulus, a commit left to ride on this send ('' = none; JSON: text, created, items, clear, max, ttl), then
+# per window its limit and seconds, then field, value, ...
+# The commit comes first and stays whatever follows (a full window does not undo it): the answer is recorded before
+# its first send, as `_COMMIT` would have recorded it (a record that has its text already keeps it).
 # A window is the `limits` library's moving window (LINDEX limit-1 within its seconds: full; else LPUSH now, LTRIM,
 # EXPIRE), so the library and this script keep one count. Every window has room, or nothing is counted at all.
 # Returns {-1, '0'} fenced, {0, seconds to wait} when a window is full, {1, repeat count} when begun.
@@ -94,15 +98,27 @@ _BEGIN_SEND = (
     + """
 if fenced() then return {-1, '0'} end
 local now, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+if ARGV[8] ~= '' and redis.call('HEXISTS', KEYS[2], 'text') == 0 then
+  local c = cjson.decode(ARGV[8])
+  redis.call('HSET', KEYS[2], 'text', c['text'], 'created', c['created'], 'state', 'committed')
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local memory = KEYS[4 + n]
+  if memory and c['clear'] then redis.call('DEL', memory) end
+  if memory and #c['items'] > 0 then
+    for _, item in ipairs(c['items']) do redis.call('RPUSH', memory, item) end
+    if c['max'] > 0 then redis.call('LTRIM', memory, -c['max'], -1) end
+    redis.call('EXPIRE', memory, c['ttl'])
+  end
+end
 local wait = 0
 for i = 1, n do
-  local limit, seconds = tonumber(ARGV[6 + 2 * i]), tonumber(ARGV[7 + 2 * i])
+  local limit, seconds = tonumber(ARGV[7 + 2 * i]), tonumber(ARGV[8 + 2 * i])
   local entry = redis.call('LINDEX', KEYS[3 + i], limit - 1)
   if entry and tonumber(entry) >= now - seconds then wait = math.max(wait, tonumber(entry) + seconds - now) end
 end
 if wait > 0 then return {0, tostring(wait)} end
 for i = 1, n do
-  local limit, seconds = tonumber(ARGV[6 + 2 * i]), tonumber(ARGV[7 + 2 * i])
+  local limit, seconds = tonumber(ARGV[7 + 2 * i]), tonumber(ARGV[8 + 2 * i])
   redis.call('LPUSH', KEYS[3 + i], ARGV[3])
   redis.call('LTRIM', KEYS[3 + i], 0, limit - 1)
   redis.call('EXPIRE', KEYS[3 + i], seconds)
@@ -113,7 +129,7 @@ if tonumber(ARGV[5]) > 0 then
   redis.call('EXPIRE', KEYS[3], ARGV[5])
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], ARGV[6], (count - 1) % tonumber(ARGV[7])) end
 end
-for i = 8 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 9 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return {1, tostring(count)}
 """
@@ -131,6 +147,23 @@ else redis.call('SET', KEYS[2], ARGV[3]) end
 return 1
 """
 )
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """An answer's commit kept to ride on its first send's begin (ReplyRecord.commit)."""
+
+    text: str
+    created: str
+    memory_key: str  # '' when the commit leaves the memory alone
+    items: list[str]
+    memory_ttl_s: int
+    max_memory_items: int
+    clear_memory: bool
+
+    def as_json(self) -> str:
+        return json.dumps({"text": self.text, "created": self.created, "items": self.items, "clear": self.clear_memory,
+                           "max": self.max_memory_items, "ttl": self.memory_ttl_s}, ensure_ascii=False)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -287,6 +320,8 @@ class ReplyRecord:
     files: dict[bytes, bytes] | None = field(default=None, repr=False)  # as read with the record; None: not read
     riders: list[Rider] = field(default_factory=list, repr=False)  # sent with the first load (memory_key set)
     at_release: dict[str, str | int] = field(default_factory=dict, repr=False)  # see mark_at_release
+    commit_rides_on_send: bool = False  # see commit; set by the worker where the presenter's first write is a begin
+    _pending_commit: _Commit | None = field(default=None, repr=False)
 
     def _fence_args(self) -> tuple[str, str]:
         return fence_args(self.fence, self.key)
@@ -298,6 +333,7 @@ class ReplyRecord:
     async def load(self) -> ReplyState:
         """The record; the first time, with the conversation memory (`memory`) in the same round trip. Only the
         lease holder writes that memory, so it stays as read unless this job changes it (`forget_memory`)."""
+        await self._flush_commit()  # what is read includes the answer kept for the send's begin
         if not self.memory_key or self.memory is not None:
             return ReplyState.from_hash(await self.redis.hgetall(self.key))
         riders, self.riders = self.riders, []
@@ -337,11 +373,14 @@ class ReplyRecord:
         return RecordMarks(self.key, self.ttl_s, marks)
 
     async def flush(self) -> None:
-        """Write now what was left for the release (a path that ends without that release)."""
+        """Write now what was kept for a later step: a commit kept for the send's begin, marks left for the release
+        (a path that ends without them)."""
+        await self._flush_commit()
         if self.at_release:
             await self.mark()
 
     async def _write(self, mode: str, values: dict[str, str | int]) -> int:
+        await self._flush_commit()
         if self.at_release:  # written first: the release may never come, or come after this write
             marks, self.at_release = self.at_release, {}
             values = {**marks, **values}
@@ -371,20 +410,30 @@ class ReplyRecord:
         the repeat number, the modulus) and `values` marked. (seconds to wait, 0) when a window is full: nothing
         was counted or marked; else (0, the repeat count). LeaseLost when fenced. Retried while Redis is away,
         like `mark`: a repeat may count a send twice (less is sent, never more) and number the piece anew."""
-        await self.flush()
+        if self.at_release:
+            await self.flush()
+        commit, self._pending_commit = self._pending_commit, None  # rides on this begin, in front of it
         lease_key, epoch = self._fence_args()
         counter, counter_ttl, variant, modulus = repeats or (self.key, 0, "", 1)
         argv: list[str | int] = [epoch, self.ttl_s, f"{time.time():.6f}", len(windows), counter_ttl, variant, modulus]
+        argv.append(commit.as_json() if commit else "")
         for _, limit, seconds in windows:
             argv += [limit, seconds]
         for name, value in values.items():
             argv += [name, value]
         keys = [lease_key, self.key, counter, *(key for key, _, _ in windows)]
+        if commit and commit.memory_key:
+            keys.append(commit.memory_key)
 
         async def once() -> list:
             return await self._scripts["begin_send"](keys=keys, args=argv)
 
-        status, number = await while_redis_returns(once)
+        try:
+            status, number = await while_redis_returns(once)
+        except BaseException:
+            if commit is not None:  # it may not have run: kept for the next write (it is applied once only)
+                self._pending_commit = commit
+            raise
         if int(status) < 0:
             raise LeaseLost(self.key)
         return (float(number), 0) if int(status) == 0 else (0.0, int(number))
@@ -405,14 +454,36 @@ class ReplyRecord:
         clear_memory: bool = False,
     ) -> str:
         """Store the answer (and the exchange in memory) once; if another worker got there first, its answer.
-        `clear_memory` (/reset) empties the conversation's memory in the same fenced step."""
-        await self.flush()
-        lease_key, epoch = self._fence_args()
+        `clear_memory` (/reset) empties the conversation's memory in the same fenced step.
+
+        With `commit_rides_on_send` (a fenced record whose first write after the commit is a send's begin) the
+        commit is kept and goes with that begin, in its script and before it (`begin_send`); any other write or
+        read first writes it alone. Under the lease nobody else can have committed meanwhile (this worker read
+        the record without a text after taking the lease), so the answer is `text`."""
         items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
-        flag = "1" if clear_memory else ""
-        argv = [epoch, self.ttl_s, text, created, "committed", memory_ttl_s, max_memory_items, flag, *items]
-        keys = [lease_key, self.key, *([memory_key] if exchange or clear_memory else [])]
+        pending = _Commit(text, created, memory_key if exchange or clear_memory else "", items, memory_ttl_s,
+                          max_memory_items, clear_memory)  # fmt: skip
+        if self.commit_rides_on_send and self.fence is not None:
+            await self.flush()
+            if self._pending_commit is None:
+                self._pending_commit = pending
+            return self._pending_commit.text
+        await self.flush()
+        return await self._commit_now(pending)
+
+    async def _commit_now(self, pending: _Commit) -> str:
+        lease_key, epoch = self._fence_args()
+        flag = "1" if pending.clear_memory else ""
+        argv = [epoch, self.ttl_s, pending.text, pending.created, "committed", pending.memory_ttl_s,
+                pending.max_memory_items, flag, *pending.items]  # fmt: skip
+        keys = [lease_key, self.key, *([pending.memory_key] if pending.memory_key else [])]
         status, stored = await self._scripts["commit"](keys=keys, args=argv)
         if int(status) < 0:
             raise LeaseLost(self.key)
         return as_text(stored)
+
+    async def _flush_commit(self) -> None:
+        """Write a commit kept for the next send's begin now (another write or read comes first)."""
+        if self._pending_commit is not None:
+            pending, self._pending_commit = self._pending_commit, None
+            await self._commit_now(pending)

@@ -311,6 +311,7 @@ class Worker:
         riders = [rider for rider in (self._adoption(message, scope) if chat else None, admission) if rider]
         record = services.records.open(message.dedup_key, fence, memory_key, files_key, riders)
         presenter = presenter_for(services.delivery, adapter, message, record, fence)
+        record.commit_rides_on_send = presenter.begins_with_the_commit
         return Job(lease, message, scope, adapter, record, presenter, admission=admission)
 
     def _adoption(self, message: InboundMessage, scope: Scope) -> Rider | None:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.state.keys import Keys
 from gateway.state.limits import MovingWindowLimiter, window
+from gateway.state.memory import Turn, turns_of
 from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
 
 
@@ -63,3 +64,42 @@ async def test_repeats_are_numbered_and_a_lost_lease_changes_nothing(client: aio
         await fenced.begin_send([("pace:x", 1, 60)], (counter, 60, "v0", 4), {"started": 1})
     assert await client.get(counter) == b"3" and not await client.exists("pace:x")
     assert not await client.exists(keys.reply("f"))
+
+
+async def test_a_commit_rides_on_the_first_begin_and_stays_when_the_send_must_wait(client: aioredis.Redis) -> None:
+    """The answer's commit kept for the first send's begin (ReplyRecord.commit_rides_on_send) is written by that
+    begin, before its pacing: a full window refuses the send but not the commit, and the exchange is in memory once.
+    A lost lease writes neither, and a read before the begin writes the commit alone first."""
+    keys = Keys("b" + secrets.token_hex(4))
+    records = ReplyRecords(client, keys, 3600)
+    await client.hset("lease", "epoch", "7")
+    memory = keys.memory("lane")
+    exchange = (Turn("user", "你好", 2), Turn("assistant", "您好", 2))
+
+    full = [("pace:full", 1, 60)]
+    await client.lpush("pace:full", "9999999999")  # a send counted in the future: the window stays full
+    record = records.open("m1", Fence("lease", "7"))
+    record.commit_rides_on_send = True
+    assert await record.commit("您好", "1.0", memory, exchange, 600, 10) == "您好"
+    assert not await client.exists(keys.reply("m1")), "written before the begin: no round trip saved"
+    wait_s, _ = await record.begin_send(full, None, {"started": 1})
+    assert wait_s > 0
+    state = await record.load()
+    assert (state.text, state.state, state.started) == ("您好", "committed", 0)
+    assert [turn.content for turn in turns_of(await client.lrange(memory, 0, -1))] == ["你好", "您好"]
+    assert 0 < await client.ttl(memory) <= 600 and 0 < await client.ttl(keys.reply("m1")) <= 3600
+    assert await record.begin_send([], None, {"started": 1}) == (0.0, 0)
+    assert await client.llen(memory) == 2, "the exchange went into memory once"
+
+    read_first = records.open("m2", Fence("lease", "7"))
+    read_first.commit_rides_on_send = True
+    await read_first.commit("again", "1.0", memory, exchange, 600, 10)
+    assert (await read_first.load()).text == "again"
+
+    stale = records.open("m3", Fence("lease", "6"))
+    stale.commit_rides_on_send = True
+    await stale.commit("stale", "1.0", memory, exchange, 600, 10)
+    with pytest.raises(LeaseLost):
+        await stale.begin_send([], None, {"started": 1})
+    assert not await client.exists(keys.reply("m3"))
+    assert await client.llen(memory) == 4
