@@ -27,7 +27,9 @@ key behind, however many conversations the namespace has seen.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +38,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
+from gateway import metrics
 from gateway.queue.entry import QueueEntry
 from gateway.state.keys import Keys
 from gateway.state.redis_text import as_text
@@ -91,6 +94,23 @@ local function end_lease(ns, lane)
     resume_deferred(ns, user)
   end
 end
+local function sweep_due(ns, now)
+  -- Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
+  -- owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
+  -- Returns the expired lanes.
+  local expired = redis.call('ZRANGEBYSCORE', ns .. ':sched:leases', '-inf', now, 'LIMIT', 0, 64)
+  for _, lane in ipairs(expired) do
+    end_lease(ns, lane)
+    redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
+    if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
+  end
+  local due = redis.call('ZRANGEBYSCORE', ns .. ':sched:delayed', '-inf', now, 'LIMIT', 0, 256)
+  for _, lane in ipairs(due) do
+    redis.call('ZREM', ns .. ':sched:delayed', lane)
+    make_ready(ns, lane, 0)
+  end
+  return expired
+end
 """
 
 # KEYS: dedup key (or any key of the slot when ARGV[2] == '0'), then the signature binding key if there is one.
@@ -120,21 +140,29 @@ return n
 
 # KEYS: the ready set (so that a cluster routes the script to the queue's slot).
 # ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
-# Returns {lane, epoch, head entry, 1 if more lanes are ready else 0} or false when nothing can run now.
+# Sweeps first (sweep_due): a busy worker's takes keep the leases and delays swept without trips of their own.
+# Returns {lane, epoch, head entry, 1 if more lanes are ready else 0, expired lanes...}, or {'', '', '', 0, expired
+# lanes...} when nothing can run now.
 # Whenever the ready set is left empty the wake-ups are dropped with it, so a worker told "no more" blocks on
 # the wake list at once instead of asking again to learn that nothing is ready (one round trip per message).
 _TAKE = (
     _COMMON
     + """
 local ns, owner, lease_ms, cap = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local expired = sweep_due(ns, now_ms())
 local function ran_empty()
   redis.call('DEL', ns .. ':sched:wake', ns .. ':sched:vclock', ns .. ':sched:arrivals')
+end
+local function answer(lane, epoch, head, more)
+  local result = {lane, epoch, head, more}
+  for _, gone in ipairs(expired) do result[#result + 1] = gone end
+  return result
 end
 for _ = 1, 16 do
   local popped = redis.call('ZPOPMIN', ns .. ':sched:ready')
   if #popped == 0 then
     ran_empty()
-    return false
+    return answer('', '', '', 0)
   end
   local lane = popped[1]
   redis.call('SET', ns .. ':sched:vclock', popped[2])
@@ -151,11 +179,11 @@ for _ = 1, 16 do
       redis.call('SADD', active, lane)
       local more = redis.call('ZCARD', ns .. ':sched:ready')
       if more == 0 then ran_empty() end
-      return {lane, epoch, head, math.min(more, 1)}
+      return answer(lane, epoch, head, math.min(more, 1))
     end
   end
 end
-return false
+return answer('', '', '', 0)
 """
 )
 
@@ -223,25 +251,14 @@ return lost
 )
 
 # KEYS: the ready set. ARGV: core prefix.
-# Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
-# owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
+# sweep_due (expired leases handed on, due delays made ready), for when no take has done it lately.
 # Returns {expired lanes..., '|', ms until the next lease or delay falls due (-1 = none)}.
 _SWEEP = (
     _COMMON
     + """
 local ns = ARGV[1]
 local now = now_ms()
-local expired = redis.call('ZRANGEBYSCORE', ns .. ':sched:leases', '-inf', now, 'LIMIT', 0, 64)
-for _, lane in ipairs(expired) do
-  end_lease(ns, lane)
-  redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
-  if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
-end
-local due = redis.call('ZRANGEBYSCORE', ns .. ':sched:delayed', '-inf', now, 'LIMIT', 0, 256)
-for _, lane in ipairs(due) do
-  redis.call('ZREM', ns .. ':sched:delayed', lane)
-  make_ready(ns, lane, 0)
-end
+local expired = sweep_due(ns, now)
 local next_due = -1
 for _, key in ipairs({ns .. ':sched:leases', ns .. ':sched:delayed'}) do
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -304,6 +321,7 @@ class Lease:
 
 
 Outcome = Literal["done", "retry"]
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -314,6 +332,7 @@ class Scheduler:
         self._keys = keys
         self._ns = keys.core  # the scripts build every name from the hash-tagged prefix (one cluster slot)
         self._routing = [keys.scheduler_ready]
+        self.swept_at = 0.0  # monotonic time of the last sweep, by `sweep` or by a take (which sweeps first)
         self._scripts = {
             name: redis.register_script(source)
             for name, source in {
@@ -398,12 +417,15 @@ class Scheduler:
             raise result
         return await self._leased(result)
 
-    async def _leased(self, result: list | None) -> tuple[Lease | None, bool]:
-        """The take script's answer as (lease, whether another lane may be ready)."""
-        if not result:
-            return None, False
+    async def _leased(self, result: list) -> tuple[Lease | None, bool]:
+        """The take script's answer as (lease, whether another lane may be ready); the leases it found expired
+        are reported."""
+        self.swept_at = time.monotonic()
+        self._report(as_text(lane) for lane in result[4:])
         lane, epoch, head = (as_text(item) for item in result[:3])
         more = bool(int(result[3]))
+        if not lane:
+            return None, more
         try:
             return Lease(lane, epoch, QueueEntry.from_json(head)), more
         except ValidationError as exc:  # written by hand or by a broken client: kept for an operator, not retried
@@ -474,10 +496,19 @@ class Scheduler:
         return {as_text(lane) for lane in await self._scripts["renew"](keys=self._routing, args=args)}
 
     async def sweep(self) -> tuple[list[str], float]:
-        """Hand on expired leases and wake delayed lanes that are due; (expired lanes, seconds to next due)."""
+        """Hand on expired leases and wake delayed lanes that are due; (expired lanes, seconds to next due).
+        Every take sweeps too (`swept_at`)."""
         result = [as_text(item) for item in await self._scripts["sweep"](keys=self._routing, args=[self._ns])]
+        self.swept_at = time.monotonic()
         next_ms = int(result[-1])
+        self._report(result[:-2])
         return result[:-2], (next_ms / 1000 if next_ms >= 0 else -1.0)
+
+    @staticmethod
+    def _report(expired: Iterable[str]) -> None:
+        for lane in expired:
+            metrics.LEASE_TAKEOVERS.inc()
+            log.warning("took over a stalled message", extra={"lane": lane})
 
     # -- operators ---------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from gateway.worker.pulled import PulledWork
 from tools.kit import ToolKit
 
 log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 1.0  # at least this often, by the sweep loop or a take: a stalled lease or a delay is never missed
 
 
 def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
@@ -198,17 +199,20 @@ class Worker:
                     held[1].cancel()
 
     async def _sweep_loop(self) -> None:
-        """Hand on the leases of workers that died or stalled, and wake delayed lanes that are due."""
+        """Hand on the leases of workers that died or stalled, and wake delayed lanes that are due. Every take
+        sweeps too: when nothing is known to fall due within the second, a sweep is left out while takes come."""
         while True:
             try:
-                expired, next_due_s = await self._scheduler.sweep()
+                _, next_due_s = await self._scheduler.sweep()
             except RedisError as exc:
                 log.warning("scheduler sweep failed", extra={"error": str(exc)})
-                expired, next_due_s = [], 1.0
-            for lane in expired:
-                metrics.LEASE_TAKEOVERS.inc()
-                log.warning("took over a stalled message", extra={"lane": lane})
-            await asyncio.sleep(min(1.0, max(0.02, next_due_s)) if next_due_s >= 0 else 1.0)
+                next_due_s = 1.0
+            if 0 <= next_due_s < SWEEP_EVERY_S:  # something falls due: sweep right then
+                await asyncio.sleep(max(0.02, next_due_s))
+                continue
+            await asyncio.sleep(SWEEP_EVERY_S)
+            while (since := time.monotonic() - self._scheduler.swept_at) < SWEEP_EVERY_S:
+                await asyncio.sleep(SWEEP_EVERY_S - since)
 
     def _start(self, lease: Lease) -> None:
         task = asyncio.create_task(self._handle(lease))

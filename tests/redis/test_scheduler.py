@@ -301,6 +301,25 @@ async def test_marks_left_for_the_release_go_with_any_earlier_write(scheduler: S
     assert taken is not None and taken.marks == {"state": "failed"} and record.release_marks() is None
 
 
+async def test_a_take_sweeps_first(scheduler: Scheduler) -> None:
+    """A take hands on an expired lease and makes a due delay ready before it pops, so that a busy worker's sweep
+    loop has nothing to add (`swept_at`): the stalled lane is taken at once, with a new epoch."""
+    await put(scheduler, "conv", "u:x", "stalled")
+    stalled = await scheduler.take("w", 100, 0)
+    assert stalled is not None
+    await asyncio.sleep(0.15)
+    before = scheduler.swept_at
+    again = await scheduler.take("w2", 5000, 0)
+    assert again is not None and again.lane == "conv" and again.epoch != stalled.epoch
+    assert scheduler.swept_at > before
+    assert (await scheduler.counters())["takeovers"] == 1
+    assert not await scheduler.release(stalled, "done"), "the stalled owner is fenced"
+    assert await scheduler.release(again, "retry", delay_s=0.1)
+    await asyncio.sleep(0.15)
+    due = await scheduler.take("w2", 5000, 0)
+    assert due is not None and due.entry.message.text == "stalled"
+
+
 async def test_dead_letter_is_written_with_the_release(scheduler: Scheduler) -> None:
     await put(scheduler, "conv", "u:x", "doomed")
     lease = await scheduler.take("w", 5000, 0)
