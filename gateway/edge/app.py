@@ -6,10 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from slowapi import Limiter, _rate_limit_exceeded_handler
-from slowapi.errors import RateLimitExceeded
-from slowapi.middleware import SlowAPIASGIMiddleware
-from slowapi.util import get_remote_address
 
 from gateway.config import Settings
 from gateway.console.routes import install as install_console
@@ -17,6 +13,7 @@ from gateway.edge.admin_listener import AdminListenerGuard
 from gateway.edge.admin_routes import router as admin_router
 from gateway.edge.batching import RedisBatcher
 from gateway.edge.callbacks import callback_handlers
+from gateway.edge.flood_guard import FloodGuard
 from gateway.edge.ingest import Ingest
 from gateway.edge.kb_routes import router as kb_router
 from gateway.edge.routes import router
@@ -56,14 +53,9 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
     # port (and the admin listener serves only operator paths anyway, gateway.edge.admin_listener).
     app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # Flood guard at the HTTP layer; per-user fairness is MovingWindowLimiter's job, after decryption.
-    app.state.limiter = Limiter(
-        key_func=get_remote_address,
-        default_limits=[settings.limits.http_per_source],
-        storage_uri=settings.limits.http_storage,
-        key_prefix=f"{settings.namespace}:http",
-    )
-    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
-    app.add_middleware(SlowAPIASGIMiddleware)
+    limits = settings.limits
+    app.add_middleware(FloodGuard, spec=limits.http_per_source, storage_url=limits.http_storage,
+                       key_prefix=f"{settings.namespace}:http")  # fmt: skip
     token = settings.admin.token.get_secret_value() if settings.admin.token else None
     app.add_middleware(AdminListenerGuard, admin_port=admin_port, token=token)
     app.include_router(router)

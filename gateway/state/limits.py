@@ -140,7 +140,7 @@ class Notices(BaseModel):
 
 
 class LimitSettings(BaseModel):
-    """Per-user and per-group limits and the HTTP flood guard (slowapi)."""
+    """Per-user and per-group limits and the HTTP flood guard (gateway/edge/flood_guard.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
