@@ -104,7 +104,12 @@ PROFILE = os.environ.get("BENCH_PROFILE", "")
 if PROFILE:
     import atexit
     import cProfile
+    import signal
+    import sys
 
     _profiler = cProfile.Profile()
     _profiler.enable()
     atexit.register(lambda: _profiler.dump_stats(os.path.join(PROFILE, f"{os.getpid()}.prof")))
+    # uvicorn restores the handler it found and raises SIGTERM again after its shutdown: with the default handler the
+    # process would die without running atexit, and the gateway's profile would never be written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
