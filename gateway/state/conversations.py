@@ -5,6 +5,11 @@ platform when the cache is empty; events and our own moves update it. The quota 
 since the person last wrote; it is renewed when the pull finds a new message of theirs, and one slot is
 always left for the handoff notice.
 
+WeCom counts the 5 from the moment the person wrote, not from when botgw handles their message: whatever we
+sent after they wrote (an answer to their previous message still being written, a welcome) counts in the new
+window. So every slot is stamped with when it was taken, and a renewal keeps the slots taken since the person
+wrote (less QUOTA_GRACE_S: a send taken just before may land after), instead of starting again at 0.
+
 Every write here is fenced by the writing worker's lease (a stale worker changes nothing), and each
 once-only step of a handoff is marked in the reply record after it happened: a retry after a failure
 repeats only what did not happen yet.
@@ -28,39 +33,55 @@ from gateway.state.reply_record import FENCE_LUA, Fence, FencedValues, LeaseLost
 
 log = logging.getLogger(__name__)
 OWNER_CACHE_S = 600  # a holder learnt from the platform is asked again after this; events update it sooner
+# A renewal also counts the slots taken this long before the person wrote: a send begun then may reach WeCom after
+# their message (an HTTP attempt lasts up to the client's 15 s timeout; the platform's send_time is whole seconds).
+QUOTA_GRACE_S = 20.0
 
 _FENCED = FENCE_LUA + "\nif fenced() then return -1 end\n"
 
-# KEYS: lease (the record when unfenced), quota hash {used, since}, reply record. ARGV: epoch ('' = unfenced),
-# limit, slots kept back, record ttl, no window is fine ('1': a welcome before the person wrote), then
-# field/value pairs to mark in the record with the slot. Returns 1 when a slot was taken (and the marks written,
-# in the same step: a crash can neither send without a slot counted nor count a slot for a send that is not
-# recorded as begun), 2 when there is no window and that is fine (marks written), 0 when none is left (or the
-# window since the person last wrote has passed: the hash is gone), -1 when the lease is lost.
+# KEYS: lease (the record when unfenced), quota hash {used, since, at}, reply record. ARGV: epoch ('' = unfenced),
+# limit, slots kept back, record ttl, no window is fine ('1': a welcome before the person wrote), now, the window
+# (s), then field/value pairs to mark in the record with the slot. Returns 1 when a slot was taken (and the marks
+# written, in the same step: a crash can neither send without a slot counted nor count a slot for a send that is
+# not recorded as begun), 2 when there is no window and that is fine (marks written), 0 when none is left (or the
+# window since the person last wrote has passed: the hash is gone), -1 when the lease is lost. Every send (1 or 2)
+# is stamped in `at` (the last `limit` stamps): a renewal counts those taken since the person wrote.
 _TAKE_SLOT = (
     _FENCED
     + """
 local function mark()
-  if #ARGV > 5 then
-    for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+  if #ARGV > 7 then
+    for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
     redis.call('EXPIRE', KEYS[3], ARGV[4])
   end
 end
+local function stamp()
+  local at = {}
+  for t in string.gmatch(redis.call('HGET', KEYS[2], 'at') or '', '%S+') do at[#at + 1] = t end
+  at[#at + 1] = ARGV[6]
+  local limit = tonumber(ARGV[2])
+  while #at > limit do table.remove(at, 1) end
+  redis.call('HSET', KEYS[2], 'at', table.concat(at, ' '))
+  if redis.call('TTL', KEYS[2]) < 0 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+end
 local used = redis.call('HGET', KEYS[2], 'used')
 if not used then
-  if ARGV[5] == '1' then mark() return 2 end
+  if ARGV[5] == '1' then stamp() mark() return 2 end
   return 0
 end
 if tonumber(used) + 1 > tonumber(ARGV[2]) - tonumber(ARGV[3]) then return 0 end
 redis.call('HINCRBY', KEYS[2], 'used', 1)
+stamp()
 mark()
 return 1
 """
 )
 
 # KEYS: lease (the quota hash when unfenced), quota hash. ARGV: epoch, when the person wrote, the window (s),
-# now. A message newer than the last one that renewed the allowance starts it again; handling the same message
-# twice (a takeover) does not.
+# now, the grace (s). A message newer than the last one that renewed the allowance starts it again, with the
+# slots stamped since the person wrote (less the grace) still counted: WeCom counts what reached it after their
+# message, and botgw may have sent that (the answer to their previous message, a welcome) before it handled this
+# one. Handling the same message twice (a takeover) does not renew.
 _RENEW = (
     _FENCED
     + """
@@ -68,7 +89,11 @@ local since = tonumber(redis.call('HGET', KEYS[2], 'since') or '-1')
 if tonumber(ARGV[2]) <= since then return 0 end
 local left = math.floor(tonumber(ARGV[2]) + tonumber(ARGV[3]) - tonumber(ARGV[4]))
 if left <= 0 then return 0 end
-redis.call('HSET', KEYS[2], 'used', 0, 'since', ARGV[2])
+local from, used = tonumber(ARGV[2]) - tonumber(ARGV[5]), 0
+for t in string.gmatch(redis.call('HGET', KEYS[2], 'at') or '', '%S+') do
+  if tonumber(t) >= from then used = used + 1 end
+end
+redis.call('HSET', KEYS[2], 'used', used, 'since', ARGV[2])
 redis.call('EXPIRE', KEYS[2], left)
 return 1
 """
@@ -121,10 +146,11 @@ class Conversations:
         await self.handoffs.taken(message, self._keys.conversation_owner(self._lane(message)), OWNER_CACHE_S, fence)
 
     async def renew_quota(self, message: InboundMessage, quota: ReplyQuota, fence: Fence | None = None) -> None:
-        """The person wrote (at `message.received_at`): their allowance starts again, for the platform's window."""
+        """The person wrote (at `message.received_at`): their allowance starts again, for the platform's window,
+        less what botgw sent since they wrote (WeCom counts from their message, not from our handling of it)."""
         key = self._keys.reply_quota(self._lane(message))
         lease_key, epoch = fence_args(fence, key)
-        args = [epoch, f"{message.received_at:.3f}", quota.window_s, f"{time.time():.3f}"]
+        args = [epoch, f"{message.received_at:.3f}", quota.window_s, f"{time.time():.3f}", QUOTA_GRACE_S]
         if int(await self._renew(keys=[lease_key, key], args=args)) < 0:
             raise LeaseLost(key)
 
@@ -145,11 +171,13 @@ class Conversations:
     ) -> bool:
         """Count one message against the quota and mark `marks` in the reply record, together and under the
         record's lease; False when it may not be sent. `outside_window_ok`: a message bound to an event code
-        (a welcome) may go when the person has not written yet; it is counted when they have."""
+        (a welcome) may go when the person has not written yet; it is counted when they have (and, stamped, by
+        the renewal of a message they wrote before it went)."""
         keep = 0 if for_handoff else quota.reserve
         key = self._keys.reply_quota(self._lane(message))
         lease_key, epoch = fence_args(record.fence, record.key)
-        argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else ""]
+        argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else "",
+                                f"{time.time():.3f}", quota.window_s]
         for name, value in marks.items():
             argv += [name, value]
         taken = int(await self._take_slot(keys=[lease_key, key, record.key], args=argv))

@@ -51,13 +51,18 @@ end
 return 0
 """
 
-# KEYS: message windows (sorted sets of admitted messages by time, ms). ARGV: now (ms), the message, then
-# (limit, window ms) per key. Returns {0} when the message is admitted (or was already: nothing changes),
-# else {index of the first full window (1-based), ms until its oldest message leaves it}.
+# KEYS: message windows (sorted sets of admitted messages by time, ms), then optionally the message's reply record.
+# ARGV: now (ms), the message, then (limit, window ms) per window. Returns {0} when the message is admitted (or was
+# already, or its record has an answer: nothing changes), else {index of the first full window (1-based), ms until
+# its oldest message leaves it}. The record is given where the question is asked before the record is read (a
+# rider of its load, a single Redis): a retry of an answered message, refused the first time, is not counted now.
 _ADMIT = """
 local now, member = tonumber(ARGV[1]), ARGV[2]
+local n = (#ARGV - 2) / 2
+if #KEYS > n and redis.call('HEXISTS', KEYS[n + 1], 'text') == 1 then return {0, 0} end
 local known = true
-for i, key in ipairs(KEYS) do
+for i = 1, n do
+  local key = KEYS[i]
   local limit, span = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
   if not redis.call('ZSCORE', key, member) then
@@ -69,9 +74,9 @@ for i, key in ipairs(KEYS) do
   end
 end
 if known then return {0, 0} end
-for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'NX', now, member)
-  redis.call('PEXPIRE', key, ARGV[2 + 2 * i])
+for i = 1, n do
+  redis.call('ZADD', KEYS[i], 'NX', now, member)
+  redis.call('PEXPIRE', KEYS[i], ARGV[2 + 2 * i])
 end
 return {0, 0}
 """
@@ -342,15 +347,18 @@ class Budgets:
             return None
         return admission.judge(await self._admit(keys=admission.keys, args=admission.args))
 
-    def admission(self, user_id: str, group_id: str | None, message_key: str) -> Admission | None:
-        """`admit_message` as a rider of the reply record's first load; None when no window applies."""
+    def admission(
+        self, user_id: str, group_id: str | None, message_key: str, record_key: str = ""
+    ) -> Admission | None:
+        """`admit_message` as a rider of the reply record's first load (`record_key`: nothing is counted when the
+        record has an answer already); None when no window applies."""
         applying = self._message_windows(user_id, group_id)
         if not applying:
             return None
         argv: list[str | int] = [int(time.time() * 1000), message_key]
         for _, _, limit in applying:
             argv += [limit.amount, limit.get_expiry() * 1000]
-        keys = [key for key, _, _ in applying]
+        keys = [key for key, _, _ in applying] + ([record_key] if record_key else [])
         return Admission(self._admit.sha, keys, argv, functools.partial(self._refusal, user_id, group_id, applying))
 
     def _refusal(

@@ -381,16 +381,16 @@ class ReplyRecord:
 
     async def _write(self, mode: str, values: dict[str, str | int]) -> int:
         await self._flush_commit()
-        if self.at_release:  # written first: the release may never come, or come after this write
-            marks, self.at_release = self.at_release, {}
-            values = {**marks, **values}
+        marks = self.at_release  # written first: the release may never come, or come after this write
         lease_key, epoch = self._fence_args()
         argv: list[str | int] = [epoch, self.ttl_s, mode]
-        for name, value in values.items():
+        for name, value in {**marks, **values}.items():
             argv += [name, value]
         written = int(await self._scripts["write"](keys=[lease_key, self.key], args=argv))
         if written < 0:
             raise LeaseLost(self.key)
+        if marks:  # only once written: a write retried after a blip carries them again
+            self.at_release = {}
         return written
 
     async def mark(self, **values: str | int) -> None:
@@ -485,5 +485,5 @@ class ReplyRecord:
     async def _flush_commit(self) -> None:
         """Write a commit kept for the next send's begin now (another write or read comes first)."""
         if self._pending_commit is not None:
-            pending, self._pending_commit = self._pending_commit, None
-            await self._commit_now(pending)
+            await self._commit_now(self._pending_commit)
+            self._pending_commit = None  # only once written: a write retried after a blip commits first again

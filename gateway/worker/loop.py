@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -210,9 +211,10 @@ class Worker:
             if 0 <= next_due_s < SWEEP_EVERY_S:  # something falls due: sweep right then
                 await asyncio.sleep(max(0.02, next_due_s))
                 continue
+            due_at = time.monotonic() + next_due_s if next_due_s >= 0 else math.inf
             await asyncio.sleep(SWEEP_EVERY_S)
-            while (since := time.monotonic() - self._scheduler.swept_at) < SWEEP_EVERY_S:
-                await asyncio.sleep(SWEEP_EVERY_S - since)
+            while (since := (now := time.monotonic()) - self._scheduler.swept_at) < SWEEP_EVERY_S and now < due_at:
+                await asyncio.sleep(max(0.02, min(SWEEP_EVERY_S - since, due_at - now)))
 
     def _start(self, lease: Lease) -> None:
         task = asyncio.create_task(self._handle(lease))
@@ -280,9 +282,8 @@ class Worker:
             return
         scheduler = self._scheduler
         released = await while_redis_returns(lambda: scheduler.release(lease, "done", weight=weight, record=marks))
-        if not released:
-            log.warning("the lease passed on before the answer's last mark; its new owner resends the last piece",
-                        extra={"lane": lease.lane})  # fmt: skip
+        if not released:  # passed on (its new owner resends the last piece), or this release ran before a blip
+            log.warning("the release with the answer's last mark found its lease gone", extra={"lane": lease.lane})
 
     @staticmethod
     async def _may_merge(job: Job) -> bool:
@@ -327,9 +328,9 @@ class Worker:
     def _admission(self, message: InboundMessage, adapter: Channel) -> Admission | None:
         """The MessageLimits stage's question, asked with the record's first load where nothing comes before the
         stage that could end the answer uncounted (a platform with human agents has the gate first), and where its
-        windows share the record's Redis (a single Redis, not a Cluster). A retry of an answer already committed
-        asks it too: the message is a member of its windows already, so it is not counted again (unless the
-        retry comes after the window passed: then it counts once more there, erring towards fewer messages)."""
+        windows share the record's Redis (a single Redis, not a Cluster). The record goes with it: a retry of an
+        answer already recorded (the stage will not run) counts nothing."""
         if adapter.sessions is not None or not self.services.delivery.single_slot:
             return None
-        return self.services.budgets.admission(message.person, message.group or None, message.dedup_key)
+        record_key = self.services.keys.reply(message.dedup_key)
+        return self.services.budgets.admission(message.person, message.group or None, message.dedup_key, record_key)

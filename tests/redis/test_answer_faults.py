@@ -9,6 +9,7 @@ same paths against the simulator are in tests/e2e/wecom_kf/test_kf.py and tests/
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -403,3 +404,30 @@ async def test_a_welcome_takes_a_slot_when_the_customer_has_written_and_never_th
     await pulled._welcome(adapter, message, welcome, world.records.open("w:" + message.dedup_key))
     assert sent == ["W1"], "the welcome took the slot kept for the handoff notice"
     assert await world.conversations.take_slot(message, QUOTA, record, {}, for_handoff=True)
+
+
+# -- model seed 219: WeCom counts from the customer's message, botgw renewed from its handling of it -------------
+
+
+async def test_sends_after_the_customer_wrote_again_still_count_when_their_message_renews_the_allowance(
+    world: World,
+) -> None:
+    """The customer writes q1, then q2 while q1's answer is still being written: that answer (and a welcome) reach
+    WeCom after q2, so WeCom counts them against q2's 5. The renewal on q2, handled after them, must not forget
+    them (it reset to 0: the 6th message was refused with 95001)."""
+    first, fence, record = await kf_turn(world, "q1")
+    second = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "q2", "received_at": time.time()})
+    assert await world.conversations.take_slot(first, QUOTA, record, {"s0": 1})  # q1's answer, after q2 was written
+    assert await world.conversations.take_slot(first, QUOTA, record, {"s1": 1}, outside_window_ok=True)  # a welcome
+    await world.conversations.renew_quota(second, QUOTA, fence)
+    assert await world.conversations.quota_left(second, QUOTA) == 2, "the sends WeCom counts against q2 forgotten"
+
+
+async def test_sends_well_before_the_customer_wrote_again_are_forgotten_by_the_renewal(world: World) -> None:
+    first, fence, record = await kf_turn(world, "q1")
+    for slot in range(4):
+        assert await world.conversations.take_slot(first, QUOTA, record, {f"s{slot}": 1})
+    later = time.time() + 120  # the customer wrote minutes after the answer went
+    second = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "q2", "received_at": later})
+    await world.conversations.renew_quota(second, QUOTA, fence)
+    assert await world.conversations.quota_left(second, QUOTA) == 4
