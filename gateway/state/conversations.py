@@ -34,8 +34,10 @@ from gateway.state.reply_record import FENCE_LUA, Fence, FencedValues, LeaseLost
 log = logging.getLogger(__name__)
 OWNER_CACHE_S = 600  # a holder learnt from the platform is asked again after this; events update it sooner
 # A renewal also counts the slots taken this long before the person wrote: a send begun then may reach WeCom after
-# their message (an HTTP attempt lasts up to the client's 15 s timeout; the platform's send_time is whole seconds).
-QUOTA_GRACE_S = 20.0
+# their message (the platform's send_time is whole seconds; a request in flight). Longer over-counts a quick reply
+# (seed 219 at 20 s withheld an answer WeCom allowed); a resend begun before they wrote that lands much later is
+# not covered.
+QUOTA_GRACE_S = 2.0
 
 _FENCED = FENCE_LUA + "\nif fenced() then return -1 end\n"
 
