@@ -395,7 +395,7 @@ class Scheduler:
         return (await self.take_next(owner, lease_ms, max_per_user))[0]
 
     async def take_next(self, owner: str, lease_ms: int, max_per_user: int) -> tuple[Lease | None, bool]:
-        """`take`, and whether another lane may be ready (False: wait_for_work, nothing is there to take)."""
+        """`take`, and whether another lane may be ready (False: nothing is there to take; `wait_and_take`)."""
         result = await self._scripts["take"](keys=self._routing, args=[self._ns, owner, lease_ms, max_per_user])
         return await self._leased(result)
 
@@ -438,10 +438,6 @@ class Scheduler:
         dead = json.dumps({"reason": reason, "raw": head[:10_000]}, ensure_ascii=False)
         args = [self._ns, lane, epoch, "*", "done", 0, 1.0, dead]
         await self._scripts["release"](keys=self._routing, args=args)
-
-    async def wait_for_work(self, timeout_s: float) -> None:
-        """Block until a lane becomes ready somewhere (or the timeout passes): no polling."""
-        await self._redis.blpop([self._keys.scheduler_wake], timeout=max(0.01, timeout_s))
 
     async def release(
         self,

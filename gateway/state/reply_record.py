@@ -463,12 +463,10 @@ class ReplyRecord:
         items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
         pending = _Commit(text, created, memory_key if exchange or clear_memory else "", items, memory_ttl_s,
                           max_memory_items, clear_memory)  # fmt: skip
-        if self.commit_rides_on_send and self.fence is not None:
-            await self.flush()
-            if self._pending_commit is None:
-                self._pending_commit = pending
-            return self._pending_commit.text
         await self.flush()
+        if self.commit_rides_on_send and self.fence is not None:
+            self._pending_commit = pending
+            return text
         return await self._commit_now(pending)
 
     async def _commit_now(self, pending: _Commit) -> str:

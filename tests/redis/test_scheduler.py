@@ -220,20 +220,6 @@ async def test_retry_with_delay_keeps_the_entry_first_and_runs_it_later(schedule
     assert again.entry.message.text == "first"
 
 
-async def test_wait_for_work_wakes_on_enqueue(scheduler: Scheduler) -> None:
-    async def later() -> None:
-        await asyncio.sleep(0.2)
-        await put(scheduler, "conv", "u:x", "wake")
-
-    task = asyncio.create_task(later())
-    started = time.monotonic()
-    await scheduler.wait_for_work(5.0)
-    assert time.monotonic() - started < 2.0
-    await task
-    lease = await scheduler.take("w", 5000, 0)
-    assert isinstance(lease, Lease)
-
-
 async def test_wait_and_take_takes_in_the_round_trip_of_the_wake_up(scheduler: Scheduler) -> None:
     """The blocking pop and the take go out as one pipeline: the take runs as soon as an enqueue wakes it, the
     lease comes back with the wake-up, and a timeout leaves nothing leased."""
