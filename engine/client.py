@@ -289,22 +289,31 @@ class EngineClient:
         async with self._session.post(url, data=data, headers=headers) as response:
             return response.status, await response.read()
 
-    def _explain(self, response: httpx.Response) -> None:
+    def _explain(self, status: int, url: str) -> None:
         """Say once why an engine that answers is not ready: a 404 is a wrong base_url, not a slow start."""
-        if response.status_code == 404 and not self._explained:
+        if status == 404 and not self._explained:
             self._explained = True
             log.warning(
                 "engine answered 404: is engine.base_url the server's root (http://host:8000 or …/v1)?",
-                extra={"url": str(response.request.url)},
+                extra={"url": url},
             )
 
-    async def _get(self, url: str) -> tuple[int, bytes]:
-        """GET without credentials (/metrics): through the aiohttp session when there is one, as `_post`."""
+    async def _get(self, url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """GET: (status, content), through the aiohttp session when there is one, as `_post` (every process probes
+        every engine every few seconds: through httpx each probe cost several times the CPU)."""
         if self._session is None:
-            response = await self._http.get(url)
+            response = await self._http.get(url, headers=headers)
             return response.status_code, response.content
-        async with self._session.get(url) as response:
+        async with self._session.get(url, headers=headers) as response:
             return response.status, await response.read()
+
+    async def _probe_get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes] | None:
+        """A probe's GET within HEALTH_TIMEOUT_S; None when the engine did not answer."""
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                return await self._get(f"{self._base}{path}", headers)
+        except (*TRANSPORT_ERRORS, TimeoutError, OSError):
+            return None
 
     async def _small(self, what: str, request: Awaitable[tuple[int, bytes]], timeout_s: float) -> bytes:
         """A small request's body (/metrics, /tokenize: asked often, so the cheaper client); EngineError else."""
@@ -336,32 +345,29 @@ class EngineClient:
 
     async def is_alive(self) -> bool:
         """True when /health answers 200: the light check of an engine already known to serve our model."""
-        try:
-            health = await self._http.get(f"{self._base}/health", timeout=HEALTH_TIMEOUT_S)
-        except httpx.HTTPError:
-            return False
-        return health.status_code == 200
+        health = await self._probe_get("/health")
+        return health is not None and health[0] == 200
 
     async def is_ready(self) -> bool:
         """True when /health answers 200 and /v1/models lists our model."""
-        try:
-            health = await self._http.get(f"{self._base}/health", timeout=HEALTH_TIMEOUT_S)
-            if health.status_code != 200:
-                self._explain(health)
+        for path, headers in (("/health", None), ("/v1/models", self._headers)):
+            answer = await self._probe_get(path, headers)
+            if answer is None:
                 return False
-            models = await self._http.get(f"{self._base}/v1/models", headers=self._headers, timeout=HEALTH_TIMEOUT_S)
-        except httpx.HTTPError:
-            return False
-        if models.status_code != 200:
-            self._explain(models)
+            if answer[0] != 200:
+                self._explain(answer[0], f"{self._base}{path}")
+                return False
+        try:
+            listed = json.loads(answer[1]).get("data", [])
+        except (ValueError, AttributeError):
             return False
         self._explained = False
-        served = [item.get("id") for item in models.json().get("data", [])]
+        served = [item.get("id") for item in listed]
         if self._settings.model not in served and not self._explained:
             self._explained = True
             extra = {"model": self._settings.model, "served": served}
             log.warning("the engine does not serve the configured model", extra=extra)
-        for item in models.json().get("data", []):
+        for item in listed:
             if item.get("id") == self._settings.model:
                 length = item.get("max_model_len")
                 self.max_model_len = int(length) if isinstance(length, int) and length > 0 else None

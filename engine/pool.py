@@ -120,6 +120,7 @@ class Endpoint:
     failures: int = 0
     health_failures: int = 0
     full_check_at: float = 0.0  # monotonic time of the last /health + /v1/models
+    answered_at: float = 0.0  # ... and of the last chat it answered (which says as much: up, serving our model)
     scraped_at: float = 0.0  # ... and of the last /metrics
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
@@ -254,9 +255,11 @@ class EnginePool:
         self._routes = True
 
         async def ask(endpoint: Endpoint) -> Completion:
-            return await endpoint.client.chat(
+            completion = await endpoint.client.chat(
                 messages, max_tokens=max_tokens, temperature=temperature, on_delta=on_delta, extra=extra, tools=tools
             )
+            endpoint.answered_at = time.monotonic()
+            return completion
 
         result = await self._run(ask, limited=True, failover=failover, vision=carries_image(messages))
         assert isinstance(result, Completion)
@@ -303,11 +306,15 @@ class EnginePool:
             await asyncio.sleep(self._next_probe_in(endpoint))
 
     async def _check(self, endpoint: Endpoint, now: float) -> bool:
-        """Is a ready engine still up? By the cheapest read that also keeps its load as fresh as it is needed."""
-        if now - endpoint.full_check_at >= FULL_CHECK_S:
+        """Is a ready engine still up? By the cheapest read that also keeps its load as fresh as it is needed; none
+        while it answers chats (each a probe's worth of CPU in this process and in vLLM, issue 22): a chat answered
+        within READY_CHECK_S says what /health and /v1/models would, and a failed one takes it out at once."""
+        if now - max(endpoint.full_check_at, endpoint.answered_at) >= FULL_CHECK_S:
             return await self._full_check(endpoint, now)
         if self._load_steers():
             return await self._scrape(endpoint, now)  # read for the load anyway: it doubles as the liveness check
+        if now - endpoint.answered_at < READY_CHECK_S:
+            return True
         return await endpoint.client.is_alive()
 
     async def _full_check(self, endpoint: Endpoint, now: float) -> bool:

@@ -16,7 +16,7 @@ from gateway.edge.callbacks import callback_handlers
 from gateway.edge.flood_guard import FloodGuard
 from gateway.edge.ingest import Ingest
 from gateway.edge.kb_routes import router as kb_router
-from gateway.edge.routes import router
+from gateway.edge.routes import CALLBACK_ROUTE, router
 from gateway.edge.web_routes import router as web_router
 from gateway.runtime import open_runtime
 from gateway.state.pulse import start_pulse, stop_pulse
@@ -58,6 +58,7 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
                        key_prefix=f"{settings.namespace}:http")  # fmt: skip
     token = settings.admin.token.get_secret_value() if settings.admin.token else None
     app.add_middleware(AdminListenerGuard, admin_port=admin_port, token=token)
+    app.router.routes.insert(0, CALLBACK_ROUTE)  # first: the hot path is matched before anything else
     app.include_router(router)
     app.include_router(web_router)
     app.include_router(admin_router)

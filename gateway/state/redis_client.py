@@ -29,6 +29,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from bots.urls import redact_url
+from gateway.state import redis_wire
 
 log = logging.getLogger(__name__)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -113,6 +114,7 @@ def _sentinel_client(url: str, **options: float) -> Redis:
 def open_redis(url: str, **options: float) -> Redis:
     """A client for `url`: `RedisCluster` for a `redis+cluster://` URL (it has the same commands), a client that
     follows Sentinel's primary for `redis+sentinel://`, else `Redis`."""
+    redis_wire.install()
     scheme = urlsplit(url).scheme.lower()
     if scheme in CLUSTER_SCHEMES:
         return _cluster_client(url, **options)  # type: ignore[return-value]

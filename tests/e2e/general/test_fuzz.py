@@ -437,9 +437,10 @@ def described(schema: dict[str, Any]) -> dict[str, Any]:
                                              "text/plain": {"schema": {"type": "string"}}}}
     paths = schema["paths"]
     paths["/callback/{bot_id}"]["get"]["parameters"] = [bot_id, *wecom_query, parameter("echostr", "query")]
-    paths["/callback/{bot_id}"]["post"]["parameters"] = [
-        bot_id, *wecom_query, parameter("timestamp", "header"), parameter("sign", "header")]
-    paths["/callback/{bot_id}"]["post"]["requestBody"] = bodies
+    # The callback POST is a plain Starlette route (gateway/edge/routes.py CALLBACK_ROUTE), not in the schema.
+    paths["/callback/{bot_id}"]["post"] = {"parameters": [
+        bot_id, *wecom_query, parameter("timestamp", "header"), parameter("sign", "header")],
+        "requestBody": bodies, "responses": {"200": {"description": "acknowledged"}}}
     paths["/web/{bot_id}/chat"]["post"]["parameters"] = [bot_id, auth]
     paths["/web/{bot_id}/chat"]["post"]["requestBody"] = bodies
     paths["/web/{bot_id}/status"]["get"]["parameters"] = [bot_id, auth]
@@ -451,7 +452,7 @@ def described(schema: dict[str, Any]) -> dict[str, Any]:
 SERVED = create_app(Settings(bots=[])).openapi()  # the same app object `botgw serve` builds; nothing is started
 DESCRIBED = described(json.loads(json.dumps(SERVED)))
 SCHEMA = schemathesis.openapi.from_dict(DESCRIBED)
-OPERATIONS = [f"{method.upper()} {path}" for path, item in SERVED["paths"].items() for method in item]
+OPERATIONS = [f"{method.upper()} {path}" for path, item in DESCRIBED["paths"].items() for method in item]
 
 
 def api_runs() -> Iterator[Any]:
