@@ -302,9 +302,9 @@ class EngineClient:
         """GET: (status, content), through the aiohttp session when there is one, as `_post` (every process probes
         every engine every few seconds: through httpx each probe cost several times the CPU)."""
         if self._session is None:
-            response = await self._http.get(url, headers=headers)
+            response = await self._http.get(url, headers=headers)  # httpx follows no redirect unless told
             return response.status_code, response.content
-        async with self._session.get(url, headers=headers) as response:
+        async with self._session.get(url, headers=headers, allow_redirects=False) as response:  # a 3xx: not ready
             return response.status, await response.read()
 
     async def _probe_get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes] | None:
@@ -358,18 +358,21 @@ class EngineClient:
                 self._explain(answer[0], f"{self._base}{path}")
                 return False
         try:
-            listed = json.loads(answer[1]).get("data", [])
-        except (ValueError, AttributeError):
+            listed = json.loads(answer[1])["data"]
+            served = {str(item["id"]): item for item in listed}
+        except (ValueError, KeyError, TypeError):  # not vLLM's /v1/models answer: not ready, said once
+            if not self._explained:
+                self._explained = True
+                log.warning("engine's /v1/models is not an OpenAI model list", extra={"url": self._base})
+            return False
+        item = served.get(self._settings.model)
+        if item is None:
+            if not self._explained:
+                self._explained = True
+                extra = {"model": self._settings.model, "served": sorted(served)}
+                log.warning("the engine does not serve the configured model", extra=extra)
             return False
         self._explained = False
-        served = [item.get("id") for item in listed]
-        if self._settings.model not in served and not self._explained:
-            self._explained = True
-            extra = {"model": self._settings.model, "served": served}
-            log.warning("the engine does not serve the configured model", extra=extra)
-        for item in listed:
-            if item.get("id") == self._settings.model:
-                length = item.get("max_model_len")
-                self.max_model_len = int(length) if isinstance(length, int) and length > 0 else None
-                return True
-        return False
+        length = item.get("max_model_len")
+        self.max_model_len = int(length) if isinstance(length, int) and length > 0 else None
+        return True

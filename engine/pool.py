@@ -120,7 +120,7 @@ class Endpoint:
     failures: int = 0
     health_failures: int = 0
     full_check_at: float = 0.0  # monotonic time of the last /health + /v1/models
-    answered_at: float = 0.0  # ... and of the last chat it answered (which says as much: up, serving our model)
+    answered_at: float = 0.0  # ... and of the last chat it answered (it is up)
     scraped_at: float = 0.0  # ... and of the last /metrics
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
@@ -306,10 +306,11 @@ class EnginePool:
             await asyncio.sleep(self._next_probe_in(endpoint))
 
     async def _check(self, endpoint: Endpoint, now: float) -> bool:
-        """Is a ready engine still up? By the cheapest read that also keeps its load as fresh as it is needed; none
-        while it answers chats (each a probe's worth of CPU in this process and in vLLM, issue 22): a chat answered
-        within READY_CHECK_S says what /health and /v1/models would, and a failed one takes it out at once."""
-        if now - max(endpoint.full_check_at, endpoint.answered_at) >= FULL_CHECK_S:
+        """Is a ready engine still up? By the cheapest read that also keeps its load as fresh as it is needed. The
+        light /health is left out while the engine answers chats (a probe costs CPU here and in vLLM, issue 22): a
+        chat answered within READY_CHECK_S says it is up, and a failed one takes it out at once. /v1/models still
+        comes every FULL_CHECK_S (a new engine behind the same address may serve another model or length)."""
+        if now - endpoint.full_check_at >= FULL_CHECK_S:
             return await self._full_check(endpoint, now)
         if self._load_steers():
             return await self._scrape(endpoint, now)  # read for the load anyway: it doubles as the liveness check

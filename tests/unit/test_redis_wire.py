@@ -16,13 +16,17 @@ COMMANDS = [
     (b"CLIENT SETNAME", "botgw"),
     ("SET", "k", bytearray(b"ba")),
     ("SET", "k", memoryview(b"mv")),
+    ("SET", "k", memoryview(b"abcdefgh")[::2]),  # strided views: hiredis would read the raw buffer
+    ("SET", "k", memoryview(b"abcdefgh")[::-1]),
+    ("SET", "k", "大" * 10_000, b"x" * 10_000),  # large values go out in chunks of their own
+    ("", "a b", 1),
 ]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda command: str(command[0]))
 def test_hiredis_packs_the_bytes_redis_py_packs(command: tuple) -> None:
     connection = Connection()
-    expected = b"".join(bytes(chunk) for chunk in redis_wire._PYTHON_PACK(connection, *command))
+    expected = b"".join(bytes(chunk) for chunk in redis_wire._python_pack(connection, *command))
     assert b"".join(bytes(chunk) for chunk in redis_wire._pack(connection, *command)) == expected
 
 
@@ -33,4 +37,4 @@ def test_a_value_redis_py_refuses_is_refused_the_same_way() -> None:
 
 def test_another_encoding_keeps_redis_py_packer() -> None:
     connection = Connection(encoding="latin-1")
-    assert redis_wire._pack(connection, "SET", "k", "é") == redis_wire._PYTHON_PACK(connection, "SET", "k", "é")
+    assert redis_wire._pack(connection, "SET", "k", "é") == redis_wire._python_pack(connection, "SET", "k", "é")
