@@ -111,6 +111,24 @@ redis.call('HSET', KEYS[1], 'used', now)
 return 1
 """
 
+# KEYS: quota hash. ARGV: the stamp of the slot to give back, the grace (s). A send refused outright took a slot
+# for nothing: its stamp goes (a renewal would count it again), and `used` loses it where the current window
+# counted it (taken in the window, or stamped since the person wrote, less the grace). 0 when the stamp is not
+# there (the hash is gone, or the slot was given back already).
+_RETURN = """
+local kept, found = {}, false
+for t in string.gmatch(redis.call('HGET', KEYS[1], 'at') or '', '%S+') do
+  if not found and t == ARGV[1] then found = true else kept[#kept + 1] = t end
+end
+if not found then return 0 end
+redis.call('HSET', KEYS[1], 'at', table.concat(kept, ' '))
+local used, since = redis.call('HGET', KEYS[1], 'used'), redis.call('HGET', KEYS[1], 'since')
+if used and since and tonumber(used) > 0 and tonumber(ARGV[1]) >= tonumber(since) - tonumber(ARGV[2]) then
+  redis.call('HINCRBY', KEYS[1], 'used', -1)
+end
+return 1
+"""
+
 
 class Conversations:
     """The holder cache, the reply quota and the handoff, for adapters that have `sessions`."""
@@ -123,6 +141,7 @@ class Conversations:
         self._take_slot = redis.register_script(_TAKE_SLOT)
         self._renew = redis.register_script(_RENEW)
         self._adjust = redis.register_script(_ADJUST)
+        self._return = redis.register_script(_RETURN)
         self.handoffs = Handoffs(redis, keys)  # the console's register of customers handed to a human
 
     def _lane(self, message: InboundMessage) -> str:
@@ -170,16 +189,19 @@ class Conversations:
         *,
         for_handoff: bool = False,
         outside_window_ok: bool = False,
+        at: float | None = None,
     ) -> bool:
         """Count one message against the quota and mark `marks` in the reply record, together and under the
         record's lease; False when it may not be sent. `outside_window_ok`: a message bound to an event code
-        (a welcome) may go when the person has not written yet; it is counted when they have (and, stamped, by
-        the renewal of a message they wrote before it went)."""
+        (a welcome, the handoff notice) may go when botgw knows of no window (the person has not written yet, or
+        their message is not handled yet); it is counted when they have (and, stamped, by the renewal of a
+        message they wrote before it went). `at`: the slot's stamp (now), for `return_slot`."""
         keep = 0 if for_handoff else quota.reserve
         key = self._keys.reply_quota(self._lane(message))
         lease_key, epoch = fence_args(record.fence, record.key)
+        stamp = time.time() if at is None else at
         argv: list[str | int] = [epoch, quota.limit, keep, record.ttl_s, "1" if outside_window_ok else "",
-                                f"{time.time():.3f}", quota.window_s]
+                                f"{stamp:.3f}", quota.window_s]
         for name, value in marks.items():
             argv += [name, value]
         taken = int(await self._take_slot(keys=[lease_key, key, record.key], args=argv))
@@ -190,6 +212,11 @@ class Conversations:
     async def give_back(self, message: InboundMessage, quota: ReplyQuota, slots: int) -> None:
         """The platform says messages we counted did not count (or counted more: `slots` < 0)."""
         await self._adjust(keys=[self._keys.reply_quota(self._lane(message))], args=[slots, quota.limit])
+
+    async def return_slot(self, message: InboundMessage, at: float) -> None:
+        """The platform refused outright a send that took the slot stamped `at` (take_slot): nothing reached the
+        person, so neither the slot nor its stamp counts against them (a renewal recounts the stamps)."""
+        await self._return(keys=[self._keys.reply_quota(self._lane(message))], args=[f"{at:.3f}", QUOTA_GRACE_S])
 
     async def hand_off(
         self,
@@ -223,7 +250,9 @@ class Conversations:
             marks: dict[str, str | int] = {"handoff_notice_started": "1"}
             if quota is None:
                 await record.mark(**marks)
-            elif not await self.take_slot(message, quota, record, marks, for_handoff=True):
+            # Bound to the move's msg_code, like a welcome to its welcome_code: it goes when botgw knows of no window
+            # yet (an operator's handoff can overtake the pull of the customer's messages: model seed 219).
+            elif not await self.take_slot(message, quota, record, marks, for_handoff=True, outside_window_ok=True):
                 log.warning("no message left in the customer's allowance for the handoff notice")
                 return code
         await sessions.send_notice(

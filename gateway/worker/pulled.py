@@ -194,11 +194,11 @@ class PulledWork:
         if state.welcome_sent:
             return
         resend = bool(state.welcome_started)
-        quota = adapter.reply_quota
+        quota, at = adapter.reply_quota, time.time()
         if not resend and quota is None:
             await record.mark(welcome_started="1")
         elif not resend and not await self.conversations.take_slot(
-            message, quota, record, {"welcome_started": "1"}, outside_window_ok=True
+            message, quota, record, {"welcome_started": "1"}, outside_window_ok=True, at=at
         ):  # the welcome counts like any message (the simulator's reading: UNCONFIRMED); never the handoff's slot
             log.info("no message left in the person's allowance for the welcome")
             return
@@ -209,6 +209,13 @@ class PulledWork:
             )  # fmt: skip
         except ConversationTaken as exc:
             log.info("welcome not sent", extra={"reason": str(exc)})
+        except PermanentSendError:
+            # The first attempt refused outright (its code expired, 20 s after the event, while the lane waited):
+            # nothing reached the person, so the slot is theirs again, or it withholds the answer to a question
+            # (model seed 219). A resend's refusal may be the code spent by the earlier attempt: its slot stays.
+            if not resend and quota is not None:
+                await self.conversations.return_slot(message, at)
+            raise
         await record.mark(welcome_sent="1")
 
     async def _delivery_failed(self, adapter: Channel, message: InboundMessage, effect: EventEffect) -> None:

@@ -226,6 +226,11 @@ class Run:
                 await self.world.kf_write(user, "转人工")
             else:
                 await self.world.kf_operator_handoff(user)
+                # The operator's handoff goes straight into the customer's lane: it overtakes whatever of theirs the
+                # pull has not queued yet (a pull held up by faults: seed 219). Once the session left the bot, what
+                # it has not answered is the human's (the platform refuses the bot's sends in states 2 and 3).
+                if await self._held_by_human(user):
+                    await self._undelivered_to_human(user)
             await asyncio.sleep(ISOLATE_S)
         elif move.kind == "agent":
             await self._undelivered_to_human(user)

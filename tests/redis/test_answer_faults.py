@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from bots.base import EventEffect, InboundMessage, ReplyQuota, ReplyTarget, RetryableSendError
+from bots.base import EventEffect, InboundMessage, PermanentSendError, ReplyQuota, ReplyTarget, RetryableSendError
 from engine.client import Completion, EngineError
 from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
@@ -431,3 +431,51 @@ async def test_sends_well_before_the_customer_wrote_again_are_forgotten_by_the_r
     second = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "q2", "received_at": later})
     await world.conversations.renew_quota(second, QUOTA, fence)
     assert await world.conversations.quota_left(second, QUOTA) == 4
+
+
+# -- model seed 219: an operator's handoff overtook the pull; welcome codes expired while the lane waited ----------
+
+
+async def test_an_operators_handoff_before_the_customers_message_is_handled_still_sends_the_notice(
+    world: World,
+) -> None:
+    """The pull of the customer's messages is held up (WeCom unreachable) while an operator hands them over: the
+    handoff is the first thing botgw handles for them, with no allowance renewed yet. The notice rides on the
+    move's msg_code, as a welcome on its code: it goes (it was skipped: no message left in the allowance)."""
+    message = kf_message("")
+    fence, _ = await leased(world, message)
+    sessions = FlakySessions()
+    sessions.moves.append("an earlier try")  # the move succeeds at once
+    code = await world.conversations.hand_off(sessions, QUOTA, message, world.records.open(message.dedup_key, fence))
+    assert code == "MSG_CODE"
+    assert sessions.notices == ["MSG_CODE:正在为您转接人工客服"], "the handoff was made without its notice"
+    await customer_wrote(world, message)  # their message, handled after the notice went: the notice counts
+    assert await world.conversations.quota_left(message, QUOTA) == 3
+
+
+async def test_a_welcome_refused_outright_gives_its_slot_back_to_the_customers_question(world: World) -> None:
+    """The lane reached the enter_session event after its code's 20 s: WeCom refuses the welcome (40058) and sends
+    nothing. Its slot (and its stamp, which the renewal of the customer's next message counts) must not stay
+    taken: the answer to their last question was withheld for it."""
+    attempts: list[bool] = []
+
+    async def send_notice(target: ReplyTarget, code: str, text: str, key: str, *, resend: bool = False) -> None:
+        attempts.append(resend)
+        raise PermanentSendError("WeCom errcode 40058: invalid code", code=40058)
+
+    adapter = SimpleNamespace(reply_quota=QUOTA, sessions=SimpleNamespace(send_notice=send_notice))
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    pulled.conversations = world.conversations
+    welcome = EventEffect(welcome_code="W1", welcome_text="欢迎", label="enter_session")
+    first, fence, _ = await kf_turn(world, "q1")
+    last = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "q2", "received_at": time.time()})
+    event = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "enter_session"})
+    event_record = world.records.open(event.dedup_key)
+    with pytest.raises(PermanentSendError):
+        await pulled._welcome(adapter, event, welcome, event_record)
+    assert await world.conversations.quota_left(first, QUOTA) == 4, "a welcome never sent kept its slot"
+    await world.conversations.renew_quota(last, QUOTA, fence)
+    assert await world.conversations.quota_left(last, QUOTA) == 4, "the renewal counted the refused welcome"
+    with pytest.raises(PermanentSendError):  # tried again: now a resend, whose refusal says nothing (slot kept)
+        await pulled._welcome(adapter, event, welcome, event_record)
+    assert attempts == [False, True]
