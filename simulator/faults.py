@@ -7,7 +7,9 @@ platform's API takes the first pending fault of the endpoint it serves on each c
 
 - WeCom app API (/__sim__/wecom): endpoint `send` (message/send, the default) honours delay_s, hold, http_status
   and errcode/errmsg; `gettoken` delay_s and errcode/errmsg; `getuserinfo` (web sign-in, simulator/web_login.py)
-  errcode/errmsg. `after` and `times` everywhere.
+  errcode/errmsg. `after` and `times` everywhere. `touser` on `send`: only sends to that member meet the fault
+  (the others pass as if it were not there), so that a test's fault is not spent on another test's sends to the
+  same simulator.
 - 微信客服 (/__sim__/kf): endpoint required, one of sync_msg, send_msg, send_msg_on_event, service_state_get,
   service_state_trans, account_list (any other is refused, 422); each honours delay_s, http_status and
   errcode/errmsg; the two sends `deliver`; sync_msg `empty_page` and `max_items`. `after` and `times` everywhere.
@@ -44,6 +46,7 @@ class Fault(BaseModel):
     # Kefu sync_msg: an empty msg_list with has_more=1, as the platform may answer (wecom-kf.md §2).
     empty_page: bool = False
     max_items: int | None = Field(default=None, ge=0)  # Kefu sync_msg: fewer items than asked, has_more=1
+    touser: str | None = None  # WeCom send: only sends to this member meet it (None: every send)
 
 
 class FaultQueue:
@@ -56,11 +59,11 @@ class FaultQueue:
         self._faults.append(fault)
         return self.pending
 
-    def take(self, endpoint: str) -> Fault | None:
-        """The fault that applies to this call of `endpoint`, if any: the first pending one, once its `after` calls
-        have passed; it is used up after `times` calls."""
+    def take(self, endpoint: str, touser: str | None = None) -> Fault | None:
+        """The fault that applies to this call of `endpoint` (to `touser`, where the call names one), if any: the
+        first pending one, once its `after` calls have passed; it is used up after `times` calls."""
         for fault in self._faults:
-            if fault.endpoint == endpoint:
+            if fault.endpoint == endpoint and fault.touser in (None, touser):
                 if fault.after > 0:
                     fault.after -= 1
                     return None

@@ -10,6 +10,7 @@ Control endpoints live under /__sim__/wecom/ (simulator/wecom/control.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from typing import Any
@@ -63,7 +64,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     @router.post("/cgi-bin/message/send")
     async def message_send(request: Request, access_token: str = "") -> JSONResponse:
         state.send_calls += 1
-        fault = state.faults.take("send")
+        fault = state.faults.take("send", _touser(await request.body()))
         if fault and fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault and fault.hold:
@@ -151,6 +152,15 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": []})
 
     return router
+
+
+def _touser(raw: bytes) -> str | None:
+    """The member a message/send body names, read only to pick the faults aimed at it (None: no readable one)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    return str(body["touser"]) if isinstance(body, dict) and "touser" in body else None
 
 
 def over_allowance(state: WeComApiState, agentid: int, member: str, now: float) -> bool:

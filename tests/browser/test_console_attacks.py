@@ -251,7 +251,7 @@ def test_what_users_wrote_is_never_markup(console: ConsoleStack, browser: object
     users and platforms: each page shows them as text."""
     stack = console.as_stack()
     user = "u" + secrets.token_hex(5)
-    stack.fault(errcode=60020, errmsg="not allow to access from your ip " + XSS, times=1)
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip " + XSS, times=1, touser=user)
     assert stack.post_callback(stack.signer().text(user, XSS)).status_code == 200
 
     def letter() -> str:

@@ -37,7 +37,7 @@ def letters_of(console: ConsoleStack, user: str) -> list[dict]:
 def dead_letter(console: ConsoleStack, user: str, text: str) -> str:
     """A real dead letter: `user` writes `text`, the stub engine answers, WeCom refuses the send with 60020."""
     stack = console.as_stack()
-    stack.fault(**UNTRUSTED_IP, times=1)
+    stack.fault(**UNTRUSTED_IP, times=1, touser=user)
     assert stack.post_callback(stack.signer().text(user, text)).status_code == 200
     wait_for(lambda: letters_of(console, user), 60, f"{user}'s message to be dead-lettered")
     (letter,) = letters_of(console, user)

@@ -46,3 +46,19 @@ async def test_a_user_who_is_not_a_member_is_invaliduser_and_gets_nothing() -> N
         answer = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "left-the-company"))
         assert answer.json()["errcode"] == 0 and answer.json()["invaliduser"] == "left-the-company"
         assert (await http.get("/__sim__/wecom/messages")).json() == []
+
+
+async def test_a_fault_aimed_at_one_member_is_not_spent_on_sends_to_another() -> None:
+    """Tests share one simulator: a fault for one member's send must meet that send, whoever else is sent to."""
+    async with client() as http:
+        await http.post("/__sim__/wecom/faults", json={"errcode": 60020, "times": 1, "after": 1, "touser": "lisi"})
+        a = await token(http, APP_A)
+        for _ in range(3):
+            other = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "zhangsan"))
+            assert other.json()["errcode"] == 0
+        first = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "lisi"))
+        assert first.json()["errcode"] == 0, "`after` counts only the member's own sends"
+        refused = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "lisi"))
+        assert refused.json()["errcode"] == 60020
+        again = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "lisi"))
+        assert again.json()["errcode"] == 0

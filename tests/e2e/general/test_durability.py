@@ -65,7 +65,7 @@ def test_worker_killed_while_sending_reply_delivered_once(cluster: Callable[...,
     stack = c.stack
     c.add_worker("a")
     held_before = stack.sim_stats()["held"]
-    stack.fault(hold=True, times=1)
+    stack.fault(hold=True, times=1, touser=user)
     assert stack.post_callback(stack.signer().text(user, "Please answer once")).status_code == 200
     wait_for(lambda: stack.sim_stats()["held"] > held_before, 30, "worker A to start sending")
     c.procs["a"].kill()  # SIGKILL while the send is in flight
@@ -242,7 +242,7 @@ def test_worker_killed_while_the_second_of_three_pieces_is_sent(cluster: Callabl
     answer = "".join(f"第{i:03d}句：企业微信机器人正在回答你的问题。" for i in range(90))
     assert 2 * 2048 < utf8_len(answer) < 3 * 2000
     held_before = stack.sim_stats()["held"]
-    stack.fault(hold=True, times=1, after=1)
+    stack.fault(hold=True, times=1, after=1, touser=user)
     enqueue_notice(stack, user, answer)
     wait_for(lambda: stack.sim_stats()["held"] > held_before, 30, "worker A to send piece 2")
     assert len(stack.delivered(user)) == 1
@@ -268,9 +268,10 @@ def test_two_workers_hitting_42001_at_once_refetch_the_token_once(cluster: Calla
     stack.wait_delivered(first, 1, settle=0)  # the namespace's token is fetched and cached
     before = stack.sim_stats()
     # Both workers' sends are held at WeCom, with the token about to expire, and let go together: both meet 42001.
-    stack.fault(hold=True, times=2)
-    httpx.post(f"{stack.sim_url}/__sim__/wecom/expire-tokens", timeout=5).raise_for_status()
     users = ["t" + secrets.token_hex(4) for _ in range(2)]
+    for user in users:
+        stack.fault(hold=True, times=1, touser=user)
+    httpx.post(f"{stack.sim_url}/__sim__/wecom/expire-tokens", timeout=5).raise_for_status()
     for user in users:
         assert stack.post_callback(stack.signer().text(user, "/help")).status_code == 200
     wait_for(lambda: stack.sim_stats()["held"] == before["held"] + 2, 30, "one send of each worker to be held")
@@ -290,7 +291,7 @@ def test_untrusted_ip_reaches_the_alert_robot_once(cluster: Callable[..., Cluste
     c.add_worker("a")
     stack = c.stack
     key = next(b for b in c.config["bots"] if b["id"] == "robot")["key"]
-    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1, touser=user)
     assert stack.post_callback(stack.signer().text(user, "/help")).status_code == 200
     wait_for(lambda: stack.dead_letters() == 1, 30, "the message to be dead-lettered")
 

@@ -52,7 +52,7 @@ def test_expired_token_is_refreshed_once(stack: Stack, user: str) -> None:
     stack.post_callback(stack.signer().text(user, "/help"))
     stack.wait_delivered(user, 1)
     calls_before = stack.sim_stats()["gettoken_calls"]
-    stack.fault(errcode=42001, times=1)
+    stack.fault(errcode=42001, times=1, touser=user)
     stack.post_callback(stack.signer().text(user, "/help"))
     assert len(stack.wait_delivered(user, 2)) == 2
     assert stack.sim_stats()["gettoken_calls"] == calls_before + 1
@@ -60,8 +60,8 @@ def test_expired_token_is_refreshed_once(stack: Stack, user: str) -> None:
 
 def test_throttling_and_server_errors_are_retried_with_backoff(stack: Stack, user: str) -> None:
     stats = stack.sim_stats()
-    stack.fault(errcode=45009, times=2)
-    stack.fault(http_status=503, times=1)
+    stack.fault(errcode=45009, times=2, touser=user)
+    stack.fault(http_status=503, times=1, touser=user)
     started = time.monotonic()
     enqueue_notice(stack, user, "after the storm")
     delivered = stack.wait_delivered(user, 1, settle=0.5)
@@ -75,7 +75,7 @@ def test_throttling_and_server_errors_are_retried_with_backoff(stack: Stack, use
 def test_untrusted_ip_is_not_retried(stack: Stack, user: str) -> None:
     stats = stack.sim_stats()
     dead_before = stack.redis.xlen(stack.keys.dead_letters)
-    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1, touser=user)
     enqueue_notice(stack, user, "never arrives")
     wait_for(lambda: stack.redis.xlen(stack.keys.dead_letters) > dead_before, 20, "the message to be dead-lettered")
     time.sleep(1.0)  # room for a retry to show
@@ -92,7 +92,7 @@ def test_dead_letter_listed_replayed_once_and_purged(stack: Stack, user: str, ca
 
     config = ["--config", str(stack.config_path)]
     dead_before = stack.redis.xlen(stack.keys.dead_letters)
-    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1)
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1, touser=user)
     enqueue_notice(stack, user, "arrives after a replay")
     deadline = time.monotonic() + 20
     while stack.redis.xlen(stack.keys.dead_letters) == dead_before:
