@@ -66,6 +66,7 @@ from bench.common import (
     wait_ready,
 )
 from bots.base import InboundMessage
+from bots.markdown import to_text
 from bots.wecom.config import WeComAppConfig
 from engine.client import sse_chunks
 from gateway.state.keys import Keys
@@ -144,6 +145,13 @@ def engine_config(engine_url: str, max_tokens: int, slots: int) -> dict[str, Any
         "temperature": 0.0,
         "max_in_flight": slots,
     }
+
+
+def as_sent(reply: str) -> str:
+    """A direct reply as the bench's WeCom app bot delivers it: the app answers in text (its adapter's default
+    reply_format), so the model's Markdown is made readable (bots/markdown.py) before it is sent; comparing raw
+    Markdown would count that as other work."""
+    return to_text(reply)
 
 
 # --------------------------------------------------------------------------- the two clients
@@ -747,7 +755,7 @@ def report(
             for index, text in via_run.replies.items():
                 if index in direct_run.replies:
                     total += 1
-                    same += text == direct_run.replies[index]
+                    same += text == as_sent(direct_run.replies[index])
     per_request = {mode: tokens / count if count else math.nan for mode, (tokens, count) in generated.items()}
     token_gap = abs(per_request["botgw"] / per_request["direct"] - 1) if per_request["direct"] else math.nan
     same_share = same / total if total else math.nan

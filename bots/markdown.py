@@ -8,15 +8,22 @@ of cells. Parsed with markdown-it-py (CommonMark plus tables), not with regular 
 
 from __future__ import annotations
 
+import re
+
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 _PARSER = MarkdownIt("commonmark").enable("table").enable("strikethrough")
 
 
+# What can make a text Markdown: an inline mark anywhere, or a line opening a list item, a setext underline or a
+# rule. A text without any is sent as it is, unparsed (a digit or a dash inside a line means nothing to Markdown).
+_MAY_BE_MARKUP = re.compile(r"[*_#`\[|>~]|^[ \t]*(?:[-+=]|\d{1,9}[.)])", re.MULTILINE)
+
+
 def to_text(markdown: str) -> str:
     """`markdown` as plain text (see the module's docstring)."""
-    if not any(mark in markdown for mark in "*_#`[|>~-+=0123456789"):
+    if not _MAY_BE_MARKUP.search(markdown):
         return markdown
     writer = _Writer()
     for token in _PARSER.parse(markdown):

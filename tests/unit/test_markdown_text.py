@@ -39,3 +39,11 @@ def test_odd_answers_keep_their_content() -> None:
     assert to_text("0. zero\n1. one") == "0. zero\n1. one"
     assert to_text("#") == "#" and to_text("*") == "*", "never an empty piece"
     assert "• paragraph" not in to_text("- a\n-\n\nparagraph")
+
+
+def test_numbers_and_dashes_inside_a_line_are_not_markup_but_a_numbered_line_is() -> None:
+    plain = "产品 A 的价格为 299 元，保修期 12 个月，客服电话 400-800-1234，a - b = c + 1 3) 项"
+    assert to_text(plain) == plain
+    assert to_text("  2) 第二项\n3) 第三项") == "2. 第二项\n3. 第三项"
+    assert to_text("标题\n===") == "标题"
+    assert to_text("上文\n\n- 一\n+ 二") == "上文\n\n• 一\n\n• 二"
