@@ -69,6 +69,7 @@ from bots.base import InboundMessage
 from bots.markdown import to_text
 from bots.wecom.config import WeComAppConfig
 from engine.client import sse_chunks
+from gateway import texts
 from gateway.state.keys import Keys
 from simulator.replies import wecom_messages
 from simulator.wecom.signer import WeComCallbackSigner
@@ -150,8 +151,8 @@ def engine_config(engine_url: str, max_tokens: int, slots: int) -> dict[str, Any
 def as_sent(reply: str) -> str:
     """A direct reply as the bench's WeCom app bot delivers it: the app answers in text (its adapter's default
     reply_format), so the model's Markdown is made readable (bots/markdown.py) before it is sent; comparing raw
-    Markdown would count that as other work."""
-    return to_text(reply)
+    Markdown would count that as other work; an empty completion is answered with botgw's own text."""
+    return to_text(reply) if reply.strip() else texts.EMPTY_ANSWER_TEXT
 
 
 # --------------------------------------------------------------------------- the two clients

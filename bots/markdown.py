@@ -16,9 +16,10 @@ from markdown_it.token import Token
 _PARSER = MarkdownIt("commonmark").enable("table").enable("strikethrough")
 
 
-# What can make a text Markdown: an inline mark anywhere, or a line opening a list item, a setext underline or a
-# rule. A text without any is sent as it is, unparsed (a digit or a dash inside a line means nothing to Markdown).
-_MAY_BE_MARKUP = re.compile(r"[*_#`\[|>~]|^[ \t]*(?:[-+=]|\d{1,9}[.)])", re.MULTILINE)
+# What can make a text Markdown: an inline mark, an entity or a backslash escape anywhere (a bare \r ends a line
+# that ^ does not see), or a line opening a list item, a setext underline or a rule. A text without any is sent as
+# it is, unparsed (a digit or a dash inside a line means nothing to Markdown).
+_MAY_BE_MARKUP = re.compile(r"[*_#`\[|>~&\\\r]|^[ \t]*(?:[-+=]|\d{1,9}[.)])", re.MULTILINE)
 
 
 def to_text(markdown: str) -> str:

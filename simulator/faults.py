@@ -25,7 +25,7 @@ as the platform would have. Every platform answers the default errmsg it always 
 # No `from __future__ import annotations`: `faults_route` annotates its route with the platform's model class at
 # run time, and FastAPI reads that annotation to validate the posted fault.
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 
@@ -84,10 +84,15 @@ class FaultQueue:
         return self.pending
 
 
-def faults_route(router: APIRouter, platform: str, queue: FaultQueue, model: type[Fault] = Fault) -> None:
-    """`POST /__sim__/<platform>/faults`: a fault as `model` reads it, queued; the number now pending comes back."""
+def faults_route(router: APIRouter, platform: str, queue: FaultQueue, model: type[Fault] = Fault,
+                 aimed: frozenset[str] = frozenset()) -> None:
+    """`POST /__sim__/<platform>/faults`: a fault as `model` reads it, queued; the number now pending comes back.
+    `aimed`: the endpoints whose calls name a `touser` (any other refuses a fault that names one: it would never
+    be met, and stay pending)."""
 
     async def add_fault(fault: model) -> dict[str, int]:  # type: ignore[valid-type]
+        if fault.touser is not None and fault.endpoint not in aimed:
+            raise HTTPException(422, f"touser is honoured only by {sorted(aimed)} here, not by {fault.endpoint!r}")
         return {"pending_faults": queue.add(fault)}
 
     router.add_api_route(f"/__sim__/{platform}/faults", add_fault, methods=["POST"])

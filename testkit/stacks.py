@@ -129,8 +129,9 @@ class Stack:
     def dead_letters(self) -> int:
         return int(self.redis.xlen(self.keys.dead_letters))
 
-    def sim_stats(self) -> dict:
-        return httpx.get(f"{self.sim_url}/__sim__/wecom/stats", timeout=5).json()
+    def sim_stats(self, touser: str = "") -> dict:
+        """The WeCom simulator's counters; with `touser`, `send_calls_to` counts the sends to that member."""
+        return httpx.get(f"{self.sim_url}/__sim__/wecom/stats", params={"touser": touser}, timeout=5).json()
 
     def fault(self, **fault: object) -> None:
         httpx.post(f"{self.sim_url}/__sim__/wecom/faults", json=fault, timeout=5).raise_for_status()

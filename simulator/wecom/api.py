@@ -64,7 +64,9 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     @router.post("/cgi-bin/message/send")
     async def message_send(request: Request, access_token: str = "") -> JSONResponse:
         state.send_calls += 1
-        fault = state.faults.take("send", _touser(await request.body()))
+        touser = _touser(await request.body())
+        state.send_calls_to[touser or ""] += 1
+        fault = state.faults.take("send", touser)
         if fault and fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault and fault.hold:

@@ -36,7 +36,7 @@ def wecom_control_router(state: WeComApiState) -> APIRouter:
             if (not touser or item.touser == touser) and item.at >= since
         ]
 
-    faults_route(router, "wecom", state.faults)
+    faults_route(router, "wecom", state.faults, aimed=frozenset({"send"}))
 
     @router.post("/__sim__/wecom/release")
     async def release() -> dict[str, int]:
@@ -52,8 +52,11 @@ def wecom_control_router(state: WeComApiState) -> APIRouter:
         return {"expired": len(state.tokens)}
 
     @router.get("/__sim__/wecom/stats")
-    async def stats() -> dict[str, int]:
+    async def stats(touser: str = "") -> dict[str, int]:
+        """Counters of the whole simulator; `send_calls_to`: the message/send calls naming `touser` (tests share
+        one simulator, and a test that counts its own sends is not disturbed by another's)."""
         return {
+            "send_calls_to": state.send_calls_to[touser] if touser else 0,
             "gettoken_calls": state.gettoken_calls,
             "send_calls": state.send_calls,
             "delivered": len(state.delivered),

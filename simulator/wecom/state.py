@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from simulator.faults import FaultQueue
@@ -54,6 +55,7 @@ class WeComApiState:
     faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, gettoken, getuserinfo
     gettoken_calls: int = 0
     send_calls: int = 0
+    send_calls_to: Counter[str] = field(default_factory=Counter)  # per touser: a test counts only its own
     duplicates_dropped: int = 0
     dropped_over_rate: int = 0  # sends past a member's allowance: answered ok, never shown
     held: int = 0
@@ -82,6 +84,7 @@ class WeComApiState:
         self.cards_dropped = 0
         self.media.clear()
         self.faults.clear()
+        self.send_calls_to.clear()
         self.gettoken_calls = self.send_calls = self.duplicates_dropped = self.held = self.dropped_over_rate = 0
         self.release.set()
         self.release = asyncio.Event()

@@ -46,4 +46,7 @@ def test_numbers_and_dashes_inside_a_line_are_not_markup_but_a_numbered_line_is(
     assert to_text(plain) == plain
     assert to_text("  2) 第二项\n3) 第三项") == "2. 第二项\n3. 第三项"
     assert to_text("标题\n===") == "标题"
+    assert to_text("价格 &lt; 100 元，AT&amp;T 5G") == "价格 < 100 元，AT&T 5G"
+    assert to_text("1\\. 不是列表，价格\\$100") == "1. 不是列表，价格$100"
+    assert to_text("上文\r- 一\r- 二") == "上文\n\n• 一\n• 二"
     assert to_text("上文\n\n- 一\n+ 二") == "上文\n\n• 一\n\n• 二"

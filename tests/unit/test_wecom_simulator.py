@@ -62,3 +62,10 @@ async def test_a_fault_aimed_at_one_member_is_not_spent_on_sends_to_another() ->
         assert refused.json()["errcode"] == 60020
         again = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "lisi"))
         assert again.json()["errcode"] == 0
+
+
+async def test_a_fault_aimed_at_a_member_of_a_call_that_names_none_is_refused() -> None:
+    async with client() as http:
+        refused = await http.post("/__sim__/wecom/faults", json={"endpoint": "gettoken", "touser": "lisi"})
+        assert refused.status_code == 422 and "touser" in refused.text
+        assert (await http.get("/__sim__/wecom/stats")).json()["pending_faults"] == 0
