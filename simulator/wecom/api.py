@@ -40,6 +40,9 @@ def _error(errcode: int, errmsg: str) -> JSONResponse:
     return JSONResponse({"errcode": errcode, "errmsg": errmsg})
 
 
+_UNREADABLE = object()  # a message/send body that is not JSON
+
+
 def wecom_api_router(state: WeComApiState) -> APIRouter:
     """WeCom's API routes over the shared state (the control routes: simulator/wecom/control.py; media/get:
     simulator/wecom/media.py)."""
@@ -64,7 +67,13 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
     @router.post("/cgi-bin/message/send")
     async def message_send(request: Request, access_token: str = "") -> JSONResponse:
         state.send_calls += 1
-        touser = _touser(await request.body())
+        # Read once, before the faults: a fault aimed at a member (`touser`) meets only the sends to them. What does
+        # not parse is refused below, after the faults and the token, as before.
+        try:
+            body: Any = json.loads(await request.body())
+        except ValueError:
+            body = _UNREADABLE
+        touser = str(body["touser"]) if isinstance(body, dict) and "touser" in body else None
         state.send_calls_to[touser or ""] += 1
         fault = state.faults.take("send", touser)
         if fault and fault.delay_s:
@@ -82,9 +91,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         refused = state.token_refusal(access_token)
         if refused:
             return _error(*refused)
-        try:
-            body: dict[str, Any] = await request.json()
-        except ValueError:
+        if body is _UNREADABLE:
             return _error(47001, "data format error")
         msgtype = body.get("msgtype")
         if msgtype not in MSGTYPES or not body.get("touser") or not isinstance(body.get(msgtype), dict):
@@ -154,15 +161,6 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": []})
 
     return router
-
-
-def _touser(raw: bytes) -> str | None:
-    """The member a message/send body names, read only to pick the faults aimed at it (None: no readable one)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
-    return str(body["touser"]) if isinstance(body, dict) and "touser" in body else None
 
 
 def over_allowance(state: WeComApiState, agentid: int, member: str, now: float) -> bool:
