@@ -15,7 +15,8 @@ test:
 	bash scripts/install_ops_tools.sh
 	.venv/bin/ruff check .
 	bash scripts/pip_audit.sh
-	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15
+	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not after_everything"
+	.venv/bin/python -m pytest -v -p no:cacheprovider -m after_everything
 
 lint: install
 	.venv/bin/ruff check .

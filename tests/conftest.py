@@ -35,7 +35,8 @@ ARTIFACTS = Path(os.environ.get("BOTGW_TEST_ARTIFACTS") or ROOT / "test-artifact
 
 @pytest.fixture(scope="session")
 def log_dir() -> Path:
-    path = ARTIFACTS / "logs"
+    """One folder per pytest-xdist process (`make test` runs two), so that one never wipes the other's logs."""
+    path = ARTIFACTS / "logs" / os.environ.get("PYTEST_XDIST_WORKER", "")
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path

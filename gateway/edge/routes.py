@@ -63,10 +63,9 @@ def _rejected(platform: str, exc: CallbackRejected) -> PlainTextResponse:
     return PlainTextResponse(exc.detail, status_code=exc.status)
 
 
-@router.get("/callback/{bot_id}")
-async def verify_url(bot_id: str, request: Request) -> Response:
+async def verify_url(request: Request) -> Response:
     """URL verification when the operator saves the callback URL: answer the decrypted echostr, bare."""
-    handler = request.app.state.callbacks.get(bot_id)
+    handler = request.app.state.callbacks.get(request.path_params["bot_id"])
     if handler is None:
         return PlainTextResponse("unknown bot", status_code=404)
     try:
@@ -102,7 +101,14 @@ async def receive(request: Request) -> Response:
     return Response(content=reply.body, status_code=reply.status, media_type=reply.media_type)
 
 
-CALLBACK_ROUTE = Route("/callback/{bot_id}", receive, methods=["POST"])
+async def callback(request: Request) -> Response:
+    """GET is the URL check, POST a callback: one route for both, so that any other method's 405 names both."""
+    if request.method == "POST":
+        return await receive(request)
+    return await verify_url(request)
+
+
+CALLBACK_ROUTE = Route("/callback/{bot_id}", callback, methods=["GET", "POST"])
 
 
 @router.get("/healthz")

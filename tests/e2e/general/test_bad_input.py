@@ -590,6 +590,15 @@ def test_a_body_cut_off_on_the_wire_changes_nothing(gw: Gateway, user: str, path
     assert httpx.get(f"{gw.stack.gateway_url}/healthz", timeout=5).status_code == 200
 
 
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH"])
+def test_a_callback_urls_405_names_both_methods_it_serves(gw: Gateway, method: str) -> None:
+    """The callback URL serves GET (the URL check) and POST: a 405 there must say so (RFC 9110 §15.5.6)."""
+    response = httpx.request(method, f"{gw.stack.gateway_url}/callback/app", timeout=10)
+    assert response.status_code == 405
+    allowed = {part.strip() for part in response.headers["allow"].split(",")}
+    assert {"GET", "POST"} <= allowed, response.headers["allow"]
+
+
 def test_admin_reset_of_a_pattern_clears_no_one(gw: Gateway, user: str) -> None:
     """`who` is an id, not a pattern: a reset of `*` must not clear every user's token budgets."""
     victim = gw.stack.redis

@@ -1,6 +1,7 @@
 """No configured secret in any log of the whole test run.
 
-Runs last (conftest moves tests marked `after_everything` to the end): by then every gateway, worker,
+Runs last (conftest moves tests marked `after_everything` to the end, and `make test` runs them in a second
+pytest once the two-process run of everything else has ended): by then every gateway, worker,
 simulator, engine and Stream process of the session has written its log under the artifacts folder,
 including the ones that were fed hostile input, wrong tokens and broken configurations.
 """
