@@ -196,6 +196,17 @@ class PermanentSendError(SendError):
     retryable = False
 
 
+@dataclass(frozen=True)
+class ErrorHint:
+    """What the console says of an error code a platform explains better than its own message (both languages);
+    `said_prefix` is what the adapter's error text puts before the platform's words, and the hint replaces it."""
+
+    name: str
+    zh: str
+    en: str
+    said_prefix: str = ""
+
+
 class Throttled(RetryableSendError):
     """The platform refuses sends to this conversation for a while (DingTalk's 130101 lasts 10 minutes): the
     message is handed back for `retry_after` seconds instead of retried in place, and no failure is counted,

@@ -6,13 +6,13 @@ the worker find everything else on the adapter (reply_style, callback_kind, paci
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from bots.base import TokenStore
+from bots.base import ErrorHint, TokenStore
 from bots.channels import Channel, check_channel
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.dingtalk.config import DingTalkBotConfig
@@ -21,6 +21,7 @@ from bots.web.config import WebBotConfig
 from bots.wecom.adapter import WeComAppAdapter
 from bots.wecom.aibot import WeComAIBotAdapter
 from bots.wecom.config import WeComAIBotConfig, WeComAppConfig, WeComWebhookConfig
+from bots.wecom.exceptions import TOKEN_HINTS as WECOM_TOKEN_HINTS
 from bots.wecom.webhook import WeComWebhookAdapter
 from bots.wecom_kf.adapter import WeComKfAdapter
 from bots.wecom_kf.config import WeComKfConfig
@@ -32,16 +33,21 @@ AdapterFactory = Callable[[Any, httpx.AsyncClient, TokenStore], Channel]
 class Platform:
     config: type
     build: AdapterFactory
+    title: tuple[str, str]  # (中文, English): how the operator's console names the platform
     holds_connection: Callable[[Any], bool] = lambda config: False  # its messages come by a connection botgw holds
+    token_hints: Mapping[str, ErrorHint] = field(default_factory=dict)  # token error codes the console explains
 
 
 PLATFORMS: dict[str, Platform] = {
-    "wecom": Platform(WeComAppConfig, WeComAppAdapter),
-    "wecom-ai": Platform(WeComAIBotConfig, lambda config, http, tokens: WeComAIBotAdapter(config, http)),
-    "wecom-kf": Platform(WeComKfConfig, WeComKfAdapter),
-    "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http)),
-    "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter, lambda config: config.mode == "stream"),
-    "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config)),
+    "wecom": Platform(WeComAppConfig, WeComAppAdapter, ("企业微信应用", "WeCom app"), token_hints=WECOM_TOKEN_HINTS),
+    "wecom-ai": Platform(WeComAIBotConfig, lambda config, http, tokens: WeComAIBotAdapter(config, http),
+                         ("企业微信智能机器人", "WeCom AI bot")),
+    "wecom-kf": Platform(WeComKfConfig, WeComKfAdapter, ("微信客服", "WeChat Kefu"), token_hints=WECOM_TOKEN_HINTS),
+    "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http),
+                              ("企业微信群机器人", "WeCom group robot")),
+    "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter, ("钉钉", "DingTalk"),
+                         lambda config: config.mode == "stream"),
+    "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config), ("网页", "Web page")),
 }
 
 

@@ -18,8 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from bots.registry import holds_connection
-from bots.wecom.exceptions import IP_NOT_TRUSTED, TRUSTED_IP_HINT
+from bots.registry import PLATFORMS, holds_connection
 from gateway.console.web import Viewer, _ago, json_answer, render, wants_json
 from gateway.runtime import Runtime
 from gateway.state.pulse import Activity, read_pulse
@@ -32,18 +31,6 @@ QUEUE_WAIT_WARN_S = 60.0
 QUEUE_WAIT_BAD_S = 300.0
 TOKEN_ERROR_SHOWN_S = 86400.0  # a token error older than a day, with nothing since, is no longer shown
 UNANSWERED_AFTER_S = 120.0  # messages came, none was answered for this long: said
-TRUSTED_IP_HINT_ZH = (
-    "企业微信拒绝了本服务器的 IP（60020）：请在企业微信管理后台该应用的「企业可信IP」里加入本服务器的出口 IP"
-    "（每台 worker 主机，或它们前面的 NAT）。重试无济于事；加好后在「死信」页重放。"
-)
-PLATFORMS = {
-    "wecom": ("企业微信应用", "WeCom app"),
-    "wecom-ai": ("企业微信智能机器人", "WeCom AI bot"),
-    "wecom-webhook": ("企业微信群机器人", "WeCom group robot"),
-    "wecom-kf": ("微信客服", "WeChat Kefu"),
-    "dingtalk": ("钉钉", "DingTalk"),
-    "web": ("网页", "Web page"),
-}
 LEVELS = {"ok": 0, "idle": 0, "warn": 1, "bad": 2}
 # What the overview says of a problem, (中文, English), formatted with the problem's numbers.
 SAID = {
@@ -88,9 +75,10 @@ def _token_problem(bot: Any, error: dict[str, Any], last_answer: float | None, n
         return None
     code, said = str(error.get("code", "")), str(error.get("message", ""))
     problem = _problem("bad", "token", {"code": code}, code=code, said=said, at=at)
-    if code == str(IP_NOT_TRUSTED) and bot.platform.startswith("wecom"):  # the hint said once, then WeCom's words
-        said = said.removeprefix(f"{TRUSTED_IP_HINT}; WeCom said: ")
-        problem.update(zh=TRUSTED_IP_HINT_ZH, en=TRUSTED_IP_HINT, hint="trusted_ip", said=said)
+    platform = PLATFORMS.get(bot.platform)
+    hint = platform.token_hints.get(code) if platform else None
+    if hint is not None:  # the platform's hint said once, then the platform's own words
+        problem.update(zh=hint.zh, en=hint.en, hint=hint.name, said=said.removeprefix(hint.said_prefix))
     return problem
 
 
@@ -116,7 +104,7 @@ def bot_view(bot: Any, activity: Activity, now: float) -> dict[str, Any]:
     view: dict[str, Any] = {
         "id": bot_id,
         "platform": bot.platform,
-        "platform_name": PLATFORMS.get(bot.platform, (bot.platform, bot.platform)),
+        "platform_name": PLATFORMS[bot.platform].title if bot.platform in PLATFORMS else (bot.platform,) * 2,
         "mode": getattr(bot, "mode", None),
         "callbacks_5m": activity.total("callback", bot_id, RECENT_MIN),
         "callbacks_15m": activity.total("callback", bot_id),
