@@ -75,6 +75,32 @@ CallbackStyle = Literal["queue", "polled-stream"]
 
 
 @runtime_checkable
+class PulledThroughApp(Protocol):
+    """A pulled channel whose callbacks arrive at another bot's URL (微信客服 on a WeCom self-built app)."""
+
+    @property
+    def app_id(self) -> str | None:
+        """The bot whose callback URL receives this one's callbacks (None: its own URL)."""
+        ...
+
+    def pull_for(self, plaintext: str, now: float) -> InboundMessage | None: ...
+
+
+@runtime_checkable
+class HostsPulled(Protocol):
+    """A bot whose callback URL also receives a pulled channel's callbacks (the WeCom app)."""
+
+    def attach_pulled(self, channel: PulledThroughApp) -> None: ...
+
+
+@runtime_checkable
+class JoinsBots(Protocol):
+    """A bot that needs the other bots' settings once all are built (the page's company logins)."""
+
+    def join_bots(self, bots: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
 class QueueingCallbacks(Protocol):
     """Callbacks acknowledged at once with a fixed body; the answer goes out later by the platform's send API
     (WeCom app, 微信客服, DingTalk robot in HTTP mode)."""

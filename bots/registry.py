@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from bots.base import ErrorHint, TokenStore
-from bots.channels import Channel, check_channel
+from bots.channels import Channel, HostsPulled, JoinsBots, PulledThroughApp, check_channel
 from bots.dingtalk.adapter import DingTalkRobotAdapter
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.web.adapter import WebAdapter
@@ -67,10 +67,11 @@ def build_adapters(configs: list[Any], http: httpx.AsyncClient, tokens: TokenSto
     """Every configured bot's adapter, with a pulled channel joined to the app whose callback URL it shares."""
     adapters = {config.id: build_adapter(config, http, tokens) for config in configs}
     for adapter in adapters.values():
-        app = getattr(adapter, "app_id", None)
-        if app is not None:
-            adapters[app].attach_pulled(adapter)
-        join = getattr(adapter, "join_bots", None)
-        if join is not None:
-            join({config.id: config for config in configs})
+        if isinstance(adapter, PulledThroughApp) and adapter.app_id is not None:
+            host = adapters[adapter.app_id]
+            if not isinstance(host, HostsPulled):  # the configuration's check names the mistake first
+                raise ValueError(f"bot {adapter.app_id!r} cannot receive another bot's callbacks")
+            host.attach_pulled(adapter)
+        if isinstance(adapter, JoinsBots):
+            adapter.join_bots({config.id: config for config in configs})
     return adapters

@@ -8,7 +8,6 @@ before the signature checks out, and nothing is trusted before the receiver id d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 import httpx
 
@@ -23,7 +22,7 @@ from bots.base import (
     per_window,
 )
 from bots.buttons import ButtonTap, Question
-from bots.channels import CallbackRequest, Queued
+from bots.channels import CallbackRequest, PulledThroughApp, Queued
 from bots.parts import Downloaded, Media, MediaError
 from bots.wecom.cards import APP_CARD, button_card
 from bots.wecom.client import WeComApiClient
@@ -77,12 +76,6 @@ def verified_plaintext(crypto: WeComCrypto, query: Mapping[str, str], body: byte
     return crypto.verify_and_decrypt(signature, timestamp, nonce, encrypted)
 
 
-class PulledFromApp(Protocol):
-    """A pulled channel whose callbacks share an app's URL (微信客服 on the same self-built app)."""
-
-    def pull_for(self, plaintext: str, now: float) -> InboundMessage | None: ...
-
-
 class AppCardButtons:
     """A question's buttons as the app's template card (message/send, msgtype template_card); a tap comes back as
     a template_card_event callback (bots/wecom/models.py)."""
@@ -119,7 +112,7 @@ class WeComAppAdapter(ChannelDefaults):
         )
         self._api = WeComApiClient(config, http, tokens)
         self.buttons = AppCardButtons(self._api)
-        self.pulled: PulledFromApp | None = None
+        self.pulled: PulledThroughApp | None = None
 
     def handshake(self, query: Mapping[str, str], now: float) -> str:
         """GET URL verification: the decrypted echostr, to be answered bare."""
@@ -140,7 +133,7 @@ class WeComAppAdapter(ChannelDefaults):
             return None
         return Queued(message, pull=message.msg_type == "pull")  # a 微信客服 callback to the app's URL: a pull
 
-    def attach_pulled(self, channel: PulledFromApp) -> None:
+    def attach_pulled(self, channel: PulledThroughApp) -> None:
         """The 微信客服 bot whose callbacks come to this app's URL (`app: <this bot>` in its config)."""
         self.pulled = channel
 
