@@ -108,8 +108,16 @@ def botgw_config(
 
 
 def write_config(path: Path, data: dict) -> Path:
-    """`data` as YAML at `path` (kept with a run's logs, where a failed run's reason is)."""
+    """`data` as YAML at `path` (kept with a run's logs, where a failed run's reason is).
+
+    A config that names no knowledge store gets its own folder beside the file, not the user's default
+    (~/.cache/botgw/knowledge): a test must not write there, and two test processes (`make test` runs two) would
+    hold one embedded store between them."""
     import yaml  # not at module level: see the module docstring
 
+    knowledge = data.get("knowledge", {})
+    store = knowledge.get("store", {}) if isinstance(knowledge, dict) else None
+    if isinstance(store, dict) and not {"path", "qdrant_url"} & store.keys():  # a broken one is left as written
+        data = {**data, "knowledge": {**knowledge, "store": {**store, "path": str(path.parent / f"{path.stem}-kb")}}}
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     return path
