@@ -15,8 +15,12 @@ test:
 	bash scripts/install_ops_tools.sh
 	.venv/bin/ruff check .
 	bash scripts/pip_audit.sh
-	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not after_everything"
-	.venv/bin/python -m pytest -v -p no:cacheprovider -m after_everything
+	# two processes, a test file at a time; then the checks of the whole run, which run even when a test failed
+	status=0; \
+	.venv/bin/python -m pytest -v -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not after_everything" \
+		|| status=$$?; \
+	.venv/bin/python -m pytest -v -p no:cacheprovider -m after_everything || status=$$?; \
+	exit $$status
 
 lint: install
 	.venv/bin/ruff check .

@@ -46,7 +46,7 @@ PLATFORMS: dict[str, Platform] = {
     "wecom-webhook": Platform(WeComWebhookConfig, lambda config, http, tokens: WeComWebhookAdapter(config, http),
                               ("企业微信群机器人", "WeCom group robot")),
     "dingtalk": Platform(DingTalkBotConfig, DingTalkRobotAdapter, ("钉钉", "DingTalk"),
-                         lambda config: config.mode == "stream"),
+                         holds_connection=lambda config: config.mode == "stream"),
     "web": Platform(WebBotConfig, lambda config, http, tokens: WebAdapter(config), ("网页", "Web page")),
 }
 

@@ -118,6 +118,7 @@ def write_config(path: Path, data: dict) -> Path:
     knowledge = data.get("knowledge", {})
     store = knowledge.get("store", {}) if isinstance(knowledge, dict) else None
     if isinstance(store, dict) and not {"path", "qdrant_url"} & store.keys():  # a broken one is left as written
-        data = {**data, "knowledge": {**knowledge, "store": {**store, "path": str(path.parent / f"{path.stem}-kb")}}}
+        folder = path.resolve().parent / f"{path.stem}-kb"
+        data = {**data, "knowledge": {**knowledge, "store": {**store, "path": str(folder)}}}
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     return path

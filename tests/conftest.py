@@ -8,7 +8,8 @@ waits for it. The same goes for the group-robot burst, which WeCom's 20-a-minute
 minute of wall time (and next to no CPU): it is queued at the start and checked when its test runs.
 
 Logs go to test-artifacts/logs, or to $BOTGW_TEST_ARTIFACTS/logs (so that two runs in one tree do
-not wipe each other's logs)."""
+not wipe each other's logs); under pytest-xdist (`make test` runs two processes) to logs/gw0 and logs/gw1, the
+whole logs folder emptied once by the controlling process before they start."""
 
 from __future__ import annotations
 
@@ -222,6 +223,10 @@ def cluster(stack: Stack) -> Iterator[Callable[..., Cluster]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "after_everything: run after every other test of the session")
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # the controller of a pytest-xdist run: each process empties only its own logs/gwN, so an earlier run's
+        # logs would stay for the secrets check to read (or to be all it reads)
+        shutil.rmtree(ARTIFACTS / "logs", ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

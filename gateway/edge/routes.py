@@ -60,7 +60,9 @@ def _runtime(request: Request) -> Runtime:
 def _rejected(platform: str, exc: CallbackRejected) -> PlainTextResponse:
     metrics.REJECTED.labels(platform, exc.reason).inc()
     log.warning("callback rejected", extra={"reason": exc.reason, "status": exc.status})
-    return PlainTextResponse(exc.detail, status_code=exc.status)
+    # A 405 here is a bot with no URL check (a GET or HEAD to it): POST is what its URL serves (RFC 9110 §15.5.6).
+    headers = {"Allow": "POST"} if exc.status == 405 else None
+    return PlainTextResponse(exc.detail, status_code=exc.status, headers=headers)
 
 
 async def verify_url(request: Request) -> Response:
@@ -82,7 +84,6 @@ async def receive(request: Request) -> Response:
     routers' matching cost more CPU than everything else the gateway does per callback (issue 22's profile)."""
     started = time.perf_counter()
     bot_id: str = request.path_params["bot_id"]
-    request_id.set(request_id_for(request.headers.get("x-request-id")))
     handler = request.app.state.callbacks.get(bot_id)
     if handler is None:
         return PlainTextResponse("unknown bot", status_code=404)
@@ -102,7 +103,9 @@ async def receive(request: Request) -> Response:
 
 
 async def callback(request: Request) -> Response:
-    """GET is the URL check, POST a callback: one route for both, so that any other method's 405 names both."""
+    """GET (and HEAD, as HTTP has it) is the URL check, POST a callback: one route for both, so that any other
+    method's 405 names them all."""
+    request_id.set(request_id_for(request.headers.get("x-request-id")))
     if request.method == "POST":
         return await receive(request)
     return await verify_url(request)

@@ -355,7 +355,7 @@ class Listener:
 def sign_in(page: object, url: str, name: str) -> None:
     """The page sends a visitor with no session to /login itself, a navigation in the browser that can come after
     "networkidle" on a busy machine: a page already at `url` waits for it instead of navigating over it."""
-    if not page.url.startswith(url):  # type: ignore[attr-defined]
+    if not page.url.startswith(url.rstrip("/") + "/"):  # type: ignore[attr-defined]
         page.goto(url)  # type: ignore[attr-defined]
     page.wait_for_url("**/login**", timeout=30000)  # type: ignore[attr-defined]
     page.fill("input:not([type=password])", name)  # type: ignore[attr-defined]

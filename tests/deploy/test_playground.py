@@ -11,10 +11,10 @@ Then the playground across a restart: `make run`'s script, a 微信客服 custom
 the customer answered again, with the platform never refusing the cursor botgw kept in Redis.
 
 It used to go quiet after the restart: Redis kept the gateway's kf/sync_msg cursor in `.run/`, the simulator started
-empty and refused it. Slow (the engine is loaded twice), so one test, run after the rest of the suite (the marker
-that also puts the secrets check last; this test's logs are under the artifacts folder, so that check reads them
-too). It runs scripts/run_local.sh on free ports in a run folder of its own, with deploy/local.yaml moved to those
-ports, so it never meets a developer's playground or the suite's processes."""
+empty and refused it. Slow (the engine is loaded twice), so one test; its logs are under the artifacts folder,
+so the secrets check, which runs after everything else, reads them too. It runs scripts/run_local.sh on free
+ports in a run folder of its own, with deploy/local.yaml moved to those ports, so it never meets a developer's
+playground or the suite's processes."""
 
 from __future__ import annotations
 
@@ -235,7 +235,6 @@ def test_make_clean_removes_the_run_folder_it_is_given(tmp_path: Path) -> None:
     assert (ROOT / ".run").exists() == before, "make clean touched ./.run rather than PLAYGROUND_RUN_DIR"
 
 
-@pytest.mark.after_everything
 def check_console(config: Path, console: str) -> None:
     """The playground's operator console: the admin token signs in, and 企业微信登录 reaches the simulator's login
     page (run_local.sh made the console's callback a 可信域名 of the demo app)."""

@@ -599,6 +599,12 @@ def test_a_callback_urls_405_names_both_methods_it_serves(gw: Gateway, method: s
     assert {"GET", "POST"} <= allowed, response.headers["allow"]
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_bot_with_no_url_check_says_post_is_what_its_url_serves(gw: Gateway, method: str) -> None:
+    response = httpx.request(method, f"{gw.stack.gateway_url}/callback/ding-http", headers=ding_headers(gw), timeout=10)
+    assert response.status_code == 405 and response.headers.get("allow") == "POST", response.headers
+
+
 def test_admin_reset_of_a_pattern_clears_no_one(gw: Gateway, user: str) -> None:
     """`who` is an id, not a pattern: a reset of `*` must not clear every user's token budgets."""
     victim = gw.stack.redis
