@@ -41,6 +41,11 @@ def _error(errcode: int, errmsg: str) -> JSONResponse:
 
 
 _UNREADABLE = object()  # a message/send body that is not JSON
+# A body that is not JSON: 47001 "data format error" is the WeChat family's global return code for it (WeChat's
+# Global_Return_Code page; WeChat's developer forum answers it for form-encoded bodies). That WeCom's message/send
+# answers the same is UNCONFIRMED; botgw sends only JSON it built and depends on no code for this, so any errcode
+# would do: the refusal is what is played.
+DATA_FORMAT_ERROR = (47001, "data format error")
 
 
 def wecom_api_router(state: WeComApiState) -> APIRouter:
@@ -92,7 +97,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         if refused:
             return _error(*refused)
         if body is _UNREADABLE:
-            return _error(47001, "data format error")
+            return _error(*DATA_FORMAT_ERROR)
         msgtype = body.get("msgtype")
         if msgtype not in MSGTYPES or not body.get("touser") or not isinstance(body.get(msgtype), dict):
             return _error(40008, "invalid message type")
@@ -146,7 +151,7 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         try:
             body = await request.json()
         except ValueError:
-            return _error(47001, "data format error")
+            return _error(*DATA_FORMAT_ERROR)
         button = body.get("button") if isinstance(body, dict) else None
         name = button.get("replace_name") if isinstance(button, dict) else None
         code = body.get("response_code") if isinstance(body, dict) else None
