@@ -21,7 +21,9 @@ the connection without a 431, since the application may already be answering tha
 
 A head not complete HEAD_TIMEOUT_S after the connection opened (or its last answer ended) is answered 408 and
 closed: a client sending nothing, or dripping bytes, would hold the connection for ever (uvicorn arms its
-keep-alive timeout only after an answer, and any byte cancels it).
+keep-alive timeout only after an answer, and any byte cancels it). The same holds for a body the application
+answered without reading (a 404 for an unknown bot, a 413, a 429): its rest is due HEAD_TIMEOUT_S after the answer
+ended, or the connection is closed (uvicorn drops such a body's bytes, but each one cancels its keep-alive timer).
 
 The admin listener is served by the same uvicorn server (gateway/cli/processes.py `_serve`), so it has the same bound.
 """
@@ -100,8 +102,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _head_too_slow(self) -> None:
         """No complete head HEAD_TIMEOUT_S after the connection opened or its last answer ended (a client that
         sends nothing, or drips a head or blank lines, holding a connection and its buffer): 408 and close.
-        uvicorn's keep-alive timeout is cancelled by any byte, and is not armed before a first request."""
-        if self._refused or self._in_body or self.transport.is_closing():
+        uvicorn's keep-alive timeout is cancelled by any byte, and is not armed before a first request. A body
+        still unfinished that long after its early answer: closed without a word (the answer went out)."""
+        if self._refused or self.transport.is_closing():
+            return
+        if self._in_body:
+            if self.cycle is not None and self.cycle.response_complete:  # answered early, the body still dripping
+                log.warning("request body unfinished after its answer: connection closed",
+                            extra={"timeout_s": HEAD_TIMEOUT_S})
+                self._refused = True
+                self.transport.close()
             return
         log.warning("request head too slow: answered 408", extra={"timeout_s": HEAD_TIMEOUT_S})
         self._refuse(408, TOO_SLOW)
@@ -155,7 +165,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.pipeline and not self.transport.is_closing():
-            self._arm_head_timer()  # the next head is due from the end of this answer (a blank-line drip too)
+            # the next head is due from the end of this answer (a blank-line drip too), and so is the rest of a
+            # body the answer came before
+            self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()

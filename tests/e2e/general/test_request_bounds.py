@@ -461,3 +461,52 @@ def test_e_a_silent_connection_a_blank_line_drip_and_a_dripped_body_are_cut_off(
     answer, took = results["dripped body"]
     assert status_of(answer) == 408 and took <= body_deadline + 3, (answer[:100], took)
     assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
+
+
+def test_e_a_body_dripped_after_an_early_answer_is_cut_off(gw: Stack) -> None:
+    """An answer given before the body was read (404 for an unknown bot, 413 for a body over the cap) left the
+    connection open for as long as the client dripped the rest (each byte cancels uvicorn's keep-alive timer):
+    the rest is due HEAD_TIMEOUT_S after the answer, then the connection is closed."""
+    from gateway.edge.http_bounds import HEAD_TIMEOUT_S
+
+    port = port_of(gw.gateway_url)
+    heads = {
+        "unknown bot": b"POST /callback/no-such-bot HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n",
+        "too large": (f"POST /callback/{gw.bot.id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      f"Content-Length: 1000000000000\r\n\r\n").encode(),
+        "chunked, unknown bot": (b"POST /callback/no-such-bot HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n"),
+    }
+    drips = {"unknown bot": b"x", "too large": b"x", "chunked, unknown bot": b"1\r\nx\r\n"}
+    results: dict[str, tuple[int, float | None]] = {}
+
+    def watch(name: str) -> None:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(heads[name])
+            answer, _ = _answer_within(sock, 5)
+            answered = time.monotonic()
+            closed_after = None
+            sock.settimeout(0.5)
+            while time.monotonic() - answered < HEAD_TIMEOUT_S + 5:
+                try:
+                    sock.sendall(drips[name])
+                    if sock.recv(65536) == b"":
+                        closed_after = time.monotonic() - answered
+                        break
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_after = time.monotonic() - answered
+                    break
+            results[name] = (status_of(answer), closed_after)
+
+    threads = [threading.Thread(target=watch, args=(name,)) for name in heads]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results["unknown bot"][0] == 404 and results["chunked, unknown bot"][0] == 404, results
+    assert results["too large"][0] == 413, results
+    for name, (_, closed_after) in results.items():
+        assert closed_after is not None and closed_after <= HEAD_TIMEOUT_S + 3, (name, closed_after)
+    assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
