@@ -39,13 +39,26 @@ class DingTalkBotConfig(BotSettings):
     api_base: str = DINGTALK_API_BASE
     oapi_base: str = DINGTALK_OAPI_BASE
     login_base: str = Field(default=DINGTALK_LOGIN_BASE, description="DingTalk's OAuth login page (web_login)")
-    replay_window_s: int = Field(default=3600, ge=0)
+    replay_window_s: int = Field(
+        default=3600, ge=1, description="HTTP mode: how far a callback's timestamp may be from now (DingTalk: 1 h)"
+    )
     per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
     ai_card: AICardSettings = Field(default_factory=AICardSettings)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
     # a silently dead connection (open, passing nothing) is noticed within interval + timeout: 10 s
     stream_ping_interval_s: float = Field(default=5.0, gt=0)
     stream_ping_timeout_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("replay_window_s", mode="before")
+    @classmethod
+    def _window_on(cls, value: object) -> object:
+        """0 turns WeCom's window off, where the signature covers the body; DingTalk's covers only the timestamp."""
+        if value in (0, "0"):
+            raise ValueError(
+                "must be at least 1: DingTalk signs only the timestamp, so without the window one captured "
+                "callback's timestamp and sign would carry any message for ever"
+            )
+        return value
 
     @field_validator("api_base", "oapi_base", "login_base")
     @classmethod

@@ -9,7 +9,8 @@ calls the engine, which keeps this path to a single round trip.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
@@ -50,33 +51,42 @@ class Ingest:
 
         `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
         it is bound to the first message it came with, and a reuse with another message is "replayed".
-        A message its bot does not answer (bots.audience) is "ignored": nothing is queued.
+        A message its bot does not answer (bots.audience) is "ignored": nothing is queued, but its signature is
+        bound all the same (else a pair captured from a message the bot ignores would carry any other).
         """
+        binding = None
+        if signature:
+            key = self._keys.signature_binding(message.bot_id, signature)
+            binding = Binding(key, message.msg_id, self._dedup_ttl_s)
         if kind is EntryKind.CHAT:
             admitted = self.admit(message)
             if admitted is None:
-                return "ignored"
+                return "replayed" if binding and await self._bind(binding) < 0 else "ignored"
             message = admitted
         scope = Scope.of(message, self._settings.memory.group)
         entry = QueueEntry(owner=scope.owner, kind=kind, message=message, request_id=request_id.get() or None)
         dedup_key = self._keys.dedup(message.dedup_key)
         weight = self._settings.worker.weight(message.bot_id)
-        binding = None
-        if signature:
-            key = self._keys.signature_binding(message.bot_id, signature)
-            binding = Binding(key, message.msg_id, self._dedup_ttl_s)
 
         def enqueue(pipe: Pipeline) -> None:
             self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup_key, self._dedup_ttl_s, weight, binding)
 
-        try:
-            queued = await self._batcher.submit(enqueue)
-        except NoScriptError:  # Redis restarted and lost its scripts
-            await self._scheduler.load_scripts()
-            queued = await self._batcher.submit(enqueue)
+        queued = await self._submit(enqueue)
         if queued == -1:
             return "replayed"
         if not queued:
             metrics.DEDUP_HITS.labels(message.platform).inc()
             return "duplicate"
         return "accepted"
+
+    async def _bind(self, binding: Binding) -> int:
+        """Bind a signature whose message is not queued: -1 when it came with another message first."""
+        return int(await self._submit(lambda pipe: self._scheduler.queue_bind(pipe, binding)))
+
+    async def _submit(self, call: Callable[[Pipeline], None]) -> Any:
+        """`call`'s script in the next batch; loaded again if Redis restarted and lost its scripts."""
+        try:
+            return await self._batcher.submit(call)
+        except NoScriptError:
+            await self._scheduler.load_scripts()
+            return await self._batcher.submit(call)

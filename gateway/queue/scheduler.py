@@ -117,15 +117,21 @@ end
 # ARGV: core prefix, dedup ttl, lane, entry json, weight, message id, binding ttl.
 # Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
 # 0 for a duplicate delivery, else the lane's length after the append.
+_BIND_LUA = """
+local function bind(key, message_id, ttl)
+  local bound = redis.call('GET', key)
+  if bound and bound ~= message_id then return false end
+  if not bound then redis.call('SET', key, message_id, 'EX', ttl) end
+  return true
+end
+"""
+
 _ENQUEUE = (
     _COMMON
+    + _BIND_LUA
     + """
 local ns, lane = ARGV[1], ARGV[3]
-if KEYS[2] then
-  local bound = redis.call('GET', KEYS[2])
-  if bound and bound ~= ARGV[6] then return -1 end
-  if not bound then redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7]) end
-end
+if KEYS[2] and not bind(KEYS[2], ARGV[6], ARGV[7]) then return -1 end
 if ARGV[2] ~= '0' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
 local lane_key = ns .. ':sched:lane:' .. lane
 local n = redis.call('RPUSH', lane_key, ARGV[4])
@@ -137,6 +143,10 @@ end
 return n
 """
 )
+
+# KEYS: the signature binding key. ARGV: message id, binding ttl. Returns -1 when the signature was first seen with
+# another message, else 1 (bound now or before to this one): for a message that is not queued (Ingest: ignored).
+_BIND = _BIND_LUA + "if bind(KEYS[1], ARGV[1], ARGV[2]) then return 1 end\nreturn -1\n"
 
 # KEYS: the ready set (so that a cluster routes the script to the queue's slot).
 # ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
@@ -342,12 +352,14 @@ class Scheduler:
                 "renew": _RENEW,
                 "sweep": _SWEEP,
                 "absorb": _ABSORB,
+                "bind": _BIND,
             }.items()
         }
 
     async def load_scripts(self) -> None:
         """Load the scripts that pipelines call by their SHA (evalsha in a pipeline does not load)."""
         await self._redis.script_load(_ENQUEUE)
+        await self._redis.script_load(_BIND)
         await self._redis.script_load(_TAKE)
 
     # -- gateway side ------------------------------------------------------------------------
@@ -382,6 +394,11 @@ class Scheduler:
         """
         args = self._enqueue_args(lane, entry, dedup_key, dedup_ttl_s, weight, binding)
         pipe.execute_command("EVALSHA", self._scripts["enqueue"].sha, *args)  # a cluster pipeline blocks .evalsha()
+
+    def queue_bind(self, pipe: Pipeline, binding: Binding) -> None:
+        """Add the binding alone to `pipe` (a message that is not queued): its result is -1 for a signature first
+        seen with another message, else 1."""
+        pipe.execute_command("EVALSHA", self._scripts["bind"].sha, 1, binding.key, binding.message_id, binding.ttl_s)
 
     async def enqueue(self, lane: str, entry: QueueEntry, weight: float = 1.0) -> int:
         """Append an entry to its lane (no dedup); returns the lane's length."""

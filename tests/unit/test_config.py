@@ -395,3 +395,20 @@ def test_a_mistyped_botgw_environment_variable_is_named(
     monkeypatch.setenv("BOTGW_REDIS_UR", "redis://h:1/0")
     with pytest.raises(ConfigError, match="BOTGW_REDIS_UR: not a setting; did you mean BOTGW_REDIS_URL"):
         load_settings(path)
+
+
+def test_dingtalk_refuses_a_replay_window_of_zero(tmp_path: Path) -> None:
+    """WeCom's 0 turns its timestamp window off (its signature covers the body); DingTalk's sign covers only the
+    timestamp, so with no window one captured pair would carry any message for ever: refused at start, saying why."""
+    ding = """
+bots:
+  - id: ding
+    platform: dingtalk
+    mode: http
+    app_key: k
+    app_secret: s
+    replay_window_s: 0
+"""
+    with pytest.raises(ConfigError, match=r"bots\.ding\.replay_window_s.*signs only the timestamp"):
+        load_settings(write(tmp_path, ding))
+    assert load_settings(write(tmp_path, ding.replace("replay_window_s: 0", "replay_window_s: 60"))).bots

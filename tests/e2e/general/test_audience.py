@@ -10,7 +10,7 @@ import time
 import httpx
 
 from bots.dingtalk.config import DingTalkBotConfig
-from simulator.dingtalk.user import DingTalkUser
+from simulator.dingtalk.user import DingTalkUser, robot_payload
 from testkit.configs import write_config
 from testkit.probes import metric
 from testkit.stacks import Stack
@@ -24,6 +24,21 @@ def dingtalk_send(stack: Stack, user: str, text: str, group: str) -> None:
             await DingTalkUser(config, stack.gateway_url, stack.sim_url, http).send(user, text, group=group)
 
     asyncio.run(go())
+
+
+def dingtalk_post(stack: Stack, user: str, text: str, group: str, timestamp_ms: int) -> httpx.Response:
+    """A DingTalk HTTP callback signed for `timestamp_ms` (a captured timestamp and sign reused)."""
+    config = DingTalkBotConfig(**next(b for b in stack.config["bots"] if b["id"] == "ding-http"))
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=10) as http:
+            session = {"conversation": group, "user": user, "group": True, "ttl_s": 3600}
+            webhook = (await http.post(f"{stack.sim_url}/__sim__/dingtalk/session", json=session)).json()
+            payload = robot_payload(config, user, text, conversation=group, group=True, webhook=webhook)
+            sender = DingTalkUser(config, stack.gateway_url, stack.sim_url, http)
+            return await sender.post_signed(payload, timestamp_ms=timestamp_ms)
+
+    return asyncio.run(go())
 
 
 def dingtalk_replies(stack: Stack, conversation: str) -> list[dict]:
@@ -67,3 +82,14 @@ def test_denied_users_and_unprefixed_group_messages_get_nothing(stack: Stack, cl
     assert dingtalk_replies(front, outsider_group) == [], "a denied group gets nothing"
     assert metric(admin, "botgw_messages_ignored_total", reason="no_prefix") == 1
     assert metric(admin, "botgw_messages_ignored_total", reason="denied_group") == 1
+
+    # DingTalk signs only the timestamp: the pair of a message the bot ignored is bound to it all the same, so it
+    # cannot carry a message the bot would answer (before, an ignored message left its pair free for an hour).
+    captured = int(time.time() * 1000)
+    replay_group = f"cid-replay-{user}"
+    assert dingtalk_post(front, user, "no prefix: ignored", replay_group, captured).status_code == 200
+    refused = dingtalk_post(front, user, "/ask /help", replay_group, captured)
+    assert refused.status_code == 403 and "another message" in refused.text, refused.text
+    time.sleep(1.5)
+    assert dingtalk_replies(front, replay_group) == [], "the replayed pair's message is not answered"
+    assert metric(admin, "botgw_messages_ignored_total", reason="no_prefix") == 2
