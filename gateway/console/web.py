@@ -25,6 +25,7 @@ from starlette.datastructures import FormData, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bots.base import CallbackRejected
+from bots.safe_json import parse_json_object
 from gateway.console.auth import SESSION_COOKIE, Operator, Sessions, bearer_matches
 from gateway.console.settings import Role
 from gateway.edge.admin_listener import is_console_path
@@ -178,13 +179,14 @@ async def small_form(request: Request) -> FormData:
     return await request.form()
 
 
-async def small_json(request: Request) -> object:
-    """A script's JSON body, bounded first (see _small_body); an empty body is {}; not JSON: ConsoleDenied 400."""
+async def small_json(request: Request) -> dict[str, Any]:
+    """A script's JSON object, bounded first (see _small_body); an empty body is {}; not a JSON object, or one
+    nested too deeply (bots.safe_json: json.loads would raise RecursionError, a 500): ConsoleDenied 400."""
     body = await _small_body(request)
     try:
-        return json.loads(body or b"{}")
-    except ValueError:
-        raise ConsoleDenied(400, "the body is not JSON") from None
+        return parse_json_object(body or b"{}", "the body")
+    except CallbackRejected as refused:
+        raise ConsoleDenied(400, refused.detail) from None
 
 
 async def _csrf_ok(request: Request, operator: Operator) -> bool:

@@ -186,6 +186,16 @@ def test_a_purge_of_an_id_redis_cannot_read_is_refused(console: ConsoleStack) ->
         assert answer.status_code == 400, (route, answer.status_code, answer.text[:200])
 
 
+def test_a_json_body_nested_too_deeply_or_not_an_object_is_a_400(console: ConsoleStack) -> None:
+    """json.loads raises RecursionError (not a ValueError) on deep nesting: it was answered 500."""
+    bodies = {"deep": b"[" * 30_000 + b"]" * 30_000, "a list": b'["1-0"]', "not JSON": b"{"}
+    for route in ("/console/dead-letters/replay", "/console/limits/reset"):
+        for name, body in bodies.items():
+            answer = console.api("POST", route, content=body, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400, (route, name, answer.status_code, answer.text[:200])
+    assert console.api("GET", "/healthz").status_code == 200
+
+
 CHANGES = [  # (route, the role it needs, a body that would change something)
     ("/console/dead-letters/replay", "admin", {"one": "1-0"}),
     ("/console/dead-letters/purge", "admin", {"all": "1"}),
