@@ -44,6 +44,9 @@ import chainlit as cl
 import httpx
 from chainlit import oauth_providers
 from chainlit.oauth_providers import OAuthProvider
+from limits import parse
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bots.dingtalk.config import DingTalkBotConfig
@@ -65,7 +68,13 @@ log = logging.getLogger("botgw.web.oauth")
 STATE_COOKIE = "oauth_state"  # chainlit.auth.cookie: the state Chainlit set when it sent the browser away
 MAX_CODE_BYTES = 512  # WeCom: "code...最大为512字节"
 SEEN_CODES_S = 600.0  # both platforms' codes live 5 minutes: remembered twice as long
-SEEN_CODES_MAX = 10_000
+SEEN_CODES_MAX = 10_000  # a hard cap: past it (after the expired are dropped) the oldest half goes
+# Callbacks that reach the platform (WeCom's auth/getuserinfo, DingTalk's userAccessToken) per client address: the
+# state check compares the query with a cookie the client chose, so without this one address could spend the
+# corporation's API quota (45009 stops every sign-in, the console's too). A person signs in once; an office behind
+# one NAT address signing in at nine o'clock fits under it.
+PLATFORM_CALLS_PER_ADDRESS = "30/minute"
+TOO_MANY = "Too many sign-ins from your network in the last minute. Please wait a minute and try again."
 
 
 @dataclass
@@ -184,6 +193,8 @@ class CompanyLoginGuard:
         self.logins = logins
         self.root_path = root_path.rstrip("/")
         self._seen: dict[str, float] = {}
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._per_address = parse(PLATFORM_CALLS_PER_ADDRESS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") == "GET":
@@ -213,6 +224,10 @@ class CompanyLoginGuard:
         if len(code.encode()) > MAX_CODE_BYTES or self._seen_before(login, code):
             log.warning("web sign-in through %s refused: a code used before (or too long)", login)
             return await refuse(send, refused_code(login, "").reason, self.root_path)
+        address = (scope.get("client") or ("unknown", 0))[0]  # the page's guard put the real client there
+        if not await self._limiter.hit(self._per_address, "address", str(address)[:128]):
+            log.warning("web sign-in through %s refused: too many from one address", login)
+            return await refuse(send, TOO_MANY, self.root_path, status=429)
         attempt = Attempt(login)
         inner = {**scope, "query_string": urlencode(query).encode()}
         reset = ATTEMPT.set(attempt)
@@ -225,6 +240,8 @@ class CompanyLoginGuard:
         now = time.monotonic()
         if len(self._seen) > SEEN_CODES_MAX:
             self._seen = {key: at for key, at in self._seen.items() if now - at < SEEN_CODES_S}
+            if len(self._seen) > SEEN_CODES_MAX // 2:  # a flood of fresh codes: the platform refuses reuse itself
+                self._seen = dict(list(self._seen.items())[-(SEEN_CODES_MAX // 2) :])
         key = hashlib.sha256(f"{login}\0{code}".encode()).hexdigest()  # the code itself is not kept
         seen = key in self._seen and now - self._seen[key] < SEEN_CODES_S
         self._seen[key] = now
@@ -281,8 +298,9 @@ def _without_client_id(send: Send) -> Send:
     return wrapped
 
 
-async def refuse(send: Send, reason: str, root_path: str = "") -> None:
-    """The refusal page (403), which also ends the state: the next attempt starts from the sign-in page."""
+async def refuse(send: Send, reason: str, root_path: str = "", status: int = 403) -> None:
+    """The refusal page (403, or 429 when over a limit), which also ends the state: the next attempt starts from
+    the sign-in page."""
     body = REFUSAL_PAGE.format(reason=html.escape(reason), login=html.escape(f"{root_path}/login")).encode()
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
@@ -291,7 +309,9 @@ async def refuse(send: Send, reason: str, root_path: str = "") -> None:
         (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'"),
         (b"set-cookie", f"{STATE_COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=lax".encode()),
     ]
-    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    if status == 429:
+        headers.append((b"retry-after", b"60"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
@@ -137,6 +137,7 @@ def signed_in(page: object) -> bool:
 
 
 def state_of(page: object) -> str:
+    """The state Chainlit sent the platform (decoded: it may hold '%', '&' or '+', so a URL takes it encoded)."""
     return parse_qs(urlsplit(page.url).query)["state"][0]  # type: ignore[attr-defined]
 
 
@@ -161,14 +162,15 @@ def test_wecom_sign_in_and_its_refusals(logins: LoginStack, browser: object) -> 
     # A code WeCom never issued, with this browser's own state: WeCom refuses it (40029).
     refused_before = logins.sim_stats()["refused"]
     fresh = to_platform(browser, logins, "wecom")
-    fresh.goto(f"{logins.callback('wecom')}?code=not-a-code-{secrets.token_hex(4)}&state={state_of(fresh)}")
+    wrong = {"code": f"not-a-code-{secrets.token_hex(4)}", "state": state_of(fresh)}
+    fresh.goto(f"{logins.callback('wecom')}?{urlencode(wrong)}")
     assert REFUSED_CODE in refusal(fresh)
     assert not signed_in(fresh)
     assert logins.sim_stats()["refused"] == refused_before + 1, "WeCom was not asked about the wrong code"
 
     # The code already used, with a fresh state of another browser: refused.
     again = to_platform(browser, logins, "wecom")
-    again.goto(f"{logins.callback('wecom')}?code={code}&state={state_of(again)}")
+    again.goto(f"{logins.callback('wecom')}?{urlencode({'code': code, 'state': state_of(again)})}")
     assert REFUSED_CODE in refusal(again)
     assert not signed_in(again)
     # and WeCom itself refuses a used code (the page never asked twice: it remembered the code)
@@ -204,7 +206,7 @@ def test_dingtalk_sign_in_and_its_refusals(logins: LoginStack, browser: object) 
 
     used = parse_qs(urlsplit(callback).query)["authCode"][0]
     again = to_platform(browser, logins, "dingtalk")
-    again.goto(f"{logins.callback('dingtalk')}?authCode={used}&state={state_of(again)}")
+    again.goto(f"{logins.callback('dingtalk')}?{urlencode({'authCode': used, 'state': state_of(again)})}")
     assert REFUSED_CODE in refusal(again)
 
     outsider, _ = sign_in(browser, logins, "dingtalk", "x", action="outsider")
@@ -284,3 +286,24 @@ def test_web_login_names_a_bot_of_the_right_kind() -> None:
     assert secret not in " ".join(both)
     ding_with_corp = DingTalkBotConfig(id="ding", app_key="dingkey", app_secret=secret, corp_id="dingcorp")
     assert web_login_problems(web(dingtalk={"bot": "ding"}), [app, ding_with_corp]) == []
+
+
+def test_a_flood_of_forged_callbacks_reaches_the_platform_only_so_often(logins: LoginStack) -> None:
+    """The state check compares the query with a cookie the client chose, so a script can send the callback any
+    code: each used to cost a platform call (and the corporation's API quota). Past PLATFORM_CALLS_PER_ADDRESS the
+    page answers 429 itself. Last in this module: it spends this address's minute."""
+    from limits import parse
+
+    from webchat.oauth import PLATFORM_CALLS_PER_ADDRESS
+
+    allowed = parse(PLATFORM_CALLS_PER_ADDRESS).amount
+    refused_before = logins.sim_stats()["refused"]
+    statuses = []
+    with httpx.Client(timeout=10, headers={"Cookie": "oauth_state=s"}) as client:  # the jar would drop it
+        for _ in range(allowed + 10):
+            answer = client.get(logins.callback("wecom"), params={"code": secrets.token_hex(8), "state": "s"})
+            statuses.append(answer.status_code)
+    asked = logins.sim_stats()["refused"] - refused_before
+    assert allowed - 10 <= asked <= allowed, (asked, statuses)  # the module's own sign-ins spent a few
+    assert statuses[-10:] == [429] * 10, statuses
+    assert set(statuses) <= {403, 429}, statuses
