@@ -63,6 +63,11 @@ KF_CURSOR_RESETS = Counter(
     "botgw_kf_cursor_reset_total", "Saved pull cursors the platform refused (dropped; pulled again from the start)",
     ["bot_id"],
 )
+PULL_RETRIES = Counter(
+    "botgw_pull_retries_total",
+    "Failed pulls of a pulled channel (微信客服), queued again: a pull is never given up",
+    ["platform", "bot_id"],
+)
 HANDOFFS = Counter("botgw_handoffs_total", "Conversations handed to a human, by destination", ["platform", "to"])
 WITHHELD = Counter(
     "botgw_withheld_total", "Answers not sent by the platform's rules, by reason", ["platform", "reason"]

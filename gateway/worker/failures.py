@@ -1,5 +1,12 @@
 """What becomes of a message that could not be answered now: handed back with a backoff, or given up as a dead
-letter with the operators told (withheld by the platform's rules: gateway/pipeline/gate.py `withheld`)."""
+letter with the operators told (withheld by the platform's rules: gateway/pipeline/gate.py `withheld`).
+
+A pulled channel's pull (微信客服) is never given up: its callback was acknowledged and its cursor has not moved, so
+nothing would pull that account again until its next callback; it backs off to `PULL_BACKOFF_CAP_FACTOR` times
+`backoff_max_s` and the operators are told once that it is still being retried.
+
+Only the lease holder counts a failure or ends a message: a worker that stalled and lost its lease finds its
+fenced release refused, and changes nothing its successor sees (no count, no dead letter, no alert)."""
 
 from __future__ import annotations
 
@@ -11,18 +18,25 @@ from redis.exceptions import RedisError
 from bots.base import InboundMessage, SendError
 from engine.client import EngineError
 from gateway import metrics, texts
+from gateway.config import WorkerSettings
 from gateway.pipeline.job import Job, Services
+from gateway.queue.entry import EntryKind
 from gateway.queue.push import enqueue_push
 from gateway.state.pulse import PULSE
 from gateway.state.reply_record import LeaseLost
 
 log = logging.getLogger(__name__)
 FAILURES_TTL_S = 86400
+# A pull's backoff cap, in units of worker.backoff_max_s (30 s by default: 5 minutes). A pull that keeps failing
+# waits this long at most between attempts: WeCom's sync_msg without a fresh callback Token is strictly rate-limited.
+PULL_BACKOFF_CAP_FACTOR = 10
+_MAX_DOUBLINGS = 32  # 2**n of a pull failing for days stays a finite float
 
 
 async def failed(services: Services, job: Job, exc: Exception) -> None:
     """A failure that may pass (engine restarting, Redis blip): hand the message back with a backoff; after
-    `max_send_attempts` failures, or a permanent send error, end it and keep it as a dead letter."""
+    `max_send_attempts` failures, or a permanent send error, end it and keep it as a dead letter (a pull: never).
+    The failure is counted only once the fenced release held: a stale worker's failure is not the new owner's."""
     settings = services.settings.worker
     with contextlib.suppress(RedisError, LeaseLost):
         await job.record.flush()  # a mark left for a release that will not come (gateway/delivery/pieces.py)
@@ -35,37 +49,97 @@ async def failed(services: Services, job: Job, exc: Exception) -> None:
         log.exception("unexpected failure", extra={"lane": job.lease.lane})
     try:
         key = services.keys.entry_failures(job.lease.entry_id)
-        failures = int(await services.redis.incr(key))
-        await services.redis.expire(key, FAILURES_TTL_S)
+        failures = int(await services.redis.get(key) or 0) + 1  # with this one, counted below if still ours
+        if job.entry.kind == EntryKind.PULL:
+            await _pull_failed(services, job, exc, failures)
+            return
         if permanent or failures >= settings.max_send_attempts:
             await give_up(services, job, f"failed {failures} times: {exc}")
             return
-        delay = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (failures - 1))
+        delay = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** min(failures - 1, _MAX_DOUBLINGS))
+        if not await services.scheduler.release(job.lease, "retry", delay_s=delay, weight=_weight(services, job)):
+            _lost(job)
+            return
+        await _count(services, key)
         log.warning("handling a message failed; it will be tried again", extra={"error": str(exc), "in_s": delay})
-        await services.scheduler.release(job.lease, "retry", delay_s=delay, weight=settings.weight(job.message.bot_id))
     except (RedisError, LeaseLost) as again:
         log.warning("could not record the failure; the lease will expire", extra={"error": str(again)})
 
 
+def pull_backoff_s(settings: WorkerSettings, failures: int) -> float:
+    """The wait before a failed pull's next attempt: doubling from backoff_base_s, capped at minutes."""
+    cap = max(settings.backoff_max_s * PULL_BACKOFF_CAP_FACTOR, settings.backoff_base_s)
+    return min(cap, settings.backoff_base_s * 2 ** min(failures - 1, _MAX_DOUBLINGS))
+
+
+async def _pull_failed(services: Services, job: Job, exc: Exception, failures: int) -> None:
+    """A pull is tried again until it works, however long and whatever the error: given up, the account's waiting
+    messages would stay at the platform until its next callback, which a quiet account may never send. A newer
+    pull queued right behind takes over at once instead: the same saved cursor, with its callback's fresh Token
+    (a Token lasts 10 minutes, and without one sync_msg is strictly rate-limited)."""
+    settings, message = services.settings.worker, job.message
+    metrics.PULL_RETRIES.labels(message.platform, message.bot_id).inc()
+    extra = {"bot_id": message.bot_id, "channel": message.conversation_id, "error": str(exc), "failures": failures}
+    behind = await services.scheduler.following(job.lease, 1)
+    if behind and behind[0].kind == EntryKind.PULL:
+        if await services.scheduler.release(job.lease, "done", weight=_weight(services, job)):
+            log.warning("a pull failed; the newer pull queued behind it goes now", extra=extra)
+        else:
+            _lost(job)
+        return
+    delay = pull_backoff_s(settings, failures)
+    if not await services.scheduler.release(job.lease, "retry", delay_s=delay, weight=_weight(services, job)):
+        _lost(job)
+        return
+    await _count(services, services.keys.entry_failures(job.lease.entry_id))
+    log.warning("a pull failed; it will be tried again until it works", extra={**extra, "in_s": delay})
+    if failures == settings.max_send_attempts:  # where any other entry is given up: told once, never dropped
+        cap = pull_backoff_s(settings, _MAX_DOUBLINGS + 1)
+        reason = (f"pulling {message.bot_id}'s account {message.conversation_id} failed {failures} times ({exc}); "
+                  f"still retrying, at most every {cap:g} s, until it works")  # fmt: skip
+        await alert_operators(services, message, reason, prefix="botgw: ")
+
+
 async def give_up(services: Services, job: Job, reason: str) -> None:
-    """End the message: its stream or card gets a final failed state, the entry becomes a dead letter."""
-    metrics.REPLIES.labels(job.message.platform, "failed").inc()
-    PULSE.failed(job.message.bot_id)
-    log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
+    """End the message: its stream or card gets a final failed state, the entry becomes a dead letter. Nothing is
+    counted or told when the release finds the lease gone: the message is its new owner's to answer."""
     with contextlib.suppress(Exception):
         state = await job.record.load()
         if job.presenter.always_answers:
             await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, state)
         await job.record.mark(state="failed", reason=reason[:300])
-    await services.scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]})
+    if not await services.scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]}):
+        _lost(job)
+        return
+    metrics.REPLIES.labels(job.message.platform, "failed").inc()
+    PULSE.failed(job.message.bot_id)
+    log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
     await alert_operators(services, job.message, reason)
 
 
-async def alert_operators(services: Services, message: InboundMessage, reason: str) -> None:
-    """Tell the operators' group robot (alert_bot) that a message could not be answered."""
+async def _count(services: Services, key: str) -> None:
+    """One more failure of the entry, in one round trip (the release that made it ours to count came first)."""
+    pipe = services.redis.pipeline(transaction=False)
+    pipe.incr(key)
+    pipe.expire(key, FAILURES_TTL_S)
+    await pipe.execute()
+
+
+def _weight(services: Services, job: Job) -> float:
+    return services.settings.worker.weight(job.message.bot_id)
+
+
+def _lost(job: Job) -> None:
+    metrics.LEASES_LOST.inc()
+    log.warning("lost the lease of a failed message; its new owner decides", extra={"lane": job.lease.lane})
+
+
+async def alert_operators(
+    services: Services, message: InboundMessage, reason: str, prefix: str = "botgw: a message could not be answered: "
+) -> None:
+    """Tell the operators' group robot (alert_bot) that a message could not be answered (or, `prefix`, more)."""
     alert_bot = services.settings.alert_bot
     if not alert_bot or message.bot_id == alert_bot:
         return  # no alert robot, or the failure is the alert robot's own: do not loop
     with contextlib.suppress(RedisError):
-        text = f"botgw: a message could not be answered: {reason[:300]}"
-        await enqueue_push(services.scheduler, alert_bot, text)
+        await enqueue_push(services.scheduler, alert_bot, f"{prefix}{reason[:300]}")

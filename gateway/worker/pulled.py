@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from bots.audience import Audiences
 from bots.base import (
@@ -49,6 +50,9 @@ HISTORY_GRACE_S = 60.0  # on a first start, messages sent this long before the c
 MERGE_GRACE_S = 1.5  # beyond the window: a burst's last message still has to be called back and pulled
 MAX_PAGES = 10_000  # a pull that never ends is a platform bug, not a reason to loop forever
 MAX_MERGED = 20
+# A callback's Token pulls for 10 minutes (wecom-kf.md §2): a pull retried later goes without it from the start
+# rather than being refused with it first (sync_msg without a Token is rate-limited: each call counts).
+PULL_TOKEN_TTL_S = 600.0
 ITEM_KINDS = {"message": EntryKind.CHAT, "agent": EntryKind.AGENT, "event": EntryKind.EVENT}
 
 
@@ -74,6 +78,8 @@ class PulledWork:
         """Pull account `request.conversation_id` until nothing more is waiting; returns a summary. The cursor is
         saved under the pull's lease, so a puller that stalled cannot move it back after its successor."""
         channel, token = request.conversation_id, request.text
+        if time.time() - request.received_at > PULL_TOKEN_TTL_S:
+            token = ""
         cursor_key = self._keys.pull_cursor(request.bot_id, channel)
         saved = await self._redis.get(cursor_key)
         if saved is None:
@@ -137,9 +143,26 @@ class PulledWork:
         return kept
 
     async def _enqueue(self, items: list[PulledItem]) -> int:
-        """Queue every item in its conversation's lane, each once (dedup on its id), in one round trip."""
+        """Queue every item in its conversation's lane, each once (dedup on its id), in one round trip. A Redis that
+        restarted (its AOF kept the queue, not the scripts) refuses the pipeline's EVALSHA: the scripts are loaded
+        again and what was refused is sent once more (a refused script ran nothing, so nothing is doubled)."""
         if not items:
             return 0
+        results = await self._enqueue_round(items)
+        refused = [at for at, result in enumerate(results) if isinstance(result, NoScriptError)]
+        if refused:
+            await self._scheduler.load_scripts()
+            again = await self._enqueue_round([items[at] for at in refused])
+            for at, result in zip(refused, again, strict=True):
+                results[at] = result
+        if errors := [result for result in results if isinstance(result, Exception)]:
+            raise errors[0]
+        for item, result in zip(items, results, strict=True):
+            metrics.PULLED.labels(item.message.platform, item.kind, "queued" if result else "duplicate").inc()
+        return sum(1 for result in results if result)
+
+    async def _enqueue_round(self, items: list[PulledItem]) -> list:
+        """One pipeline of the enqueue script for `items`; each result, or the error it met, in order."""
         pipe = self._redis.pipeline(transaction=False)
         for item in items:
             message = item.message
@@ -149,10 +172,7 @@ class PulledWork:
             weight = self._settings.worker.weight(message.bot_id)
             dedup = self._keys.dedup(message.dedup_key)
             self._scheduler.queue_enqueue(pipe, scope.lane, entry, dedup, self._dedup_ttl_s, weight)
-        results = await pipe.execute()
-        for item, result in zip(items, results, strict=True):
-            metrics.PULLED.labels(item.message.platform, item.kind, "queued" if result else "duplicate").inc()
-        return sum(1 for result in results if result)
+        return list(await pipe.execute(raise_on_error=False))
 
     # -- the other kinds -----------------------------------------------------------------------
 

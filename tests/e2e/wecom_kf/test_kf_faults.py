@@ -141,3 +141,20 @@ def test_a_kefu_callback_for_an_account_not_served_is_acknowledged_at_the_apps_u
     signed = WeComKfCallbackSigner(kf.bot).kf_msg_or_event("some-token", "wk-another-account")
     answer = httpx.post(f"{kf.gateway_url}/callback/staff", params=signed.params, content=signed.body, timeout=10)
     assert answer.status_code == 200, "a 400 would make WeCom retry it for ever"
+
+
+def test_a_pull_failing_longer_than_any_message_is_retried_is_kept_until_the_customer_is_answered(kf: Kf) -> None:
+    """sync_msg fails past `max_send_attempts` (5 here: the old give-up, after about 3 s), then recovers: the pull
+    was never given up, so the customer is answered with no other callback (a quiet account may send none)."""
+    from gateway.state.keys import Keys
+
+    dead = Keys(kf.namespace).dead_letters
+    dead_before, pulls_before = kf.redis.xlen(dead), kf.calls("sync_msg")
+    failing = kf.config["worker"]["max_send_attempts"] + 1
+    kf.sim("POST", "/__sim__/kf/faults", json={"endpoint": "sync_msg", **BUSY, "times": failing})
+    person = customer()
+    kf.write(person, "/help")  # the one callback
+    answers = kf.wait_sent(person, 1, timeout=90)
+    assert [item["content"] for item in answers] == [texts.HELP_TEXT], "the customer was never answered"
+    assert kf.calls("sync_msg") - pulls_before >= failing + 1
+    assert kf.redis.xlen(dead) == dead_before, "the pull became a dead letter"

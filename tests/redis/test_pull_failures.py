@@ -1,0 +1,232 @@
+"""What becomes of a failed entry (gateway/worker/failures.py) and of a pull's enqueue after a Redis restart
+(gateway/worker/pulled.py), on a real redis-server with the worker's own scheduler. Each test is a finding of a
+review and fails on the code before its fix:
+
+- a 微信客服 pull that failed past `max_send_attempts` (or once, permanently) was dead-lettered: its cursor had not
+  moved and its callback was acknowledged, so a quiet account's customer was never answered;
+- a pull's enqueue sent EVALSHA in a pipeline and never loaded the scripts again after a Redis restart;
+- a worker that had lost its lease still counted the failure against the new owner, and alerted the operators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import redis.asyncio as aioredis
+
+from bots.base import InboundMessage, PermanentSendError, PulledItem, PulledPage, ReplyTarget, RetryableSendError
+from gateway.config import Settings, WorkerSettings
+from gateway.pipeline.job import Job
+from gateway.queue.entry import EntryKind, QueueEntry
+from gateway.queue.scheduler import Lease, Scheduler
+from gateway.state.keys import Keys
+from gateway.state.memory import Scope
+from gateway.state.reply_record import Fence, ReplyRecords
+from gateway.worker.failures import failed
+from gateway.worker.pulled import PulledWork
+
+ALERT_BOT = "ops-robot"
+KFID = "wk-test"
+
+
+@dataclass
+class World:
+    redis: aioredis.Redis
+    keys: Keys
+    scheduler: Scheduler
+    records: ReplyRecords
+
+
+@pytest.fixture
+async def world(redis_url: str) -> AsyncIterator[World]:
+    client = aioredis.Redis.from_url(redis_url)
+    keys = Keys("pf" + secrets.token_hex(4))
+    scheduler = Scheduler(client, keys)
+    await scheduler.load_scripts()
+    yield World(client, keys, scheduler, ReplyRecords(client, keys, 3600))
+    await client.aclose()
+
+
+def services(world: World, **worker: float) -> SimpleNamespace:
+    """What `failed` uses of a worker's Services: fast backoffs so that a test can wait them out."""
+    settings = SimpleNamespace(
+        worker=WorkerSettings(**{"backoff_base_s": 0.02, "backoff_max_s": 0.05, "max_send_attempts": 3, **worker}),
+        alert_bot=ALERT_BOT,
+    )
+    return SimpleNamespace(settings=settings, redis=world.redis, keys=world.keys, scheduler=world.scheduler)
+
+
+def pull_request(token: str = "tok") -> InboundMessage:
+    """A callback's "pull" for account KFID, as bots/wecom_kf/models.py makes it."""
+    return InboundMessage(
+        platform="wecom-kf", bot_id="kefu", msg_id=f"pull:{KFID}:{token}-{secrets.token_hex(3)}",
+        conversation_id=KFID, sender_id=KFID, text=token, msg_type="pull", reply_to=ReplyTarget(chat_id=KFID),
+    )  # fmt: skip
+
+
+def chat_message() -> InboundMessage:
+    person = "wm" + secrets.token_hex(4)
+    return InboundMessage(
+        platform="wecom-kf", bot_id="kefu", msg_id=secrets.token_hex(6), conversation_id=f"{KFID}:{person}",
+        sender_id=person, text="你好", reply_to=ReplyTarget(chat_id=KFID, user_id=person),
+    )  # fmt: skip
+
+
+async def queue(world: World, message: InboundMessage, kind: EntryKind) -> str:
+    lane = Scope.of(message, "per_user").lane
+    await world.scheduler.enqueue(lane, QueueEntry(owner=lane, kind=kind, message=message))
+    return lane
+
+
+async def take(world: World, owner: str = "w", lease_ms: int = 30_000, within_s: float = 5.0) -> Lease:
+    """The next lane that falls due (a backoff's delay included), leased; the alert robot's lane is left leased
+    (its alerts stay in it, for `alerts` to read)."""
+    deadline = time.monotonic() + within_s
+    while (lease := await world.scheduler.take(owner, lease_ms, 0)) is None or ALERT_BOT in lease.lane:
+        assert time.monotonic() < deadline, "nothing fell due"
+        await world.scheduler.sweep()
+        await asyncio.sleep(0.01)
+    return lease
+
+
+def job_of(world: World, lease: Lease) -> Job:
+    message = lease.entry.message
+    record = world.records.open(message.dedup_key, Fence(world.keys.lease(lease.lane), lease.epoch))
+    presenter = SimpleNamespace(always_answers=False)
+    return Job(lease, message, Scope.of(message, "per_user"), SimpleNamespace(), record, presenter)  # type: ignore[arg-type]
+
+
+async def dead_letters(world: World) -> int:
+    return int(await world.redis.xlen(world.keys.dead_letters))
+
+
+async def alerts(world: World) -> list[str]:
+    """The operators' alerts queued for the alert robot (gateway/queue/push.py)."""
+    found = []
+    for lane in await world.redis.zrange(world.keys.scheduler_lanes, 0, -1):
+        if ALERT_BOT.encode() in lane:
+            for raw in await world.redis.lrange(world.keys.lane(lane.decode()), 0, -1):
+                found.append(QueueEntry.from_json(raw).notice or "")
+    return found
+
+
+# -- (A) a pull is never given up -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error", [RetryableSendError("WeCom is busy (-1)", code=-1), PermanentSendError("WeCom errcode 95000", code=95000)]
+)
+async def test_a_pull_failing_past_max_send_attempts_stays_queued_backing_off_and_alerts_once(
+    world: World, error: Exception
+) -> None:
+    kit = services(world)
+    lane = await queue(world, pull_request(), EntryKind.PULL)
+    for _ in range(6):  # twice max_send_attempts
+        lease = await take(world)
+        assert lease.lane == lane and lease.entry.kind == EntryKind.PULL, "the pull was dropped"
+        await failed(kit, job_of(world, lease), error)  # type: ignore[arg-type]
+    assert await dead_letters(world) == 0, "a pull was given up: nothing pulls again until the next callback"
+    assert await world.redis.llen(world.keys.lane(lane)) == 1
+    due = await world.redis.zscore(f"{world.keys.core}:sched:delayed", lane)
+    assert due is not None, "the pull is not waiting out a backoff"
+    told = await alerts(world)
+    assert len(told) == 1 and "still" in told[0], told
+
+
+async def test_a_pulls_backoff_is_capped_and_never_overflows(world: World) -> None:
+    """A pull failing for days: the delay stays at the cap (minutes by default), 2**n never overflows a float."""
+    from gateway.worker.failures import pull_backoff_s
+
+    settings = WorkerSettings()
+    delays = [pull_backoff_s(settings, failures) for failures in (1, 2, 20, 2_000)]
+    assert delays[0] == settings.backoff_base_s and delays[1] == 2 * settings.backoff_base_s
+    assert delays[2] == delays[3] and 60 <= delays[3] <= 600
+
+
+async def test_a_failed_pull_with_a_newer_pull_behind_it_hands_over_to_the_newer_one(world: World) -> None:
+    """The newer callback's Token is fresh (a Token lasts 10 minutes): its pull goes now, from the same cursor."""
+    kit = services(world)
+    lane = await queue(world, pull_request("old"), EntryKind.PULL)
+    lease = await take(world)
+    await queue(world, pull_request("new"), EntryKind.PULL)
+    await failed(kit, job_of(world, lease), RetryableSendError("api freq out of limit", code=45009))  # type: ignore[arg-type]
+    newer = await world.scheduler.take("w", 30_000, 0)
+    assert newer is not None and newer.lane == lane and newer.entry.message.text == "new", "not handed over at once"
+    assert await dead_letters(world) == 0 and await alerts(world) == []
+
+
+# -- (B) a pull's enqueue after a Redis restart ---------------------------------------------------------------------
+
+
+async def test_a_pulls_enqueue_loads_the_scripts_again_after_a_redis_restart(world: World) -> None:
+    message = chat_message()
+
+    async def pull_page(channel: str, cursor: str, hint: str) -> PulledPage:
+        return PulledPage(items=[PulledItem(kind="message", message=message)], next_cursor="c1", has_more=False)
+
+    adapter = SimpleNamespace(pull_page=pull_page, skip_history=False)
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    await world.redis.script_flush()  # as a Redis restarted from its AOF has: the queue, no scripts
+    assert await pulled.pull(adapter, pull_request(), time.time()) == "pulled 1 in 1 page(s)"  # type: ignore[arg-type]
+    lease = await world.scheduler.take("w", 30_000, 0)
+    assert lease is not None and lease.entry.message.msg_id == message.msg_id
+    assert await world.redis.get(world.keys.pull_cursor("kefu", KFID)) == b"c1"
+
+
+# -- (C) a worker that lost its lease ---------------------------------------------------------------------------------
+
+
+async def lost_lease(world: World, message: InboundMessage) -> tuple[Lease, Lease]:
+    """(the stale worker's lease, the new owner's): the first stalled past its lease and was swept."""
+    await queue(world, message, EntryKind.CHAT)
+    stale = await take(world, "stalled", lease_ms=50)
+    await asyncio.sleep(0.1)
+    await world.scheduler.sweep()
+    return stale, await take(world, "new-owner")
+
+
+async def test_a_worker_that_lost_its_lease_does_not_count_its_failure_against_the_new_owner(world: World) -> None:
+    kit = services(world)
+    stale, fresh = await lost_lease(world, chat_message())
+    await failed(kit, job_of(world, stale), RetryableSendError("network", code="network"))  # type: ignore[arg-type]
+    assert int(await world.redis.get(world.keys.entry_failures(stale.entry_id)) or 0) == 0
+    await failed(kit, job_of(world, fresh), RetryableSendError("network", code="network"))  # type: ignore[arg-type]
+    assert int(await world.redis.get(world.keys.entry_failures(fresh.entry_id)) or 0) == 1, "the holder's not counted"
+
+
+async def test_a_worker_that_lost_its_lease_neither_dead_letters_nor_alerts(world: World) -> None:
+    """Only the holder's failures end the message: `max_send_attempts` of them, then one dead letter, one alert."""
+    kit = services(world)
+    stale, lease = await lost_lease(world, chat_message())
+    await failed(kit, job_of(world, stale), PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    assert await alerts(world) == [], "the operators were told a message the new owner is answering failed"
+    assert await dead_letters(world) == 0
+    for attempt in range(1, 4):
+        await failed(kit, job_of(world, lease), RetryableSendError("network", code="network"))  # type: ignore[arg-type]
+        if attempt < 3:
+            assert await dead_letters(world) == 0, "given up sooner: a stale worker's failure was counted"
+            lease = await take(world)
+    assert await dead_letters(world) == 1 and len(await alerts(world)) == 1
+
+
+async def test_a_pull_retried_past_its_callbacks_token_life_pulls_without_the_token(world: World) -> None:
+    """The Token is good for 10 minutes: a pull still being retried after that is not refused with it first."""
+    hints: list[str] = []
+
+    async def pull_page(channel: str, cursor: str, hint: str) -> PulledPage:
+        hints.append(hint)
+        if hint:
+            raise PermanentSendError("WeCom errcode 95007: invalid msg token", code=95007)
+        return PulledPage(items=[], next_cursor="c1", has_more=False)
+
+    adapter = SimpleNamespace(pull_page=pull_page, skip_history=False)
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    request = pull_request().model_copy(update={"received_at": time.time() - 11 * 60})
+    await pulled.pull(adapter, request, request.received_at)  # type: ignore[arg-type]
+    assert hints == [""], "the expired Token was sent first"
