@@ -1,7 +1,8 @@
 """Styles whose text grows in the stream store (Redis), read from there by whoever shows it: the WeCom AI bot's
 stream (WeCom's refresh callbacks, any replica), finished with the first 20480 bytes and the rest posted once
 through response_url (or, when that post is free, a question's buttons; a tap's whole answer, as a tap has no
-stream). The web page reads the same store (gateway/delivery/page.py)."""
+stream; the whole answer when the stream was closed at its time limit before the answer came). The web page
+reads the same store (gateway/delivery/page.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import logging
 import time
 from typing import Any
 
-from bots.base import SendError
+from bots.base import PermanentSendError, SendError
 from bots.buttons import Question
 from bots.channels import StreamChannel
 from bots.text import utf8_len, utf8_prefix
 from gateway import metrics, texts
 from gateway.delivery.base import Presenter
 from gateway.state.reply_record import ReplyState
+from gateway.state.streams import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +44,43 @@ class StreamPresenter(StoredStreamPresenter):
 
     The message's response_url takes one post, recorded as `overflow_started` before it is made (never twice,
     even if this worker dies right after): the rest of a long answer, else the question's buttons, else nothing.
-    A message without a stream (a tap on a button) is answered by that one post alone."""
+    A message without a stream (a tap on a button) is answered by that one post alone, and so is an answer that
+    comes after a refresh closed its stream at the platform's time limit (workers or engine too slow)."""
 
     adapter: StreamChannel
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.streams = bool(self.stream_id)  # a tap's answer is posted whole: nothing is shown while written
+
+    @staticmethod
+    def _ended_early(stream: StreamState | None) -> bool:
+        """Whether the stream ended without this answer: closed by a refresh callback at the platform's time limit
+        (gateway/edge/callbacks.py, unfenced, ending with STREAM_TIMEOUT_TEXT) or gone from the store (its hour
+        passed). Nothing written into it from now on is seen; only response_url can still carry the answer."""
+        return stream is None or (stream.finished and stream.content.endswith(texts.STREAM_TIMEOUT_TEXT))
+
+    async def _closed_early(self) -> bool:
+        return self._ended_early(await self.delivery.streams.get(self.stream_id))
+
+    async def open(self, state: ReplyState) -> None:
+        """Before the engine is asked: when the stream was closed early and the response_url cannot take a post
+        (expired, unusable or used), no answer can reach the person, so the engine is not asked at all and the
+        message ends as failed (PermanentSendError: a dead letter, counted failed, not sent)."""
+        if not self.streams or not await self._closed_early():
+            return
+        if state.overflow_started or not self.adapter.overflow_allowed(self.message.reply_to):
+            log.warning("the stream was closed at the time limit and response_url cannot be used; not asking the "
+                        "engine", extra={"stream_id": self.stream_id})  # fmt: skip
+            raise PermanentSendError("stream closed at the time limit, response_url unusable", code="stream_closed")
+
+    async def shown(self) -> str:
+        """What the engine continues: nothing once the stream was closed early, as its text is then (or ends
+        with) the time-limit apology, which is no part of the answer; the whole answer goes to response_url."""
+        if not self.streams:
+            return ""
+        stream = await self.delivery.streams.get(self.stream_id)
+        return "" if stream is None or self._ended_early(stream) else stream.content
 
     async def show(self, text: str) -> None:
         if not self.streams:
@@ -71,9 +103,42 @@ class StreamPresenter(StoredStreamPresenter):
         cap = self.adapter.max_stream_bytes
         visible = utf8_prefix(text, cap)
         rest = text[len(visible) :]
-        if rest and not state.overflow_sent and not await self._post_once(rest):
+        if rest and await self._closed_early():  # checked first: the one post must carry the whole answer then
+            await self._post_late(text, state)
+            return
+        rest_posted = bool(rest) and bool(state.overflow_sent or await self._post_once(rest))
+        if rest and not rest_posted:
             visible = utf8_prefix(text, cap - utf8_len(texts.ANSWER_CUT_TEXT)) + texts.ANSWER_CUT_TEXT
-        await self._finish_stored(visible)
+        if await self._finish_stored(visible) != visible and not rest_posted and await self._closed_early():
+            # closed at the time limit before the finish: the answer is not in the stream (a finish that applied
+            # costs no extra read). Had the rest taken the post in the moment between the check and the finish,
+            # nothing more could be sent.
+            await self._post_late(text, state)
+
+    async def _post_late(self, text: str, state: ReplyState) -> None:
+        """The answer to a stream closed early (the person saw only the time-limit apology, maybe after part of
+        the answer): posted whole through response_url, which nothing used yet. At most once by design, as
+        `_post_once` claims `overflow_started` before posting (the URL takes one post: a post whose outcome is
+        unknown is never repeated) and marks `overflow_sent` after it. When it cannot be posted, the message
+        fails (raised) rather than being counted as sent."""
+        if state.overflow_started:  # an earlier attempt took the one post (its outcome maybe unknown)
+            log.info("response_url already used for this answer; not posting again",
+                     extra={"stream_id": self.stream_id})  # fmt: skip
+            return
+        if await self._post_once(text):
+            log.info("an answer finished after its stream was closed at the time limit went through response_url",
+                     extra={"stream_id": self.stream_id})  # fmt: skip
+            return
+        log.warning("an answer finished after its stream was closed at the time limit could not be delivered",
+                    extra={"stream_id": self.stream_id})  # fmt: skip
+        raise PermanentSendError("stream closed at the time limit, response_url unusable", code="stream_closed")
+
+    async def fail(self, text: str, state: ReplyState) -> None:
+        """A failure notice is not posted to a stream closed early: it already ends with the apology, and the
+        one response_url post stays for an answer."""
+        if self.streams and await self._closed_early():
+            return
+        await super().fail(text, state)
 
     async def ask(self, question: Question, state: ReplyState) -> None:
         """The question's buttons take the response_url when nothing else took it (the rest of a long answer

@@ -8,6 +8,7 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -23,7 +24,7 @@ from testkit.fakes.stub_engine import answer_for
 from testkit.probes import Listener, metric
 from testkit.processes import Proc, free_port, wait_for
 from testkit.services import start_gateway, start_worker
-from testkit.stacks import Stack
+from testkit.stacks import Cluster, Stack
 from tests.conftest import ROBOT_BURST
 
 
@@ -322,3 +323,91 @@ def test_an_expired_response_url_is_not_posted_to_and_the_cut_is_visible(stack: 
     time.sleep(1.0)
     assert token not in httpx.get(f"{stack.sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
     assert view.text.endswith(texts.ANSWER_CUT_TEXT), "the answer ended silently at the stream's limit"
+
+
+def short_stream_cluster(cluster: Callable[..., Cluster], stream_limit_s: float) -> Cluster:
+    """A cluster whose AI bot's stream is closed by refresh callbacks after `stream_limit_s` (WeCom allows 6 min)."""
+    c = cluster(0.05)
+    next(b for b in c.config["bots"] if b["id"] == "ai")["stream_limit_s"] = stream_limit_s
+    write_config(c.path, c.config)
+    return c
+
+
+def response_posts(sim_url: str) -> dict:
+    return httpx.get(f"{sim_url}/__sim__/wecom-ai/responses", timeout=5).json()
+
+
+def test_an_answer_later_than_the_stream_limit_reaches_the_person_once_through_response_url(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    """The engine (or the workers) slower than the stream's time limit: a refresh closes the stream with the
+    apology, and the answer that comes after it cannot go into the stream. The response_url, never used, takes it:
+    the person receives the whole answer once, and the stream still shows only the apology."""
+    c = short_stream_cluster(cluster, 1.5)
+    gateway = c.add_gateway()
+    worker = c.add_worker("w")
+    text = "a slow question sleep=4"  # the stub engine answers it after 4 s
+
+    async def scenario() -> tuple[StreamView, str]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(c.stack), [gateway], c.stack.sim_url, http)
+            response_url = await sim.new_response_url()
+            first = await sim.post(sim.message_payload(user, text, response_url))
+            return await follow(sim, user, first["stream"]["id"]), response_url.rsplit("/", 1)[1]
+
+    view, token = run(scenario())
+    assert view.finished and view.text == texts.STREAM_TIMEOUT_TEXT, "closed at the limit, before any answer"
+    wait_for(lambda: token in response_posts(c.stack.sim_url), 30, "the late answer through response_url")
+    time.sleep(1.5)  # room for a second post, or for the worker to log a refused one
+    assert response_posts(c.stack.sim_url)[token]["content"] == answer_for(text)
+    assert [r["user"] for r in c.engine_requests()] == [text], "the engine was asked once"
+    log = worker.log_path.read_text()
+    assert log.count("went through response_url") == 1
+    assert "could not be posted through response_url" not in log, "a second post was tried"
+
+
+def test_no_engine_call_for_a_closed_stream_whose_response_url_expired(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    """A message that waited over an hour (workers down) finds its stream closed at the time limit and its
+    response_url expired: no answer can reach the person, so the engine is not asked and the message fails
+    (a dead letter), never counted as sent."""
+    from redis.asyncio import Redis
+
+    from gateway.queue.entry import QueueEntry
+    from gateway.queue.scheduler import Scheduler
+    from gateway.state.keys import Keys
+    from gateway.state.streams import StreamStore
+
+    c = short_stream_cluster(cluster, 1.5)
+    worker = c.add_worker("w")
+    received = time.time() - 3601
+
+    async def enqueue() -> str:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sim = WeComAIBotUser(ai_bot(c.stack), [], c.stack.sim_url, http)
+            response_url = await sim.new_response_url(ttl_s=0.1)
+        message = InboundMessage(
+            platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(8), conversation_id=user, sender_id=user,
+            text="asked an hour ago", received_at=received, reply_to=ReplyTarget(
+                user_id=user, webhook_url=response_url,
+                webhook_expires_at=received + RESPONSE_URL_TTL_S - RESPONSE_URL_MARGIN_S),
+        )  # fmt: skip
+        stream_id = stream_id_for(message.dedup_key)
+        message = message.model_copy(update={"reply_to": message.reply_to.model_copy(update={"stream_id": stream_id})})
+        redis = Redis.from_url(c.config["redis_url"])
+        keys = Keys(c.namespace)
+        streams = StreamStore(redis, keys)
+        await streams.open("ai", user, stream_id, limit=3, max_age_s=360)
+        await streams.update(stream_id, texts.STREAM_TIMEOUT_TEXT, finish=True)  # as a refresh at the limit does
+        await Scheduler(redis, keys).enqueue(message.session_key, QueueEntry(owner=message.conversation_key,
+                                                                             message=message))  # fmt: skip
+        await redis.aclose()
+        return response_url.rsplit("/", 1)[1]
+
+    before = c.stack.dead_letters()
+    token = run(enqueue())
+    wait_for(lambda: c.stack.dead_letters() > before, 30, "the message to end as a dead letter")
+    assert c.engine_requests() == [], "the engine was asked for an answer nobody can receive"
+    assert token not in response_posts(c.stack.sim_url)
+    assert "response_url cannot be used; not asking the engine" in worker.log_path.read_text()
