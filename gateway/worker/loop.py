@@ -268,9 +268,20 @@ class Worker:
             marks = job.record.release_marks()
             await self._scheduler.release(lease, "retry", delay_s=paced.retry_after_s, weight=weight, record=marks)
         except asyncio.CancelledError:
+            await self._hand_back_marks(lease, weight, job)
             raise
         except Exception as exc:
             await failed(self.services, job, exc)
+
+    async def _hand_back_marks(self, lease: Lease, weight: float, job: Job) -> None:
+        """Cancelled (the hand-back at shutdown) after a send whose mark waits for the release: hand the message
+        back with that mark, else the next worker sends the last piece again (DingTalk has no duplicate check).
+        The hand-back's own release then finds the lease gone and does nothing."""
+        marks = job.record.release_marks()
+        if marks is None:
+            return
+        with contextlib.suppress(RedisError, asyncio.CancelledError):
+            await asyncio.shield(self._scheduler.release(lease, "retry", weight=weight, record=marks))
 
     async def _release_done(self, lease: Lease, weight: float, job: Job) -> None:
         """Drop the handled entry, with the record's last marks (the answer's last piece sent, done) in the same
@@ -281,7 +292,11 @@ class Worker:
             await self._scheduler.release(lease, "done", weight=weight)
             return
         scheduler = self._scheduler
-        released = await while_redis_returns(lambda: scheduler.release(lease, "done", weight=weight, record=marks))
+        try:
+            released = await while_redis_returns(lambda: scheduler.release(lease, "done", weight=weight, record=marks))
+        except BaseException:  # Redis away too long, or cancelled: the marks go back for whoever writes next
+            job.record.mark_at_release(**marks.marks)  # (failed()'s flush, the hand-back's release)
+            raise
         if not released:  # passed on (its new owner resends the last piece), or this release ran before a blip
             log.warning("the release with the answer's last mark found its lease gone", extra={"lane": lease.lane})
 
