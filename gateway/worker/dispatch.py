@@ -4,8 +4,10 @@ operator's handoff."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
+from bots.base import ConversationTaken
 from bots.channels import PulledChannel
 from gateway import metrics
 from gateway.pipeline.job import Job, Services
@@ -13,6 +15,8 @@ from gateway.pipeline.stage import Next
 from gateway.queue.entry import EntryKind
 from gateway.state.pulse import PULSE
 from gateway.worker.pulled import PulledWork
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Job, Services, PulledWork], Awaitable[str]]
 
@@ -77,8 +81,15 @@ async def answer(job: Job, services: Services, pipeline: Next) -> str:
     sessions = job.adapter.sessions
     if (job.no_answer or state.no_answer) and sessions is not None:
         # Nothing in the documents: say so, then hand over; done only once the handoff happened, so that a
-        # retry after a failed move still makes it.
-        await job.presenter.deliver(text, state)
+        # retry after a failed move still makes it. A customer whose allowance is used up (the answers to earlier
+        # questions took it) cannot be told, but is handed over all the same: the move takes no message.
+        try:
+            await job.presenter.deliver(text, state)
+        except ConversationTaken as taken:
+            if taken.code != "quota":
+                raise
+            log.warning("no message left in the customer's allowance to say there is no answer; handing over",
+                        extra={"bot_id": job.message.bot_id})  # fmt: skip
         await services.conversations.hand_off(sessions, job.adapter.reply_quota, job.message, job.record)
         await job.record.mark(state="done")
         metrics.REPLIES.labels(platform, "sent").inc()
