@@ -14,6 +14,7 @@ from gateway import metrics
 from gateway.pipeline.job import Composed, Job, Services
 from gateway.pipeline.stage import Next
 from gateway.state.limits import Refusal
+from gateway.state.redis_text import as_text
 
 
 async def refusal_notice(services: Services, job: Job, refusal: Refusal) -> str:
@@ -22,10 +23,17 @@ async def refusal_notice(services: Services, job: Job, refusal: Refusal) -> str:
     text = refusal.notice(services.settings.limits.notices)
     if refusal.kind == "prompt" or job.presenter.always_answers:
         return text
-    notice_key = services.keys.limit_notice(refusal.who)
-    if await services.redis.set(notice_key, "1", nx=True, ex=max(1, refusal.retry_after_s)):
+    # The window's notice belongs to the message that claimed it (its dedup key is the value): a retry of that
+    # message after a crash before its commit still sends it, where a bare "told" mark would have left the person
+    # never told. One round trip: the claim, then who holds it.
+    notice_key, claimant = services.keys.limit_notice(refusal.who), job.message.dedup_key
+    async with services.redis.pipeline(transaction=False) as pipe:
+        pipe.set(notice_key, claimant, nx=True, ex=max(1, refusal.retry_after_s))
+        pipe.get(notice_key)
+        _, holder = await pipe.execute()
+    if holder is not None and as_text(holder) == claimant:
         return text
-    return ""  # told already in this window
+    return ""  # told already in this window, with another message
 
 
 class MessageLimits:

@@ -503,3 +503,26 @@ async def test_a_welcome_refused_outright_gives_its_slot_back_to_the_customers_q
     with pytest.raises(PermanentSendError):  # tried again: now a resend, whose refusal says nothing (slot kept)
         await pulled._welcome(adapter, event, welcome, event_record)
     assert attempts == [False, True]
+
+
+# -- the over-limit notice belongs to the message that claimed it --------------------------------------------------
+
+
+async def test_the_over_limit_notice_survives_a_crash_before_its_commit(world: World) -> None:
+    """A worker that claimed the window's notice and died before committing it left a bare mark: the retry found it
+    and sent nothing, so the person over the limit was never told. The claim is the message's own now: its retry
+    still sends the notice, and another message in the same window still does not."""
+    from gateway.pipeline.limits import refusal_notice
+    from gateway.state.limits import Refusal
+
+    services = SimpleNamespace(settings=Settings(), keys=world.keys, redis=world.redis)
+    refusal = Refusal(kind="messages", who="user:wmcarol", limit="20/minute", retry_after_s=60)
+    first, second = kf_message("一"), kf_message("二")
+
+    def job_of(message: InboundMessage) -> SimpleNamespace:
+        return SimpleNamespace(message=message, presenter=SimpleNamespace(always_answers=False))
+
+    told = await refusal_notice(services, job_of(first), refusal)  # type: ignore[arg-type]
+    assert told, "the first over-limit message is told"
+    assert await refusal_notice(services, job_of(first), refusal) == told, "its retry (after a crash) is told too"  # type: ignore[arg-type]
+    assert await refusal_notice(services, job_of(second), refusal) == "", "once per window"  # type: ignore[arg-type]
