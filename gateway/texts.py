@@ -62,7 +62,12 @@ ENGINE_STARTING_TEXT = (
 TOO_MANY_STREAMS_TEXT = (
     "I am still answering your earlier questions; please wait for them to finish. 请等待前面的问题回答完毕。"
 )
-STREAM_TIMEOUT_TEXT = "Sorry, this answer took too long and was cut off. 抱歉，回答超时，已中断。"
+# The stream closes at WeCom's time limit; the answer, when it comes, goes as one post through response_url
+# (gateway/delivery/stream.py `_post_late`), which holds for an hour.
+STREAM_TIMEOUT_TEXT = (
+    "Sorry, this answer is taking too long to show here; it will come as a separate message when it is ready. "
+    "抱歉，回答超时，答案生成后会另发一条消息。"
+)
 ANSWER_CUT_TEXT = (
     "\n\n（回答太长，后面的部分无法在这里显示，请把问题问得更具体些。）"
     "(The answer was cut here: it is longer than this chat can show. Please ask a narrower question.)"
