@@ -2,7 +2,8 @@
 
 A replay puts the message back into its conversation's lane with its original dedup key, so
 its reply record decides what happens: an answer that was delivered after all is not sent
-again; a failed one is composed afresh.
+again; a failed one resumes from its first piece not delivered (the answer and its progress
+are kept), or is composed afresh when it failed before it was composed.
 """
 
 from __future__ import annotations
@@ -16,13 +17,48 @@ from redis.asyncio import Redis
 from bots.base import InboundMessage
 from gateway.config import Settings
 from gateway.queue.entry import QueueEntry
-from gateway.queue.scheduler import Scheduler
+from gateway.queue.scheduler import QUEUE_LUA, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
 from gateway.state.redis_text import as_text
 from gateway.state.reply_record import ReplyState
 
 PREVIEW_CHARS = 40
+
+# A failed card was finished showing the failure and cannot carry the answer any more: a replay opens a new one.
+_FAILED_CARD_FIELDS = ("card_track", "card_created", "card_deliver_started", "card_sent", "card_delivered")
+
+# One step, so that two replays (of one letter, or of two letters of one message) cannot both act, and a record a
+# worker resumes meanwhile is never reset or deleted under it. Every key is in the namespace's core slot.
+# KEYS: the dead letters, the message's reply record, the ready set (the scheduler's slot).
+# ARGV: core prefix, letter id, lane, entry json, weight, then the fields a reset drops.
+# The record is reset only while it says failed: with an answer, to `committed` (the answer, `sent`, `started`, the
+# pieces' marks and every once-only step kept, so the worker resumes where delivery stopped: a piece sent again
+# would be doubled, or on 微信客服 refused for its used msgid), without one deleted (composed afresh). The entry is
+# queued as the scheduler's enqueue script does (no dedup: the dedup key stays taken) and the letter dropped.
+# Returns {-1, ''} when the letter is gone (nothing changed), else {1 if the record was reset or deleted else 0,
+# the record's state before ('' when there was none)}.
+_REPLAY = (
+    QUEUE_LUA
+    + """
+local ns, lane = ARGV[1], ARGV[3]
+if #redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2]) == 0 then return {-1, ''} end
+local state = redis.call('HGET', KEYS[2], 'state') or ''
+local reset = 0
+if state == 'failed' then
+  reset = 1
+  if redis.call('HEXISTS', KEYS[2], 'text') == 1 then
+    redis.call('HDEL', KEYS[2], 'reason', unpack(ARGV, 6))
+    redis.call('HSET', KEYS[2], 'state', 'committed')
+  else
+    redis.call('DEL', KEYS[2])
+  end
+end
+append(ns, lane, ARGV[4], ARGV[5])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return {reset, state}
+"""
+)
 
 
 class NoSuchDeadLetter(LookupError):
@@ -81,6 +117,7 @@ class DeadLetters:
         self._keys = keys
         self._scheduler = scheduler
         self._settings = settings
+        self._replay = redis.register_script(_REPLAY)
 
     @staticmethod
     def _letter(letter_id: bytes | str, fields: dict) -> DeadLetter:
@@ -111,26 +148,26 @@ class DeadLetters:
         return ReplyState.from_hash(await self._redis.hgetall(self._keys.reply(letter.message.dedup_key)))
 
     async def replay(self, letter_id: str) -> str:
-        """Queue the message again (same dedup key), then drop the dead letter; what the reply record says it needs.
+        """Queue the message again (same dedup key) and drop the dead letter, in one step with the reset of its
+        reply record (`_REPLAY`): a failed answer resumes from its first piece not delivered, never from piece 0.
 
-        Queued first, dropped after: a replay cut off between the two (a killed process) leaves the letter to be
-        replayed again, never lost. Queueing twice (that, or two operators at the same moment) is harmless: the
-        entries share the message's dedup key and its reply record, in one lane, so the second finds the answer
-        delivered and sends nothing. A letter already replayed is NoSuchDeadLetter."""
+        One step: a replay cut off (a killed process) did all or nothing, and of two replays of one letter at once
+        (two operators) only one acts; the other finds the letter gone (NoSuchDeadLetter). A record that no longer
+        says failed (delivered, or being resumed by a worker after another letter of the message was replayed) is
+        left as it is, and the entry queued behind finds the answer done and sends nothing."""
         letter = await self.get(letter_id)
         message = letter.message
-        record_key = self._keys.reply(message.dedup_key)
-        state = ReplyState.from_hash(await self._redis.hgetall(record_key))
-        if state.state == "failed":
-            await self._redis.delete(record_key)  # composed afresh; a delivered answer ("done") is kept
         scope = Scope.of(message, self._settings.memory.group)
         assert letter.entry is not None  # `message` said so
         entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
                            request_id=letter.entry.request_id, servicer=letter.entry.servicer,
                            event=letter.entry.event)  # fmt: skip
-        await self._scheduler.enqueue(scope.lane, entry, self._settings.worker.weight(message.bot_id))
-        await self._redis.xdel(self._keys.dead_letters, letter_id)
-        return "already delivered: will not be sent again" if state.state == "done" else "queued"
+        keys = [self._keys.dead_letters, self._keys.reply(message.dedup_key), self._keys.scheduler_ready]
+        args = [self._keys.core, letter_id, scope.lane, entry.to_json(), self._settings.worker.weight(message.bot_id)]
+        acted, state = await self._replay(keys=keys, args=[*args, *_FAILED_CARD_FIELDS])
+        if int(acted) < 0:
+            raise NoSuchDeadLetter(letter_id)
+        return "already delivered: will not be sent again" if as_text(state) == "done" else "queued"
 
     async def purge(self, letter_ids: list[str]) -> int:
         """Drop these dead letters (all of them when the list is empty)."""

@@ -126,21 +126,28 @@ local function bind(key, message_id, ttl)
 end
 """
 
+# Append an entry to its lane: the lane joins the lanes (and the ready set) when it was empty. Returns its length.
+_APPEND_LUA = """
+local function append(ns, lane, entry_json, weight)
+  local n = redis.call('RPUSH', ns .. ':sched:lane:' .. lane, entry_json)
+  redis.call('HINCRBY', ns .. ':sched:stats', 'enqueued', 1)
+  if n == 1 then
+    redis.call('ZADD', ns .. ':sched:lanes', cjson.decode(entry_json)['t'], lane)
+    make_ready(ns, lane, 1 / tonumber(weight))
+  end
+  return n
+end
+"""
+QUEUE_LUA = _COMMON + _APPEND_LUA  # for other modules' scripts that queue an entry (gateway/queue/dead_letters.py)
+
 _ENQUEUE = (
-    _COMMON
+    QUEUE_LUA
     + _BIND_LUA
     + """
 local ns, lane = ARGV[1], ARGV[3]
 if KEYS[2] and not bind(KEYS[2], ARGV[6], ARGV[7]) then return -1 end
 if ARGV[2] ~= '0' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
-local lane_key = ns .. ':sched:lane:' .. lane
-local n = redis.call('RPUSH', lane_key, ARGV[4])
-redis.call('HINCRBY', ns .. ':sched:stats', 'enqueued', 1)
-if n == 1 then
-  redis.call('ZADD', ns .. ':sched:lanes', cjson.decode(ARGV[4])['t'], lane)
-  make_ready(ns, lane, 1 / tonumber(ARGV[5]))
-end
-return n
+return append(ns, lane, ARGV[4], ARGV[5])
 """
 )
 

@@ -115,6 +115,31 @@ def test_dead_letter_listed_replayed_once_and_purged(stack: Stack, user: str, ca
     assert stack.redis.xlen(stack.keys.dead_letters) == 0
 
 
+def test_a_replayed_half_delivered_answer_sends_each_piece_once(stack: Stack, user: str, capsys) -> None:
+    """The second of three pieces is refused for good (60020): the answer becomes a dead letter with its first piece
+    delivered. The replay resumes at the second piece; composed afresh, it sent the first one again (and on
+    微信客服 that piece's msgid, used already, had it refused and the answer given up at once)."""
+    from gateway.cli import main
+    from gateway.delivery.pieces import UNIQUE_MARKS
+
+    config = ["--config", str(stack.config_path)]
+    answer = "".join(f"第{i}句：企业微信机器人正在回答你的问题。" for i in range(90))  # three pieces, none alike
+    dead_before = stack.redis.xlen(stack.keys.dead_letters)
+    stack.fault(errcode=60020, errmsg="not allow to access from your ip", times=1, after=1, touser=user)
+    enqueue_notice(stack, user, answer)
+    wait_for(lambda: stack.redis.xlen(stack.keys.dead_letters) > dead_before, 20, "the message to be dead-lettered")
+    assert len(stack.delivered(user)) == 1, "the first piece went out before the refusal"
+    capsys.readouterr()
+    assert main(["dlq", "list", *config]) == 0
+    (letter_id,) = [item["id"] for item in json.loads(capsys.readouterr().out) if item["user"] == user]
+    assert main(["dlq", "replay", letter_id, *config]) == 0
+    assert json.loads(capsys.readouterr().out) == {letter_id: "queued"}
+    delivered = stack.wait_delivered(user, 3, settle=1.5)
+    unmarked = [item["content"].translate({ord(mark): None for mark in UNIQUE_MARKS}) for item in delivered]
+    assert len(unmarked) == 3 and len(set(unmarked)) == 3, "a piece arrived twice"
+    assert "".join(unmarked) == answer
+
+
 def test_a_members_burst_is_paced_to_thirty_a_minute_and_none_dropped(
     stack: Stack, member_burst: tuple[str, float]
 ) -> None:
