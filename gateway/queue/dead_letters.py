@@ -161,7 +161,7 @@ class DeadLetters:
         assert letter.entry is not None  # `message` said so
         entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
                            request_id=letter.entry.request_id, servicer=letter.entry.servicer,
-                           event=letter.entry.event)  # fmt: skip
+                           event=letter.entry.event, merged=letter.entry.merged)  # fmt: skip
         keys = [self._keys.dead_letters, self._keys.reply(message.dedup_key), self._keys.scheduler_ready]
         args = [self._keys.core, letter_id, scope.lane, entry.to_json(), self._settings.worker.weight(message.bot_id)]
         acted, state = await self._replay(keys=keys, args=[*args, *_FAILED_CARD_FIELDS])
