@@ -83,15 +83,20 @@ async def answer(job: Job, services: Services, pipeline: Next) -> str:
         # Nothing in the documents: say so, then hand over; done only once the handoff happened, so that a
         # retry after a failed move still makes it. A customer whose allowance is used up (the answers to earlier
         # questions took it) cannot be told, but is handed over all the same: the move takes no message.
+        told = True
         try:
             await job.presenter.deliver(text, state)
         except ConversationTaken as taken:
-            if taken.code != "quota":
+            told = False
+            if taken.by_human:  # a person has the conversation already: nothing to hand over
                 raise
-            log.warning("no message left in the customer's allowance to say there is no answer; handing over",
+            # botgw's count of the allowance ("quota"), or WeCom's own refusal of the send (95001...)
+            log.warning("the customer could not be told there is no answer (%s); handing over", taken.code,
                         extra={"bot_id": job.message.bot_id})  # fmt: skip
         await services.conversations.hand_off(sessions, job.adapter.reply_quota, job.message, job.record)
         await job.record.mark(state="done")
+        if not told:
+            return "handed off (no answer; the customer could not be told)"
         metrics.REPLIES.labels(platform, "sent").inc()
         PULSE.answered(job.message.bot_id)
         return "sent; handed off (no answer)"

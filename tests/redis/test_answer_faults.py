@@ -18,7 +18,15 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from bots.base import EventEffect, InboundMessage, PermanentSendError, ReplyQuota, ReplyTarget, RetryableSendError
+from bots.base import (
+    ConversationTaken,
+    EventEffect,
+    InboundMessage,
+    PermanentSendError,
+    ReplyQuota,
+    ReplyTarget,
+    RetryableSendError,
+)
 from engine.client import Completion, EngineError
 from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
@@ -352,25 +360,37 @@ async def test_a_no_answer_handoff_whose_move_fails_once_is_made_on_the_retry(wo
     assert (await record.load()).state == "done"
 
 
-async def test_a_no_answer_handoff_is_made_when_the_customers_allowance_is_used_up(world: World) -> None:
+class RefusingKf(KfStandIn):
+    """WeCom refuses the send itself (its count of the allowance differs from botgw's: 95001)."""
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = "") -> None:
+        raise ConversationTaken("send msg count limit (95001)", code=95001)
+
+
+@pytest.mark.parametrize("refused_by", ["botgw's count", "WeCom"])
+async def test_a_no_answer_handoff_is_made_when_the_customers_allowance_is_used_up(
+    world: World, refused_by: str
+) -> None:
     """The answers to earlier questions took the four answer slots: "nothing in the documents" cannot be said, and
     used to end the message there (withheld), so the customer got neither an answer nor a person. The move to a
-    person takes no message: it is made, and its notice goes in the slot kept for it."""
+    person takes no message: it is made, and its notice goes in the slot kept for it. Alike when WeCom refuses the
+    send though botgw counted a slot left."""
     message = kf_message("你们的退货政策？")
     fence, lease = await leased(world, message)
     await customer_wrote(world, message)
-    for earlier in range(QUOTA.limit - 1):
-        await world.conversations.take_slot(message, QUOTA, world.records.open(f"earlier{earlier}"), {"x": "1"})
+    if refused_by == "botgw's count":
+        for earlier in range(QUOTA.limit - 1):
+            await world.conversations.take_slot(message, QUOTA, world.records.open(f"earlier{earlier}"), {"x": "1"})
     record = world.records.open(message.dedup_key, fence)
     await record.commit("抱歉，资料里没有找到答案。", "1")
     await record.mark(no_answer="1")
-    adapter = KfStandIn()
+    adapter = KfStandIn() if refused_by == "botgw's count" else RefusingKf()
     adapter.sessions = FlakySessions()  # type: ignore[attr-defined]
     adapter.sessions.moves.append("a first move that failed")  # type: ignore[attr-defined]  # the next one works
     presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
     job = Job(lease, message, Scope.of(message, "per_user"), adapter, record, presenter)  # type: ignore[arg-type]
     outcome = await answer(job, SimpleNamespace(conversations=world.conversations), never_composed)  # type: ignore[arg-type]
-    assert outcome.endswith("handed off (no answer)"), outcome
+    assert outcome == "handed off (no answer; the customer could not be told)", outcome
     assert adapter.sent == [], "no slot was left for the answer"
     assert adapter.sessions.notices == ["MSG_CODE:正在为您转接人工客服"]  # type: ignore[attr-defined]
     assert (await record.load()).state == "done"
