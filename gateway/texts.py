@@ -68,6 +68,9 @@ STREAM_TIMEOUT_TEXT = (
     "Sorry, this answer is taking too long to show here; it will come as a separate message when it is ready. "
     "抱歉，回答超时，答案生成后会另发一条消息。"
 )
+# What gateways before the `timed_out` mark closed streams with: a worker still knows such a stream during a rolling
+# upgrade (gateway/delivery/stream.py).
+STREAM_TIMEOUT_TEXTS_BEFORE = ("Sorry, this answer took too long and was cut off. 抱歉，回答超时，已中断。",)
 ANSWER_CUT_TEXT = (
     "\n\n（回答太长，后面的部分无法在这里显示，请把问题问得更具体些。）"
     "(The answer was cut here: it is longer than this chat can show. Please ask a narrower question.)"

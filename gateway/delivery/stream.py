@@ -56,9 +56,12 @@ class StreamPresenter(StoredStreamPresenter):
     @staticmethod
     def _ended_early(stream: StreamState | None) -> bool:
         """Whether the stream ended without this answer: closed by a refresh callback at the platform's time limit
-        (gateway/edge/callbacks.py, unfenced, ending with STREAM_TIMEOUT_TEXT) or gone from the store (its hour
+        (gateway/edge/callbacks.py, unfenced, marked `timed_out`) or gone from the store (its hour
         passed). Nothing written into it from now on is seen; only response_url can still carry the answer."""
-        return stream is None or (stream.finished and stream.content.endswith(texts.STREAM_TIMEOUT_TEXT))
+        if stream is None:
+            return True
+        before = texts.STREAM_TIMEOUT_TEXTS_BEFORE  # closed by a gateway older than the mark (a rolling upgrade)
+        return stream.finished and (stream.timed_out or stream.content.endswith(before))
 
     async def _closed_early(self) -> bool:
         return self._ended_early(await self.delivery.streams.get(self.stream_id))
@@ -121,10 +124,13 @@ class StreamPresenter(StoredStreamPresenter):
         `_post_once` claims `overflow_started` before posting (the URL takes one post: a post whose outcome is
         unknown is never repeated) and marks `overflow_sent` after it. When it cannot be posted, the message
         fails (raised) rather than being counted as sent."""
-        if state.overflow_started:  # an earlier attempt took the one post (its outcome maybe unknown)
-            log.info("response_url already used for this answer; not posting again",
-                     extra={"stream_id": self.stream_id})  # fmt: skip
+        state = await self.record.load()  # as it is now: a post of the rest may have taken the URL since `state`
+        if state.overflow_sent:  # an earlier attempt posted the answer
             return
+        if state.overflow_started:  # the one post was taken, by this answer's rest or an attempt that died
+            log.warning("response_url was taken by a post that did not complete; not posting again",
+                        extra={"stream_id": self.stream_id})  # fmt: skip
+            raise PermanentSendError("stream closed at the time limit, response_url taken", code="stream_closed")
         if await self._post_once(text):
             log.info("an answer finished after its stream was closed at the time limit went through response_url",
                      extra={"stream_id": self.stream_id})  # fmt: skip
@@ -134,9 +140,11 @@ class StreamPresenter(StoredStreamPresenter):
         raise PermanentSendError("stream closed at the time limit, response_url unusable", code="stream_closed")
 
     async def fail(self, text: str, state: ReplyState) -> None:
-        """A failure notice is not posted to a stream closed early: it already ends with the apology, and the
-        one response_url post stays for an answer."""
+        """On a stream closed early the apology promised a separate message: the failure notice is that message,
+        through response_url when nothing took it (the stream itself can show nothing more)."""
         if self.streams and await self._closed_early():
+            if not state.overflow_started:
+                await self._post_once(text)
             return
         await super().fail(text, state)
 

@@ -117,7 +117,7 @@ class PolledStreamHandler:
         if not state.finished and now - state.created > self.adapter.stream_limit_s:
             apology = texts.STREAM_TIMEOUT_TEXT
             closing = f"{state.content}\n\n{apology}" if state.content else apology
-            if await self._streams.update(stream_id, closing, finish=True):
+            if await self._streams.close_late(stream_id, closing):
                 log.warning("stream closed unfinished at the platform's time limit", extra={"stream_id": stream_id})
             state = await self._streams.get(stream_id) or state
         return self.adapter.stream_payload(stream_id, state.content, state.finished)

@@ -46,8 +46,9 @@ local old = redis.call('HGET', KEYS[1], 'content') or ''
 local new = ARGV[1]
 if string.sub(new, 1, #old) ~= old then return 0 end
 redis.call('HSET', KEYS[1], 'content', new, 'updated', ARGV[3])
-if ARGV[2] == '1' then
+if ARGV[2] ~= '0' then
   redis.call('HSET', KEYS[1], 'finish', '1')
+  if ARGV[2] == 'timeout' then redis.call('HSET', KEYS[1], 'timed_out', '1') end
   local active = redis.call('HGET', KEYS[1], 'active')
   if active then redis.call('ZREM', active, ARGV[4]) end
 end
@@ -75,6 +76,7 @@ class StreamState:
     finished: bool
     created: float
     question: str = ""  # the buttons the answer ends with (bots.buttons.Question as JSON; the page shows them)
+    timed_out: bool = False  # finished by a refresh at the platform's time limit, not by its answer (close_late)
 
 
 class StreamStore:
@@ -104,16 +106,24 @@ class StreamStore:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
         return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)),
-                           fields.get("question", ""))
+                           fields.get("question", ""), fields.get("timed_out") == "1")  # fmt: skip
 
     async def update(
         self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
     ) -> bool | None:
         """Show `content` (which must extend what is shown); True if applied, None if `fence` is no longer held."""
+        return await self._write(stream_id, content, "1" if finish else "0", fence)
+
+    async def close_late(self, stream_id: str, content: str) -> bool:
+        """Finish the stream with `content` at the platform's time limit, marked so (`timed_out`) in the same step:
+        its answer, when it comes, knows the stream cannot show it (gateway/delivery/stream.py)."""
+        return bool(await self._write(stream_id, content, "timeout", None))
+
+    async def _write(self, stream_id: str, content: str, finish: str, fence: Fence | None) -> bool | None:
         stream_key = self._keys.stream(stream_id)
         lease_key, epoch = (fence.lease_key, fence.epoch) if fence else (stream_key, "")
         channel = self._keys.stream_events(stream_id)  # a channel, not a key: in ARGV (no cluster slot)
-        args = [content, "1" if finish else "0", f"{time.time():.3f}", stream_id, epoch, channel]
+        args = [content, finish, f"{time.time():.3f}", stream_id, epoch, channel]
         result = int(await self._update(keys=[stream_key, lease_key], args=args))
         return None if result < 0 else bool(result)
 

@@ -183,3 +183,68 @@ async def test_a_finished_stream_opened_again_does_not_hold_a_slot(delivery: Del
         assert await streams.open("ai", user, stream_id, limit=3, max_age_s=360)  # the late retry
     assert await delivery.redis.zcard(delivery.keys.active_streams("ai", user)) == 0
     assert await streams.open("ai", user, f"{delivery.keys.namespace}-new", limit=3, max_age_s=360)
+
+
+# -- the AI bot's stream closed at the time limit ------------------------------------------------------------------
+
+
+async def test_a_stream_closed_at_the_time_limit_is_known_by_its_mark_not_its_text(delivery: Delivery) -> None:
+    """A refresh at the limit closes the stream marked `timed_out` in the same step; an answer that happens to end
+    with the apology's words is no such stream; one closed by a gateway older than the mark (a rolling upgrade: the
+    old apology, no mark) still is."""
+    from gateway import texts
+    from gateway.delivery.stream import StreamPresenter
+
+    streams, ended_early = delivery.streams, StreamPresenter._ended_early
+    closed, answered, old = (secrets.token_hex(8) for _ in range(3))
+    for stream_id in (closed, answered, old):
+        assert await streams.open("ai", "u" + stream_id, stream_id, limit=3, max_age_s=400)
+    assert await streams.close_late(closed, texts.STREAM_TIMEOUT_TEXT)
+    assert await streams.update(answered, "an answer quoting it: " + texts.STREAM_TIMEOUT_TEXT, finish=True)
+    assert await streams.update(old, texts.STREAM_TIMEOUT_TEXTS_BEFORE[0], finish=True)
+    assert ended_early(await streams.get(closed)) and (await streams.get(closed)).timed_out  # type: ignore[union-attr]
+    assert not ended_early(await streams.get(answered))
+    assert ended_early(await streams.get(old))
+    assert ended_early(None), "a stream gone from the store shows nothing more"
+    assert not await streams.close_late(closed, texts.STREAM_TIMEOUT_TEXT + "!"), "finished: nothing changes"
+
+
+class OverflowApi:
+    """The AI bot's response_url side: records its one post."""
+
+    max_overflow_bytes = 20480
+    max_stream_bytes = 20480
+
+    def __init__(self) -> None:
+        self.posts: list[str] = []
+
+    def overflow_allowed(self, target: ReplyTarget) -> bool:
+        return True
+
+    async def send_overflow(self, target: ReplyTarget, text: str) -> None:
+        self.posts.append(text)
+
+
+async def test_a_failure_after_the_stream_closed_at_the_time_limit_is_told_through_response_url(
+    delivery: Delivery,
+) -> None:
+    """The apology promised a separate message: when the answer then fails for good, the failure notice is that
+    message (the stream can show nothing more). Before, nothing was sent and the person waited for ever."""
+    from gateway import texts
+    from gateway.delivery.stream import StreamPresenter
+
+    user, stream_id = "u" + secrets.token_hex(4), secrets.token_hex(8)
+    message = InboundMessage(
+        platform="wecom-ai", bot_id="ai", msg_id=secrets.token_hex(6), conversation_id=user, sender_id=user,
+        text="hi", reply_to=ReplyTarget(user_id=user, stream_id=stream_id, webhook_url="https://example.invalid/r"),
+    )  # fmt: skip
+    assert await delivery.streams.open("ai", user, stream_id, limit=3, max_age_s=400)
+    assert await delivery.streams.close_late(stream_id, texts.STREAM_TIMEOUT_TEXT)
+    api = OverflowApi()
+    record = ReplyRecords(delivery.redis, delivery.keys, 3600).open(message.dedup_key)
+    presenter = StreamPresenter(delivery, api, message, record, None)  # type: ignore[arg-type]
+    await presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await record.load())
+    assert api.posts == [texts.ENGINE_UNAVAILABLE_TEXT]
+    await presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await record.load())
+    assert len(api.posts) == 1, "response_url takes one post"
+    assert (await delivery.streams.get(stream_id)).content == texts.STREAM_TIMEOUT_TEXT  # type: ignore[union-attr]

@@ -399,7 +399,7 @@ def test_no_engine_call_for_a_closed_stream_whose_response_url_expired(
         keys = Keys(c.namespace)
         streams = StreamStore(redis, keys)
         await streams.open("ai", user, stream_id, limit=3, max_age_s=360)
-        await streams.update(stream_id, texts.STREAM_TIMEOUT_TEXT, finish=True)  # as a refresh at the limit does
+        await streams.close_late(stream_id, texts.STREAM_TIMEOUT_TEXT)  # as a refresh at the limit does
         await Scheduler(redis, keys).enqueue(message.session_key, QueueEntry(owner=message.conversation_key,
                                                                              message=message))  # fmt: skip
         await redis.aclose()
