@@ -14,6 +14,7 @@ from gateway.pipeline.job import Job, Services
 from gateway.pipeline.stage import Next
 from gateway.queue.entry import EntryKind
 from gateway.state.pulse import PULSE
+from gateway.worker.failures import pull_succeeded
 from gateway.worker.pulled import PulledWork
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,12 @@ Handler = Callable[[Job, Services, PulledWork], Awaitable[str]]
 
 
 async def _pull(job: Job, services: Services, pulled: PulledWork) -> str:
-    if not isinstance(job.adapter, PulledChannel):  # a pull queued for a bot whose platform has no log to pull
-        raise TypeError(f"bot {job.adapter.bot_id!r} has nothing to pull")
-    return await pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
+    if not isinstance(job.adapter, PulledChannel):  # the bot's platform changed since the pull was queued
+        log.warning("a pull queued for a bot that has no log to pull is dropped", extra={"bot_id": job.adapter.bot_id})
+        return "nothing_to_pull"
+    outcome = await pulled.pull(job.adapter, job.message, job.entry.enqueued_at, job.record.fence)
+    await pull_succeeded(services, job.message)
+    return outcome
 
 
 async def _agent_turn(job: Job, services: Services, pulled: PulledWork) -> str:

@@ -22,6 +22,7 @@ from gateway.config import WorkerSettings
 from gateway.pipeline.job import Job, Services
 from gateway.queue.entry import EntryKind
 from gateway.queue.push import enqueue_push
+from gateway.queue.scheduler import Outcome
 from gateway.state.pulse import PULSE
 from gateway.state.reply_record import LeaseLost
 
@@ -48,10 +49,11 @@ async def failed(services: Services, job: Job, exc: Exception) -> None:
     elif not isinstance(exc, EngineError):
         log.exception("unexpected failure", extra={"lane": job.lease.lane})
     try:
-        key = services.keys.entry_failures(job.lease.entry_id)
+        pull = job.entry.kind == EntryKind.PULL
+        key = pull_failures_key(services, job.message) if pull else services.keys.entry_failures(job.lease.entry_id)
         failures = int(await services.redis.get(key) or 0) + 1  # with this one, counted below if still ours
-        if job.entry.kind == EntryKind.PULL:
-            await _pull_failed(services, job, exc, failures)
+        if pull:
+            await _pull_failed(services, job, exc, failures, permanent=permanent)
             return
         if permanent or failures >= settings.max_send_attempts:
             await give_up(services, job, f"failed {failures} times: {exc}")
@@ -72,28 +74,39 @@ def pull_backoff_s(settings: WorkerSettings, failures: int) -> float:
     return min(cap, settings.backoff_base_s * 2 ** min(failures - 1, _MAX_DOUBLINGS))
 
 
-async def _pull_failed(services: Services, job: Job, exc: Exception, failures: int) -> None:
+def pull_failures_key(services: Services, message: InboundMessage) -> str:
+    """A pulled account's failures in a row, whichever pull entry met them: each callback queues a pull of its own,
+    and a count per entry would start again at every one (the alert never due, the backoff never growing)."""
+    return services.keys.entry_failures(f"pull:{message.bot_id}:{message.conversation_id}")
+
+
+async def pull_succeeded(services: Services, message: InboundMessage) -> None:
+    """The account pulled: its failures in a row start again from none."""
+    with contextlib.suppress(RedisError):
+        await services.redis.delete(pull_failures_key(services, message))
+
+
+async def _pull_failed(services: Services, job: Job, exc: Exception, failures: int, *, permanent: bool) -> None:
     """A pull is tried again until it works, however long and whatever the error: given up, the account's waiting
     messages would stay at the platform until its next callback, which a quiet account may never send. A newer
-    pull queued right behind takes over at once instead: the same saved cursor, with its callback's fresh Token
-    (a Token lasts 10 minutes, and without one sync_msg is strictly rate-limited)."""
+    pull queued right behind takes over after the same wait (the same saved cursor, with its callback's fresh
+    Token: a Token lasts 10 minutes, and without one sync_msg is strictly rate-limited), so a queue of pulls piled
+    up in an outage is not run through at once. The operators are told at once of an error that needs them (a
+    permanent one: an untrusted IP, a revoked secret), and of any other once it has lasted max_send_attempts."""
     settings, message = services.settings.worker, job.message
     metrics.PULL_RETRIES.labels(message.platform, message.bot_id).inc()
     extra = {"bot_id": message.bot_id, "channel": message.conversation_id, "error": str(exc), "failures": failures}
-    behind = await services.scheduler.following(job.lease, 1)
-    if behind and behind[0].kind == EntryKind.PULL:
-        if await services.scheduler.release(job.lease, "done", weight=_weight(services, job)):
-            log.warning("a pull failed; the newer pull queued behind it goes now", extra=extra)
-        else:
-            _lost(job)
-        return
     delay = pull_backoff_s(settings, failures)
-    if not await services.scheduler.release(job.lease, "retry", delay_s=delay, weight=_weight(services, job)):
+    behind = await services.scheduler.following(job.lease, 1)
+    newer_behind = bool(behind) and behind[0].kind == EntryKind.PULL
+    outcome: Outcome = "done" if newer_behind else "retry"
+    if not await services.scheduler.release(job.lease, outcome, delay_s=delay, weight=_weight(services, job)):
         _lost(job)
         return
-    await _count(services, services.keys.entry_failures(job.lease.entry_id))
-    log.warning("a pull failed; it will be tried again until it works", extra={**extra, "in_s": delay})
-    if failures == settings.max_send_attempts:  # where any other entry is given up: told once, never dropped
+    await _count(services, pull_failures_key(services, message))
+    log.warning("a pull failed; it will be tried again until it works",
+                extra={**extra, "in_s": delay, "by": "the newer pull" if newer_behind else "itself"})  # fmt: skip
+    if (permanent and failures == 1) or failures == settings.max_send_attempts:
         cap = pull_backoff_s(settings, _MAX_DOUBLINGS + 1)
         reason = (f"pulling {message.bot_id}'s account {message.conversation_id} failed {failures} times ({exc}); "
                   f"still retrying, at most every {cap:g} s, until it works")  # fmt: skip
