@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import ipaddress
 import logging
 import secrets
 import time
@@ -225,7 +226,7 @@ class CompanyLoginGuard:
             log.warning("web sign-in through %s refused: a code used before (or too long)", login)
             return await refuse(send, refused_code(login, "").reason, self.root_path)
         address = (scope.get("client") or ("unknown", 0))[0]  # the page's guard put the real client there
-        if not await self._limiter.hit(self._per_address, "address", str(address)[:128]):
+        if not await self._limiter.hit(self._per_address, "address", client_network(str(address))):
             log.warning("web sign-in through %s refused: too many from one address", login)
             return await refuse(send, TOO_MANY, self.root_path, status=429)
         attempt = Attempt(login)
@@ -246,6 +247,20 @@ class CompanyLoginGuard:
         seen = key in self._seen and now - self._seen[key] < SEEN_CODES_S
         self._seen[key] = now
         return seen
+
+
+def client_network(address: str) -> str:
+    """What the per-address limit counts: an IPv4 address, or an IPv6 address's /64 (one subscriber holds a whole
+    /64, so counting single IPv6 addresses would give one attacker as many budgets as it likes)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:128]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def _state_cookie(scope: Scope) -> str:

@@ -111,7 +111,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 log.warning("request body unfinished after its answer: connection closed",
                             extra={"timeout_s": HEAD_TIMEOUT_S})
                 self._refused = True
-                self.transport.close()
+                # abort, not close: a client that keeps its receive window shut would hold a closing connection
+                # with data still buffered for it; its answer went out HEAD_TIMEOUT_S ago
+                self.transport.abort()
             return
         log.warning("request head too slow: answered 408", extra={"timeout_s": HEAD_TIMEOUT_S})
         self._refuse(408, TOO_SLOW)
