@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from bots.base import (
@@ -30,46 +28,19 @@ from bots.base import (
 from engine.client import Completion, EngineError
 from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
-from gateway.delivery.presenters import Delivery, PiecesPresenter, StreamPresenter
+from gateway.delivery.presenters import PiecesPresenter, StreamPresenter
 from gateway.pipeline.generate import Generate
 from gateway.pipeline.job import Job, PromptPlan
 from gateway.queue.entry import QueueEntry
-from gateway.queue.scheduler import Scheduler
-from gateway.state.conversations import Conversations
-from gateway.state.keys import Keys
-from gateway.state.limits import Budget, Budgets, LimitSettings, MovingWindowLimiter
+from gateway.state.limits import Budget, Budgets, LimitSettings
 from gateway.state.memory import ConversationMemory, Scope, Turn
-from gateway.state.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord, ReplyRecords
-from gateway.state.streams import StreamStore
+from gateway.state.reply_record import Fence, FencedValues, LeaseLost, ReplyRecord
 from gateway.worker.dispatch import answer
 from gateway.worker.loop import Worker
 from gateway.worker.pulled import PulledWork
+from tests.redis.conftest import World
 
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
-
-
-@dataclass
-class World:
-    redis: aioredis.Redis
-    redis_url: str
-    keys: Keys
-    scheduler: Scheduler
-    records: ReplyRecords
-    conversations: Conversations
-    delivery: Delivery
-
-
-@pytest.fixture
-async def world(redis_url: str) -> AsyncIterator[World]:
-    client = aioredis.Redis.from_url(redis_url)
-    keys = Keys("f" + secrets.token_hex(4))
-    conversations = Conversations(client, keys, "per_user")
-    pacer = MovingWindowLimiter(redis_url, keys.send_pace_prefix)
-    delivery = Delivery(client, keys, StreamStore(client, keys), pacer, WorkerSettings(), conversations)
-    scheduler = Scheduler(client, keys)
-    await scheduler.load_scripts()
-    yield World(client, redis_url, keys, scheduler, ReplyRecords(client, keys, 3600), conversations, delivery)
-    await client.aclose()
 
 
 def kf_message(text: str = "你好", msg_type: str = "text") -> InboundMessage:

@@ -13,44 +13,23 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
-import redis.asyncio as aioredis
 
 from bots.base import InboundMessage, PermanentSendError, PulledItem, PulledPage, ReplyTarget, RetryableSendError
 from gateway.config import Settings, WorkerSettings
 from gateway.pipeline.job import Job
 from gateway.queue.entry import EntryKind, QueueEntry
-from gateway.queue.scheduler import Lease, Scheduler
-from gateway.state.keys import Keys
+from gateway.queue.scheduler import Lease
 from gateway.state.memory import Scope
-from gateway.state.reply_record import Fence, ReplyRecords
+from gateway.state.reply_record import Fence
 from gateway.worker.failures import failed
 from gateway.worker.pulled import PulledWork
+from tests.redis.conftest import World
 
 ALERT_BOT = "ops-robot"
 KFID = "wk-test"
-
-
-@dataclass
-class World:
-    redis: aioredis.Redis
-    keys: Keys
-    scheduler: Scheduler
-    records: ReplyRecords
-
-
-@pytest.fixture
-async def world(redis_url: str) -> AsyncIterator[World]:
-    client = aioredis.Redis.from_url(redis_url)
-    keys = Keys("pf" + secrets.token_hex(4))
-    scheduler = Scheduler(client, keys)
-    await scheduler.load_scripts()
-    yield World(client, keys, scheduler, ReplyRecords(client, keys, 3600))
-    await client.aclose()
 
 
 def services(world: World, **worker: float) -> SimpleNamespace:
