@@ -44,8 +44,6 @@ from gateway.state.keys import Keys
 from gateway.state.redis_text import as_text
 from gateway.state.reply_record import RecordMarks
 
-MAX_TAKEOVERS = 5  # leases of one entry that may run out (its worker died or stalled) before it is a dead letter
-
 # Shared Lua: the current time in ms (Redis's clock, the same for every worker), and
 # putting a lane back into the ready set with a wake-up for one blocked worker.
 _COMMON = """
@@ -96,27 +94,6 @@ local function end_lease(ns, lane)
     resume_deferred(ns, user)
   end
 end
-local function drop_if_poison(ns, lane)
-  -- A head whose lease ran out MAX_TAKEOVERS times (every worker that took it died or stalled on it: a message
-  -- that crashes the process) becomes a dead letter instead of taking workers down for ever.
-  local lane_key = ns .. ':sched:lane:' .. lane
-  local head = redis.call('LINDEX', lane_key, 0)
-  local id = head and field(head, 'id')
-  if not id then return end
-  local counter = ns .. ':sched:takeovers:' .. tostring(id)
-  local n = redis.call('INCR', counter)
-  redis.call('EXPIRE', counter, 86400)
-  if n < MAX_TAKEOVERS then return end
-  redis.call('LPOP', lane_key)
-  redis.call('DEL', counter)
-  redis.call('HINCRBY', ns .. ':sched:stats', 'poisoned', 1)
-  local reason = cjson.encode('every worker that took it stopped before it was answered (' .. n .. ' times): '
-    .. 'a message that crashes or stalls the worker')
-  local letter = '{"reason":' .. reason .. ',"entry":' .. head .. '}'
-  redis.call('XADD', ns .. ':dead', 'MAXLEN', '~', '10000', '*', 'entry', letter)
-  local t = head_time(lane_key)
-  if t then redis.call('ZADD', ns .. ':sched:lanes', t, lane) else redis.call('ZREM', ns .. ':sched:lanes', lane) end
-end
 local function sweep_due(ns, now)
   -- Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
   -- owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
@@ -125,7 +102,6 @@ local function sweep_due(ns, now)
   for _, lane in ipairs(expired) do
     end_lease(ns, lane)
     redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
-    drop_if_poison(ns, lane)
     if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
   end
   local due = redis.call('ZRANGEBYSCORE', ns .. ':sched:delayed', '-inf', now, 'LIMIT', 0, 256)
@@ -135,7 +111,7 @@ local function sweep_due(ns, now)
   end
   return expired
 end
-""".replace("MAX_TAKEOVERS", str(MAX_TAKEOVERS))
+"""
 
 # KEYS: dedup key (or any key of the slot when ARGV[2] == '0'), then the signature binding key if there is one.
 # ARGV: core prefix, dedup ttl, lane, entry json, weight, message id, binding ttl.
@@ -567,7 +543,6 @@ class Scheduler:
         return max(0, depth), age
 
     async def counters(self) -> dict[str, int]:
-        """enqueued, handled, takeovers and poisoned (dead-lettered after MAX_TAKEOVERS) since the namespace was
-        created."""
+        """enqueued, handled and takeovers since the namespace was created."""
         raw = await self._redis.hgetall(self._keys.scheduler_stats)
         return {as_text(k): int(v) for k, v in raw.items()}

@@ -11,7 +11,6 @@ import pytest
 from redis.asyncio import Redis
 
 from bots.base import InboundMessage
-from gateway.config import Settings
 from gateway.queue.entry import QueueEntry
 from gateway.queue.scheduler import Lease, Scheduler
 from gateway.state.keys import Keys
@@ -127,40 +126,6 @@ async def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(scheduler
     assert await scheduler.release(fresh, "done")
     assert (await scheduler.counters())["takeovers"] == 1
     assert await scheduler.take("x", 5000, 0) is None
-
-
-async def test_a_message_every_worker_dies_on_becomes_a_dead_letter_and_the_lane_goes_on(scheduler: Scheduler) -> None:
-    """A message that crashes (or stalls) whichever worker takes it was taken over for ever, taking the workers
-    down one after another: after MAX_TAKEOVERS leases of it ran out it is a dead letter, and what was queued behind
-    it in the lane is served."""
-    from gateway.queue.dead_letters import DeadLetters
-    from gateway.queue.scheduler import MAX_TAKEOVERS
-
-    await put(scheduler, "conv", "u:x", "poison")
-    await put(scheduler, "conv", "u:x", "after it")
-    for _ in range(MAX_TAKEOVERS - 1):
-        await stall_until_swept(scheduler, "conv")
-    letters = DeadLetters(scheduler._redis, scheduler._keys, scheduler, Settings())
-    assert await letters.list() == [], "taken over fewer times than the limit: still queued"
-    stalled = await stall_until_swept(scheduler, "conv")
-    assert stalled.entry.message.text == "poison"
-    [letter] = await letters.list()
-    assert letter.message.text == "poison" and "stopped before it was answered" in letter.reason
-    after = await scheduler.take("w", 5000, 0)
-    assert after is not None and after.entry.message.text == "after it"
-    assert await scheduler.release(after, "done")
-    assert await scheduler.take("w", 5000, 0) is None
-    assert (await scheduler.counters())["poisoned"] == 1
-
-
-async def test_a_lone_poison_message_leaves_no_lane_behind(scheduler: Scheduler) -> None:
-    from gateway.queue.scheduler import MAX_TAKEOVERS
-
-    await put(scheduler, "conv", "u:x", "poison")
-    for _ in range(MAX_TAKEOVERS):
-        await stall_until_swept(scheduler, "conv")
-    assert await scheduler.take("w", 5000, 0) is None
-    assert await scheduler._redis.zscore(scheduler._keys.scheduler_lanes, "conv") is None
 
 
 async def test_a_stale_lease_stays_fenced_after_the_lanes_own_keys_expire(scheduler: Scheduler) -> None:
