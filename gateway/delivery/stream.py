@@ -112,10 +112,13 @@ class StreamPresenter(StoredStreamPresenter):
         rest_posted = bool(rest) and bool(state.overflow_sent or await self._post_once(rest))
         if rest and not rest_posted:
             visible = utf8_prefix(text, cap - utf8_len(texts.ANSWER_CUT_TEXT)) + texts.ANSWER_CUT_TEXT
-        if await self._finish_stored(visible) != visible and not rest_posted and await self._closed_early():
+        if await self._finish_stored(visible) != visible and await self._closed_early():
             # closed at the time limit before the finish: the answer is not in the stream (a finish that applied
-            # costs no extra read). Had the rest taken the post in the moment between the check and the finish,
-            # nothing more could be sent.
+            # costs no extra read). Had the rest taken the post while it was being posted, nothing more can be
+            # sent: the start of the answer was never shown, so the message fails rather than counts as sent.
+            if rest_posted:
+                raise PermanentSendError("the stream closed at the time limit while the rest of the answer was "
+                                         "posted: its start was not shown", code="stream_closed")  # fmt: skip
             await self._post_late(text, state)
 
     async def _post_late(self, text: str, state: ReplyState) -> None:

@@ -116,10 +116,12 @@ async def _pull_failed(services: Services, job: Job, exc: Exception, failures: i
 async def give_up(services: Services, job: Job, reason: str) -> None:
     """End the message: its stream or card gets a final failed state, the entry becomes a dead letter. Nothing is
     counted or told when the release finds the lease gone: the message is its new owner's to answer."""
+    if job.presenter.always_answers:
+        try:
+            await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await job.record.load())
+        except Exception as exc:  # the notice is a courtesy: the record still says failed (a replay resets it)
+            log.warning("the failure notice could not be shown", extra={"error": str(exc)[:300]})
     with contextlib.suppress(Exception):
-        state = await job.record.load()
-        if job.presenter.always_answers:
-            await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, state)
         await job.record.mark(state="failed", reason=reason[:300])
     if not await services.scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]}):
         _lost(job)

@@ -221,3 +221,21 @@ async def test_a_pull_retried_past_its_callbacks_token_life_pulls_without_the_to
     request = pull_request().model_copy(update={"received_at": time.time() - 11 * 60})
     await pulled.pull(adapter, request, request.received_at)  # type: ignore[arg-type]
     assert hints == [""], "the expired Token was sent first"
+
+
+async def test_a_failure_notice_that_cannot_be_shown_still_leaves_the_record_failed(world: World) -> None:
+    """give_up shows a stream or card its failure, then marks the record failed: a notice that raised (the AI bot's
+    stream closed and its response_url taken) skipped the mark, and a replay, which resets only a failed record,
+    then found nothing to reset."""
+    kit = services(world)
+    await queue(world, chat_message(), EntryKind.CHAT)
+    lease = await take(world)
+    job = job_of(world, lease)
+
+    async def fail(text: str, state: object) -> None:
+        raise PermanentSendError("response_url taken", code="stream_closed")
+
+    job.presenter = SimpleNamespace(always_answers=True, fail=fail)  # type: ignore[assignment]
+    await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    assert await dead_letters(world) == 1
+    assert (await job.record.load()).state == "failed"
