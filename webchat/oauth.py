@@ -16,6 +16,8 @@ with the same "Sign in failed" and logs a traceback):
   refuse a used code: WeCom 40029);
 - no code (the person declined: WeCom sends none, DingTalk sends `error`), a code the platform refuses, a person
   outside the organisation, a platform error: a 403 page with the reason and a link back to the sign-in page.
+- the calls that reach the platform are limited per client network (webchat/call_budget.py: only those that sign
+  nobody in are counted, and a burst takes turns): past it a 429 page.
 DingTalk sends the code as `authCode`: the guard hands it to Chainlit as `code`. For WeCom it drops the
 `client_id` Chainlit adds to the authorize URL (WeCom's documented parameters do not include it; whether WeCom
 tolerates it is UNCONFIRMED). Nothing secret is logged: no code, token or app secret, only the platform's errcode
@@ -45,14 +47,12 @@ import chainlit as cl
 import httpx
 from chainlit import oauth_providers
 from chainlit.oauth_providers import OAuthProvider
-from limits import parse
-from limits.aio.storage import MemoryStorage
-from limits.aio.strategies import MovingWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.web.config import WebBotConfig
 from bots.wecom.config import WeComAppConfig
+from webchat.call_budget import CallBudget, OverBudget
 from webchat.sso import (
     LOGINS,
     LoginRefused,
@@ -70,12 +70,7 @@ STATE_COOKIE = "oauth_state"  # chainlit.auth.cookie: the state Chainlit set whe
 MAX_CODE_BYTES = 512  # WeCom: "code...最大为512字节"
 SEEN_CODES_S = 600.0  # both platforms' codes live 5 minutes: remembered twice as long
 SEEN_CODES_MAX = 10_000  # a hard cap: past it (after the expired are dropped) the oldest half goes
-# Callbacks that reach the platform (WeCom's auth/getuserinfo, DingTalk's userAccessToken) per client address: the
-# state check compares the query with a cookie the client chose, so without this one address could spend the
-# corporation's API quota (45009 stops every sign-in, the console's too). A person signs in once; an office behind
-# one NAT address signing in at nine o'clock fits under it.
-PLATFORM_CALLS_PER_ADDRESS = "30/minute"
-TOO_MANY = "Too many sign-ins from your network in the last minute. Please wait a minute and try again."
+TOO_MANY = "Too many failed sign-ins from your network in the last minute. Please wait a minute and try again."
 
 
 @dataclass
@@ -194,8 +189,7 @@ class CompanyLoginGuard:
         self.logins = logins
         self.root_path = root_path.rstrip("/")
         self._seen: dict[str, float] = {}
-        self._limiter = MovingWindowRateLimiter(MemoryStorage())
-        self._per_address = parse(PLATFORM_CALLS_PER_ADDRESS)
+        self._budget = CallBudget()  # the callbacks that reach the platform, per client network
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") == "GET":
@@ -226,16 +220,20 @@ class CompanyLoginGuard:
             log.warning("web sign-in through %s refused: a code used before (or too long)", login)
             return await refuse(send, refused_code(login, "").reason, self.root_path)
         address = (scope.get("client") or ("unknown", 0))[0]  # the page's guard put the real client there
-        if not await self._limiter.hit(self._per_address, "address", client_network(str(address))):
-            log.warning("web sign-in through %s refused: too many from one address", login)
-            return await refuse(send, TOO_MANY, self.root_path, status=429)
-        attempt = Attempt(login)
-        inner = {**scope, "query_string": urlencode(query).encode()}
-        reset = ATTEMPT.set(attempt)
         try:
-            await self.app(inner, receive, _answering(attempt, send, self.root_path))
-        finally:
-            ATTEMPT.reset(reset)
+            async with self._budget.turn(client_network(str(address))) as turn:
+                attempt = Attempt(login)
+                inner = {**scope, "query_string": urlencode(query).encode()}
+                reset = ATTEMPT.set(attempt)
+                try:
+                    await self.app(inner, receive, _answering(attempt, send, self.root_path))
+                finally:
+                    ATTEMPT.reset(reset)
+                    if attempt.member is None:  # signed nobody in: the kind of call a forged code makes
+                        await turn.failed()
+        except OverBudget:
+            log.warning("web sign-in through %s refused: too many failed sign-ins from one network", login)
+            return await refuse(send, TOO_MANY, self.root_path, status=429)
 
     def _seen_before(self, login: str, code: str) -> bool:
         now = time.monotonic()

@@ -288,15 +288,37 @@ def test_web_login_names_a_bot_of_the_right_kind() -> None:
     assert web_login_problems(web(dingtalk={"bot": "ding"}), [app, ding_with_corp]) == []
 
 
+def test_an_office_signing_in_from_one_address_is_never_refused(logins: LoginStack) -> None:
+    """Sign-ins that work do not spend the address's budget: more people than FAILED_CALLS_PER_NETWORK sign in
+    from one address within the minute (an office behind one NAT address at nine o'clock), and every one gets in.
+    Each goes through the platform's login form and the page's callback, as a browser would, without one."""
+    from limits import parse
+
+    from webchat.call_budget import FAILED_CALLS_PER_NETWORK
+
+    exchanged_before = logins.sim_stats()["exchanged"]
+    people = parse(FAILED_CALLS_PER_NETWORK).amount + 5
+    for n in range(people):
+        state = secrets.token_urlsafe(12)
+        form = {"login_type": "CorpApp", "appid": logins.corp_id, "agentid": str(logins.agent_id),
+                "redirect_uri": logins.callback("wecom"), "state": state, "userid": f"staff{n}", "action": "member"}
+        to_page = httpx.post(f"{logins.sim_url}/wwlogin/sso/login", data=form, timeout=10)
+        assert to_page.status_code == 302, to_page.text
+        answer = httpx.get(to_page.headers["location"], cookies={"oauth_state": state}, timeout=10)
+        assert answer.status_code < 400, (n, answer.status_code, answer.text[:300])
+        assert any(name.startswith("access_token") for name in answer.cookies), (n, answer.headers)
+    assert logins.sim_stats()["exchanged"] - exchanged_before == people
+
+
 def test_a_flood_of_forged_callbacks_reaches_the_platform_only_so_often(logins: LoginStack) -> None:
     """The state check compares the query with a cookie the client chose, so a script can send the callback any
-    code: each used to cost a platform call (and the corporation's API quota). Past PLATFORM_CALLS_PER_ADDRESS the
+    code: each used to cost a platform call (and the corporation's API quota). Past FAILED_CALLS_PER_NETWORK the
     page answers 429 itself. Last in this module: it spends this address's minute."""
     from limits import parse
 
-    from webchat.oauth import PLATFORM_CALLS_PER_ADDRESS
+    from webchat.call_budget import FAILED_CALLS_PER_NETWORK
 
-    allowed = parse(PLATFORM_CALLS_PER_ADDRESS).amount
+    allowed = parse(FAILED_CALLS_PER_NETWORK).amount
     refused_before = logins.sim_stats()["refused"]
     statuses = []
     with httpx.Client(timeout=10, headers={"Cookie": "oauth_state=s"}) as client:  # the jar would drop it
@@ -304,6 +326,6 @@ def test_a_flood_of_forged_callbacks_reaches_the_platform_only_so_often(logins: 
             answer = client.get(logins.callback("wecom"), params={"code": secrets.token_hex(8), "state": "s"})
             statuses.append(answer.status_code)
     asked = logins.sim_stats()["refused"] - refused_before
-    assert allowed - 10 <= asked <= allowed, (asked, statuses)  # the module's own sign-ins spent a few
+    assert allowed - 10 <= asked <= allowed, (asked, statuses)  # the module's own refused sign-ins spent a few
     assert statuses[-10:] == [429] * 10, statuses
     assert set(statuses) <= {403, 429}, statuses

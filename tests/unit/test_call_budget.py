@@ -1,0 +1,93 @@
+"""The page's sign-in callbacks that reach the platform, per client network (webchat/call_budget.py): only calls
+that signed nobody in spend the budget, and a burst waits for its turns, so a flood of forged codes makes no more
+platform calls than the budget plus the calls already in flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from limits import parse
+
+from webchat.call_budget import (
+    CALLS_AT_ONCE_PER_NETWORK,
+    FAILED_CALLS_PER_NETWORK,
+    WAITING_PER_NETWORK,
+    CallBudget,
+    OverBudget,
+)
+
+ALLOWED = parse(FAILED_CALLS_PER_NETWORK).amount
+
+
+async def test_calls_that_sign_someone_in_never_spend_the_budget() -> None:
+    """An office behind one NAT address signing in at nine o'clock: every call good, none refused."""
+    budget = CallBudget()
+    for _ in range(ALLOWED * 3):
+        async with budget.turn("203.0.113.7"):
+            pass
+    async with budget.turn("203.0.113.7"):
+        pass
+
+
+async def test_failed_calls_spend_the_budget_of_their_network_only() -> None:
+    budget = CallBudget()
+    for _ in range(ALLOWED):
+        async with budget.turn("203.0.113.7") as turn:
+            await turn.failed()
+    with pytest.raises(OverBudget):
+        async with budget.turn("203.0.113.7"):
+            pytest.fail("a turn past the budget")
+    async with budget.turn("203.0.113.8"):
+        pass
+
+
+async def test_a_burst_of_forged_codes_makes_no_more_calls_than_the_budget_and_those_in_flight() -> None:
+    """All at once: without turns, every call of the burst would pass the check before the first failure counted."""
+    budget = CallBudget()
+    calls = 0
+    in_flight = 0
+    most_in_flight = 0
+
+    async def forged() -> bool:
+        nonlocal calls, in_flight, most_in_flight
+        try:
+            async with budget.turn("198.51.100.1") as turn:
+                calls += 1
+                in_flight += 1
+                most_in_flight = max(most_in_flight, in_flight)
+                await asyncio.sleep(0.01)  # the platform's answer
+                in_flight -= 1
+                await turn.failed()
+                return True
+        except OverBudget:
+            return False
+
+    made = await asyncio.gather(*(forged() for _ in range(WAITING_PER_NETWORK)))
+    assert most_in_flight == CALLS_AT_ONCE_PER_NETWORK
+    assert ALLOWED <= calls <= ALLOWED + CALLS_AT_ONCE_PER_NETWORK - 1, calls
+    assert sum(made) == calls and len(budget._turns) == 0  # nothing kept for a network with no call
+
+
+async def test_too_many_waiting_calls_of_one_network_are_refused_at_once() -> None:
+    budget = CallBudget()
+    release = asyncio.Event()
+    entered = 0
+
+    async def good() -> str:
+        nonlocal entered
+        try:
+            async with budget.turn("192.0.2.1"):
+                entered += 1
+                await release.wait()
+                return "called"
+        except OverBudget:
+            return "refused"
+
+    tasks = [asyncio.create_task(good()) for _ in range(CALLS_AT_ONCE_PER_NETWORK + WAITING_PER_NETWORK + 3)]
+    await asyncio.sleep(0.05)
+    assert entered == CALLS_AT_ONCE_PER_NETWORK
+    release.set()
+    outcomes = await asyncio.gather(*tasks)
+    assert outcomes.count("refused") == 3
+    assert outcomes.count("called") == CALLS_AT_ONCE_PER_NETWORK + WAITING_PER_NETWORK
