@@ -45,7 +45,7 @@ class Turn:
         self._budget = budget
         self._network = network
 
-    async def failed(self) -> None:
+    def failed(self) -> None:
         self._budget.spend(self._network)
 
 

@@ -230,8 +230,8 @@ class CompanyLoginGuard:
                 finally:
                     ATTEMPT.reset(reset)
                     if attempt.member is None:  # signed nobody in: the kind of call a forged code makes
-                        await turn.failed()
-        except OverBudget:
+                        turn.failed()
+        except OverBudget:  # raised only on entering the turn, before anything reached the platform or the client
             log.warning("web sign-in through %s refused: too many failed sign-ins from one network", login)
             return await refuse(send, TOO_MANY, self.root_path, status=429)
 
