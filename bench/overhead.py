@@ -110,6 +110,7 @@ SERVER_START_S = 60.0
 REQUEST_TIMEOUT_S = 120.0
 FALLBACK_POLL_S = 0.5
 SETTLE_S = 1.5
+IDLE_S = 10.0  # the idle window in which the background's CPU is measured
 MAX_ERRORS = 20
 SAME_WORK_TOKEN_GAP = 0.02  # completion tokens per request may differ this much between the modes
 SAME_WORK_REPLIES = 0.9  # at least this share of botgw replies must equal the direct reply to the same prompt
@@ -480,6 +481,17 @@ class TreeCpuMeter:
     def since(self, before: dict[str, float]) -> dict[str, float]:
         after = self.sample()
         return {name: after.get(name, math.nan) - value for name, value in before.items()}
+
+
+async def idle_background(meter: CpuMeter) -> dict[str, float]:
+    """What each botgw process spends per second with nothing asked of it (lease renewals, sweeps, engine probes,
+    the pulse): at concurrency 1 an answer takes a few hundred ms, so this background is charged to few answers."""
+    before = meter.sample()
+    await asyncio.sleep(IDLE_S)
+    used = meter.since(before)
+    rates = {name: used[name] / IDLE_S * 1000 for name in ("gateway", "worker", "simulator")}
+    print("idle background, CPU ms per second: " + ", ".join(f"{n} {v:.2f}" for n, v in rates.items()), flush=True)
+    return rates
 
 
 async def measured(
@@ -946,6 +958,7 @@ async def _benchmark(
                 if run.errors:
                     raise Broken(f"warm-up failed: {run.errors[:3]}")
 
+            await idle_background(meter)
             results: dict[int, dict[str, Totals]] = {}
             for level in levels:
                 total = max(args.requests, 4 * level)

@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.base_check import check_bases
     from gateway.edge.app import create_app
     from gateway.edge.http_bounds import BoundedHttpToolsProtocol
+    from gateway.edge.server import QuietServer
     from gateway.state.redis_client import STARTUP_WAIT_S
 
     settings = load_settings(args.config)
@@ -87,7 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    uvicorn.Server(config).run(sockets=sockets)
+    QuietServer(config).run(sockets=sockets)
     return 0
 
 
