@@ -26,7 +26,11 @@ NETWORKS_KEPT = 10_000  # networks with failures remembered; past it the emptied
 
 
 class OverBudget(Exception):
-    """This network's failed calls of the last minute are used up, or too many of its calls wait already."""
+    """This network's failed calls of the last minute are used up."""
+
+
+class Busy(OverBudget):
+    """Too many of this network's calls wait for a turn already: nothing failed, it is a crowd; try again soon."""
 
 
 @dataclass
@@ -85,12 +89,12 @@ class CallBudget:
     @asynccontextmanager
     async def turn(self, network: str) -> AsyncIterator[Turn]:
         """Wait for one of the network's turns; OverBudget (before any call) when its failures and calls in flight
-        leave no room, before or after it waited, or when too many of its calls wait already."""
+        leave no room, before or after it waited; Busy when too many of its calls wait already."""
         if not self._room(network):
             raise OverBudget(network)
         turns = self._turns.setdefault(network, _Turns())
         if turns.in_flight_or_waiting >= CALLS_AT_ONCE_PER_NETWORK + WAITING_PER_NETWORK:
-            raise OverBudget(network)
+            raise Busy(network)
         turns.in_flight_or_waiting += 1
         try:
             async with turns.semaphore:

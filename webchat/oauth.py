@@ -52,7 +52,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.web.config import WebBotConfig
 from bots.wecom.config import WeComAppConfig
-from webchat.call_budget import CallBudget, OverBudget
+from webchat.call_budget import Busy, CallBudget, OverBudget
 from webchat.sso import (
     LOGINS,
     LoginRefused,
@@ -71,6 +71,8 @@ MAX_CODE_BYTES = 512  # WeCom: "code...最大为512字节"
 SEEN_CODES_S = 600.0  # both platforms' codes live 5 minutes: remembered twice as long
 SEEN_CODES_MAX = 10_000  # a hard cap: past it (after the expired are dropped) the oldest half goes
 TOO_MANY = "Too many failed sign-ins from your network in the last minute. Please wait a minute and try again."
+BUSY = "Many people on your network are signing in at this moment. Please sign in again in a few seconds."
+BUSY_RETRY_AFTER_S = 5  # a full waiting room empties in about this long: 68 calls, 4 at a time, a round trip each
 
 
 @dataclass
@@ -231,6 +233,9 @@ class CompanyLoginGuard:
                     ATTEMPT.reset(reset)
                     if attempt.member is None:  # signed nobody in: the kind of call a forged code makes
                         turn.failed()
+        except Busy:  # a crowd of good sign-ins can fill the waiting room too: not their failure, so not a minute
+            log.warning("web sign-in through %s refused: too many sign-ins from one network at once", login)
+            return await refuse(send, BUSY, self.root_path, status=429, retry_after_s=BUSY_RETRY_AFTER_S)
         except OverBudget:  # raised only on entering the turn, before anything reached the platform or the client
             log.warning("web sign-in through %s refused: too many failed sign-ins from one network", login)
             return await refuse(send, TOO_MANY, self.root_path, status=429)
@@ -311,7 +316,7 @@ def _without_client_id(send: Send) -> Send:
     return wrapped
 
 
-async def refuse(send: Send, reason: str, root_path: str = "", status: int = 403) -> None:
+async def refuse(send: Send, reason: str, root_path: str = "", status: int = 403, retry_after_s: int = 60) -> None:
     """The refusal page (403, or 429 when over a limit), which also ends the state: the next attempt starts from
     the sign-in page."""
     body = REFUSAL_PAGE.format(reason=html.escape(reason), login=html.escape(f"{root_path}/login")).encode()
@@ -323,7 +328,7 @@ async def refuse(send: Send, reason: str, root_path: str = "", status: int = 403
         (b"set-cookie", f"{STATE_COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=lax".encode()),
     ]
     if status == 429:
-        headers.append((b"retry-after", b"60"))
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

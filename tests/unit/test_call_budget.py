@@ -13,6 +13,7 @@ from webchat.call_budget import (
     CALLS_AT_ONCE_PER_NETWORK,
     FAILED_CALLS_PER_NETWORK,
     WAITING_PER_NETWORK,
+    Busy,
     CallBudget,
     OverBudget,
 )
@@ -81,6 +82,8 @@ async def test_too_many_waiting_calls_of_one_network_are_refused_at_once() -> No
                 entered += 1
                 await release.wait()
                 return "called"
+        except Busy:  # a crowd, not failures: the page says "again in a few seconds", not "wait a minute"
+            return "busy"
         except OverBudget:
             return "refused"
 
@@ -89,7 +92,7 @@ async def test_too_many_waiting_calls_of_one_network_are_refused_at_once() -> No
     assert entered == CALLS_AT_ONCE_PER_NETWORK
     release.set()
     outcomes = await asyncio.gather(*tasks)
-    assert outcomes.count("refused") == 3
+    assert outcomes.count("busy") == 3 and outcomes.count("refused") == 0
     assert outcomes.count("called") == CALLS_AT_ONCE_PER_NETWORK + WAITING_PER_NETWORK
 
 
@@ -117,3 +120,48 @@ async def test_a_flood_spaced_to_the_window_still_makes_no_more_calls_than_the_b
         await asyncio.sleep(0.005)
     most = max(sum(1 for t in started if at <= t < at + 0.5) for at in started)
     assert most <= 10, most
+
+
+async def test_the_page_tells_a_crowd_to_come_back_in_seconds_and_forged_codes_to_wait_a_minute() -> None:
+    """The sign-in guard (webchat/oauth.py) in front of a platform that is slow to answer: past the calls in flight
+    and waiting, one more good sign-in gets the busy page with a short Retry-After, not the failed one."""
+    from webchat.oauth import BUSY, BUSY_RETRY_AFTER_S, TOO_MANY, CompanyLoginGuard
+
+    release = asyncio.Event()
+
+    async def platform_slow_then_refusing(scope: dict, receive: object, send: object) -> None:
+        await release.wait()  # Chainlit's callback, waiting on WeCom; nobody is signed in (a refused code)
+        await send({"type": "http.response.start", "status": 302, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    guard = CompanyLoginGuard(platform_slow_then_refusing, ("wecom",))
+
+    async def callback(number: int) -> tuple[int, dict[bytes, bytes], bytes]:
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/auth/oauth/wecom/callback",
+            "query_string": f"code=c{number}&state=s{number}".encode(),
+            "headers": [(b"cookie", f"oauth_state=s{number}".encode())],
+            "client": ("198.51.100.20", 40000 + number),
+        }
+        answer: dict[str, object] = {}
+
+        async def send(message: dict) -> None:
+            answer.setdefault(message["type"], message)
+
+        await guard(scope, None, send)  # type: ignore[arg-type]
+        start, body = answer["http.response.start"], answer.get("http.response.body", {"body": b""})
+        return start["status"], dict(start["headers"]), body["body"]  # type: ignore[index]
+
+    room = CALLS_AT_ONCE_PER_NETWORK + WAITING_PER_NETWORK
+    held = [asyncio.create_task(callback(n)) for n in range(room)]
+    await asyncio.sleep(0.05)
+    status, headers, body = await callback(room)
+    assert status == 429 and headers[b"retry-after"] == str(BUSY_RETRY_AFTER_S).encode()
+    assert BUSY.split(".")[0].encode() in body and b"failed" not in body
+    release.set()
+    assert [answer[0] for answer in await asyncio.gather(*held)][:ALLOWED] == [302] * ALLOWED
+    # Those 68 signed nobody in: the network's minute is spent, and the next one is told to wait that minute.
+    status, headers, body = await callback(room + 1)
+    assert status == 429 and headers[b"retry-after"] == b"60" and TOO_MANY.split(".")[0].encode() in body
