@@ -8,7 +8,8 @@ block, each one round trip) and answers on the socket, to whoever connects, the 
 ("HGET", a script as "EVALSHA(<module>:<line> where it was registered)", a pipeline as "PIPELINE[HSET+XADD]"),
 which costs some CPU in the process measured.
 Without BENCH_TRIPS_SOCKET it does nothing. With BENCH_PROFILE naming a directory, the process also runs under
-cProfile and writes <directory>/<pid>.prof when it exits (for finding where the CPU per answer goes)."""
+cProfile and writes <directory>/<pid>.prof when it exits (for finding where the CPU per answer goes); with
+BENCH_PROFILE_WINDOW=1 as well, only from a SIGUSR1 to a SIGUSR2, which writes the file."""
 
 from __future__ import annotations
 
@@ -112,8 +113,18 @@ if PROFILE:
     # suspended on I/O) would otherwise be charged to whatever frame it stood in. The timer is a system call per
     # event, which inflates many small calls against few big ones: compare shares within one profile only.
     _profiler = cProfile.Profile(time.thread_time)
-    _profiler.enable()
-    atexit.register(lambda: _profiler.dump_stats(os.path.join(PROFILE, f"{os.getpid()}.prof")))
+    if os.environ.get("BENCH_PROFILE_WINDOW") == "1":
+        # Only between SIGUSR1 and SIGUSR2 (sent to the process by hand when the timed run starts and ends), so that
+        # start-up and warm-up stay out of the profile. Python runs the handlers on the main thread, the loop's.
+        def _dump() -> None:
+            _profiler.disable()
+            _profiler.dump_stats(os.path.join(PROFILE, f"{os.getpid()}.prof"))
+
+        signal.signal(signal.SIGUSR1, lambda *_: _profiler.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: _dump())
+    else:
+        _profiler.enable()
+        atexit.register(lambda: _profiler.dump_stats(os.path.join(PROFILE, f"{os.getpid()}.prof")))
     # uvicorn restores the handler it found and raises SIGTERM again after its shutdown: with the default handler the
     # process would die without running atexit, and the gateway's profile would never be written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

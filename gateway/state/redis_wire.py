@@ -30,7 +30,13 @@ def _pack(self: AbstractConnection, *args: Any) -> list[bytes]:
         return _python_pack(self, *args)
     cutoff = self._buffer_cutoff
     for arg in args:
-        if isinstance(arg, bytearray | memoryview) or (isinstance(arg, bytes | str) and len(arg) > cutoff):
+        kind = type(arg)  # the exact types first: a script call's dozen arguments are str, bytes and int
+        if kind is str or kind is bytes:
+            if len(arg) > cutoff:
+                return _python_pack(self, *args)
+        elif kind is not int and kind is not float and (
+            isinstance(arg, bytearray | memoryview) or (isinstance(arg, bytes | str) and len(arg) > cutoff)
+        ):
             return _python_pack(self, *args)
     words = args
     if isinstance(args[0], str):  # a command name with a space ("CONFIG GET") is sent as separate words

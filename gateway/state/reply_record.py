@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
@@ -460,7 +460,7 @@ class ReplyRecord:
         commit is kept and goes with that begin, in its script and before it (`begin_send`); any other write or
         read first writes it alone. Under the lease nobody else can have committed meanwhile (this worker read
         the record without a text after taking the lease), so the answer is `text`."""
-        items = [json.dumps(asdict(turn), ensure_ascii=False) for turn in exchange] if exchange else []
+        items = [turn.to_json() for turn in exchange] if exchange else []
         pending = _Commit(text, created, memory_key if exchange or clear_memory else "", items, memory_ttl_s,
                           max_memory_items, clear_memory)  # fmt: skip
         await self.flush()
