@@ -94,15 +94,34 @@ local function end_lease(ns, lane)
     resume_deferred(ns, user)
   end
 end
+local function note_takeover(ns, lane, head, alone)
+  -- How often the lane's head was taken from a worker that died or stalled holding it, and how often of those it
+  -- was running alone there (gateway/worker/loop.py): only those deaths are its own, not a companion's. Kept per
+  -- head (its id): the lane's next message starts from none.
+  local key = ns .. ':sched:suspect:' .. lane
+  local id = tostring(field(head, 'id') or '')
+  if redis.call('HGET', key, 'id') ~= id then
+    redis.call('DEL', key)
+    redis.call('HSET', key, 'id', id)
+  end
+  redis.call('HINCRBY', key, 't', 1)
+  if alone then redis.call('HINCRBY', key, 'd', 1) end
+  redis.call('EXPIRE', key, 604800)
+end
 local function sweep_due(ns, now)
   -- Expired leases are ended (their lane goes to the front of the round; the lease hash is gone, so the stalled
   -- owner is fenced, and the next take hands out a new epoch) and delayed lanes that are due become ready.
   -- Returns the expired lanes.
   local expired = redis.call('ZRANGEBYSCORE', ns .. ':sched:leases', '-inf', now, 'LIMIT', 0, 64)
   for _, lane in ipairs(expired) do
+    local alone = redis.call('HGET', ns .. ':sched:lease:' .. lane, 'alone') == '1'
     end_lease(ns, lane)
     redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
-    if redis.call('EXISTS', ns .. ':sched:lane:' .. lane) == 1 then make_ready(ns, lane, 0) end
+    local head = redis.call('LINDEX', ns .. ':sched:lane:' .. lane, 0)
+    if head then
+      note_takeover(ns, lane, head, alone)
+      make_ready(ns, lane, 0)
+    end
   end
   local due = redis.call('ZRANGEBYSCORE', ns .. ':sched:delayed', '-inf', now, 'LIMIT', 0, 256)
   for _, lane in ipairs(due) do
@@ -158,8 +177,8 @@ _BIND = _BIND_LUA + "if bind(KEYS[1], ARGV[1], ARGV[2]) then return 1 end\nretur
 # KEYS: the ready set (so that a cluster routes the script to the queue's slot).
 # ARGV: core prefix, owner, lease ms, max concurrent per user (0 = no cap).
 # Sweeps first (sweep_due): a busy worker's takes keep the leases and delays swept without trips of their own.
-# Returns {lane, epoch, head entry, 1 if more lanes are ready else 0, expired lanes...}, or {'', '', '', 0, expired
-# lanes...} when nothing can run now.
+# Returns {lane, epoch, head entry, 1 if more lanes are ready else 0, the head's takeovers, its deaths while alone,
+# expired lanes...}, or {'', '', '', 0, 0, 0, expired lanes...} when nothing can run now.
 # Whenever the ready set is left empty the wake-ups are dropped with it, so a worker told "no more" blocks on
 # the wake list at once instead of asking again to learn that nothing is ready (one round trip per message).
 _TAKE = (
@@ -170,8 +189,8 @@ local expired = sweep_due(ns, now_ms())
 local function ran_empty()
   redis.call('DEL', ns .. ':sched:wake', ns .. ':sched:vclock', ns .. ':sched:arrivals')
 end
-local function answer(lane, epoch, head, more)
-  local result = {lane, epoch, head, more}
+local function answer(lane, epoch, head, more, takeovers, deaths)
+  local result = {lane, epoch, head, more, takeovers, deaths}
   for _, gone in ipairs(expired) do result[#result + 1] = gone end
   return result
 end
@@ -179,7 +198,7 @@ for _ = 1, 16 do
   local popped = redis.call('ZPOPMIN', ns .. ':sched:ready')
   if #popped == 0 then
     ran_empty()
-    return answer('', '', '', 0)
+    return answer('', '', '', 0, 0, 0)
   end
   local lane = popped[1]
   redis.call('SET', ns .. ':sched:vclock', popped[2])
@@ -196,11 +215,13 @@ for _ = 1, 16 do
       redis.call('SADD', active, lane)
       local more = redis.call('ZCARD', ns .. ':sched:ready')
       if more == 0 then ran_empty() end
-      return answer(lane, epoch, head, math.min(more, 1))
+      local suspect = redis.call('HMGET', ns .. ':sched:suspect:' .. lane, 'id', 't', 'd')
+      if suspect[1] ~= tostring(field(head, 'id') or '') then suspect = {false, 0, 0} end
+      return answer(lane, epoch, head, math.min(more, 1), tonumber(suspect[2]) or 0, tonumber(suspect[3]) or 0)
     end
   end
 end
-return answer('', '', '', 0)
+return answer('', '', '', 0, 0, 0)
 """
 )
 
@@ -225,6 +246,7 @@ if ARGV[5] == 'done' then
   if head and (ARGV[4] == '*' or field(head, 'id') == ARGV[4]) then
     redis.call('LPOP', lane_key)
     redis.call('HINCRBY', ns .. ':sched:stats', 'handled', 1)
+    redis.call('DEL', ns .. ':sched:suspect:' .. lane)
   end
   if ARGV[8] ~= '' then
     redis.call('XADD', ns .. ':dead', 'MAXLEN', '~', '10000', '*', 'entry', ARGV[8])
@@ -246,6 +268,15 @@ end
 return 1
 """
 )
+
+# KEYS: the ready set. ARGV: core prefix, lane, epoch. Marks the lease as running alone (a death now counts against
+# its head: note_takeover). Returns 1, or 0 when the lease is no longer held at this epoch.
+_ALONE = """
+local lease_key = ARGV[1] .. ':sched:lease:' .. ARGV[2]
+if redis.call('HGET', lease_key, 'epoch') ~= ARGV[3] then return 0 end
+redis.call('HSET', lease_key, 'alone', '1')
+return 1
+"""
 
 # KEYS: the ready set. ARGV: core prefix, lease ms, then lane, epoch pairs.
 # Returns the lanes whose lease is no longer held.
@@ -331,6 +362,8 @@ class Lease:
     lane: str
     epoch: str
     entry: QueueEntry
+    takeovers: int = 0  # times its head was taken from a worker that died or stalled holding it
+    deaths: int = 0  # ... of those, while it ran alone there (`mark_alone`)
 
     @property
     def entry_id(self) -> str:
@@ -360,6 +393,7 @@ class Scheduler:
                 "sweep": _SWEEP,
                 "absorb": _ABSORB,
                 "bind": _BIND,
+                "alone": _ALONE,
             }.items()
         }
 
@@ -445,13 +479,13 @@ class Scheduler:
         """The take script's answer as (lease, whether another lane may be ready); the leases it found expired
         are reported."""
         self.swept_at = time.monotonic()
-        self._report(as_text(lane) for lane in result[4:])
+        self._report(as_text(lane) for lane in result[6:])
         lane, epoch, head = (as_text(item) for item in result[:3])
         more = bool(int(result[3]))
         if not lane:
             return None, more
         try:
-            return Lease(lane, epoch, QueueEntry.from_json(head)), more
+            return Lease(lane, epoch, QueueEntry.from_json(head), int(result[4]), int(result[5])), more
         except ValidationError as exc:  # written by hand or by a broken client: kept for an operator, not retried
             await self._release_unreadable(lane, epoch, head, exc)
             return None, True
@@ -505,6 +539,11 @@ class Scheduler:
         ids = [lease.entry_id, *(entry.entry_id for entry in absorbed)]
         args = [self._ns, lease.lane, lease.epoch, merged.to_json(), *ids]
         return bool(await self._scripts["absorb"](keys=self._routing, args=args))
+
+    async def mark_alone(self, lease: Lease) -> bool:
+        """Say that the lease's head now runs alone in its worker: if the lease expires from here on, the death
+        is counted against the head. False when the lease was lost meanwhile."""
+        return bool(await self._scripts["alone"](keys=self._routing, args=[self._ns, lease.lane, lease.epoch]))
 
     async def renew(self, leases: list[Lease], lease_ms: int) -> set[str]:
         """Extend every lease still held; returns the lanes whose lease was lost."""

@@ -47,12 +47,18 @@ from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords, while_red
 from gateway.state.riders import Rider
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
-from gateway.worker.failures import failed
+from gateway.worker.failures import failed, give_up
 from gateway.worker.pulled import PulledWork
 from tools.kit import ToolKit
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 1.0  # at least this often, by the sweep loop or a take: a stalled lease or a delay is never missed
+# A message that ends or stalls every worker that runs it (a crash in a library, a CPU-bound step on hostile input)
+# would be taken over for ever, taking each worker's other messages down with it. Taken over this often, its head
+# runs alone: its worker finishes the others and takes no more meanwhile, so a death then is the message's own...
+SUSPECT_AFTER_TAKEOVERS = 2
+# ... and after this many deaths while alone it is given up (a dead letter, the operators told) instead of run.
+DEATHS_ALONE_ALLOWED = 2
 
 
 def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
@@ -101,6 +107,7 @@ class Worker:
         }
         self._held: dict[str, tuple[Lease, asyncio.Task[None]]] = {}  # by lane
         self._slot_freed = asyncio.Event()
+        self._alone: Lease | None = None  # a suspect held: nothing more is taken until it has run
 
     # -- the loops ---------------------------------------------------------------------------
 
@@ -161,7 +168,7 @@ class Worker:
         cap = self._settings.limits.max_concurrent_per_user
         look = True  # something may be ready; False once a take said nothing more is: block on the wake list
         while not stop.is_set():
-            if len(self._held) >= self._cfg.concurrency:
+            if len(self._held) >= self._cfg.concurrency or self._alone is not None:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
@@ -217,9 +224,45 @@ class Worker:
                 await asyncio.sleep(max(0.02, min(SWEEP_EVERY_S - since, due_at - now)))
 
     def _start(self, lease: Lease) -> None:
-        task = asyncio.create_task(self._handle(lease))
+        suspect = lease.takeovers >= SUSPECT_AFTER_TAKEOVERS
+        if suspect:
+            self._alone = lease
+        task = asyncio.create_task(self._handle_alone(lease) if suspect else self._handle(lease))
         self._held[lease.lane] = (lease, task)
         task.add_done_callback(lambda _: self._forget(lease))
+
+    async def _handle_alone(self, lease: Lease) -> None:
+        """A suspect (see SUSPECT_AFTER_TAKEOVERS): given up if it died alone often enough, else run once this
+        worker's other messages are done (its lease renewed meanwhile), marked alone first. A pull is never given
+        up (gateway/worker/failures.py): it only runs alone."""
+        try:
+            if lease.deaths >= DEATHS_ALONE_ALLOWED and lease.entry.kind != EntryKind.PULL:
+                await self._give_up_suspect(lease)
+                return
+            others = [task for held, task in self._held.values() if held is not lease]
+            if others:
+                await asyncio.wait(others)
+            if not await self._scheduler.mark_alone(lease):
+                return  # lost meanwhile: its new owner decides
+            log.warning(
+                "running a message alone: it was taken over from workers that died or stalled while holding it",
+                extra={"lane": lease.lane, "takeovers": lease.takeovers, "deaths_alone": lease.deaths},
+            )
+            await self._handle(lease)
+        except RedisError as exc:  # the mark could not be written: the lease expires, the next take decides again
+            log.warning("could not run a suspect message alone", extra={"lane": lease.lane, "error": str(exc)})
+        finally:
+            self._alone = None
+            self._slot_freed.set()
+
+    async def _give_up_suspect(self, lease: Lease) -> None:
+        message = lease.entry.message
+        reason = f"it ended or stalled the worker that ran it alone {lease.deaths} times"
+        adapter = self._rt.adapters.get(message.bot_id)
+        if adapter is None:
+            await self._scheduler.release(lease, "done", dead_letter={"reason": f"{reason}; its bot is gone"})
+            return
+        await give_up(self.services, self._job(lease, message, adapter), reason)
 
     def _forget(self, lease: Lease) -> None:
         """The lease is no longer this worker's to renew (released, handed on, or lost); a slot is free."""

@@ -390,3 +390,49 @@ async def test_a_head_that_is_not_even_json_is_dead_lettered_and_the_conversatio
     assert third is not None and third.entry.message.text == "third", "the conversation stopped at the garbage"
     (_, fields), *_ = await scheduler._redis.xrevrange(scheduler._keys.dead_letters, count=1)
     assert json.loads(fields[b"entry"])["raw"] == "not json {"
+
+
+async def test_a_head_counts_its_takeovers_and_only_the_deaths_it_ran_alone(scheduler: Scheduler) -> None:
+    """The worker runs a head taken over twice alone (gateway/worker/loop.py); the take tells it how often its head
+    was taken over, and how often while marked alone; a companion taken over with it counts no deaths."""
+    await put(scheduler, "poison", "u:p", "crashes its worker")
+    await put(scheduler, "poison", "u:p", "the next message")
+    await put(scheduler, "companion", "u:c", "slow")
+
+    async def take_both_and_die(alone: bool) -> dict[str, Lease]:
+        leases = {}
+        while len(leases) < 2:
+            lease = await scheduler.take("doomed", 50, 0)
+            assert lease is not None
+            leases[lease.lane] = lease
+        if alone:
+            assert await scheduler.mark_alone(leases["poison"])
+        await asyncio.sleep(0.1)  # both leases expire: the worker died
+        await scheduler.sweep()
+        return leases
+
+    first = await take_both_and_die(alone=False)
+    assert (first["poison"].takeovers, first["poison"].deaths) == (0, 0)
+    second = await take_both_and_die(alone=False)
+    assert (second["poison"].takeovers, second["poison"].deaths) == (1, 0)
+    third = await take_both_and_die(alone=True)
+    assert (third["poison"].takeovers, third["poison"].deaths) == (2, 0)
+    assert (third["companion"].takeovers, third["companion"].deaths) == (2, 0)
+    fourth = await take_both_and_die(alone=False)
+    assert (fourth["poison"].takeovers, fourth["poison"].deaths) == (3, 1)
+    assert (fourth["companion"].takeovers, fourth["companion"].deaths) == (3, 0)  # it was not the one alone
+
+    # A stale lease cannot mark itself alone; the head's release ends its counts, and the lane's next message
+    # starts from none.
+    taken = [await scheduler.take("w", 5000, 0) for _ in range(2)]
+    poison, companion = sorted((lease for lease in taken if lease), key=lambda lease: lease.lane != "poison")
+    assert (poison.lane, poison.takeovers, poison.deaths, companion.lane) == ("poison", 4, 1, "companion")
+    assert not await scheduler.mark_alone(fourth["poison"])
+    assert await scheduler.release(poison, "done", dead_letter={"reason": "given up"})
+    assert await scheduler.release(companion, "done")
+    following = await scheduler.take("w", 5000, 0)
+    assert following is not None and following.entry.message.text == "the next message"
+    assert (following.takeovers, following.deaths) == (0, 0)
+    assert await scheduler.release(following, "done")
+    suspects = [f"{scheduler._ns}:sched:suspect:{lane}" for lane in ("poison", "companion")]
+    assert not await scheduler._redis.exists(*suspects)

@@ -122,6 +122,55 @@ def test_stalled_worker_that_lost_its_lease_sends_nothing(cluster: Callable[...,
     assert c.stack.queue_depth() == 0
 
 
+def test_a_message_that_ends_every_worker_runs_alone_then_is_given_up_and_its_companion_is_answered(
+    cluster: Callable[..., Cluster], user: str
+) -> None:
+    """A message whose every run ends its worker (SIGKILL here, as a crash in a library or an OOM kill would) is
+    not taken over for ever: taken over twice it runs alone (its worker finishes its other message first and takes
+    no more), and after two deaths alone it becomes a dead letter. Its companion, killed with it twice, is answered
+    once and never given up; the worker left goes on answering."""
+    c = cluster(3.0)
+    c.add_gateway()
+    poison, companion, later = f"{user}p", f"{user}c", f"{user}l"
+    for who, text in ((poison, "the poison"), (companion, "the companion")):
+        assert c.stack.post_callback(c.stack.signer().text(who, text)).status_code == 200
+
+    def asked(text: str) -> int:
+        return sum(1 for request in c.engine_requests() if request["user"] == text)
+
+    killed_at = 0.0
+    for run in range(1, 5):
+        worker = c.add_worker(f"doomed{run}")
+        wait_for(lambda run=run: asked("the poison") == run, 40, f"run {run} of the poison:\n{worker.tail()}")
+        if run <= 2:  # held together: both are taken over
+            wait_for(lambda run=run: asked("the companion") == run, 10, f"run {run} of the companion")
+        else:  # taken over twice: run alone, the companion not in this worker's engine calls meanwhile (3 s each)
+            assert "running a message alone" in worker.tail(200)
+            started = max(r["start"] for r in c.engine_requests() if r["user"] == "the poison")
+            beside = [
+                r["start"] - started
+                for r in c.engine_requests()
+                if r["user"] == "the companion" and r["start"] > max(killed_at, started - 2.8)
+            ]
+            assert not beside, f"the companion ran beside the poison in run {run}: {beside}"
+        worker.kill(signal.SIGKILL)
+        worker.popen.wait(10)
+        killed_at = time.time()
+
+    last = c.add_worker("last")
+    wait_for(lambda: c.stack.dead_letters() == 1, 30, f"the poison to be given up:\n{last.tail()}")
+    letter = c.stack.redis.xrange(c.stack.keys.dead_letters)[0][1]
+    assert b"ran it alone 2 times" in letter[b"entry"], letter
+    assert asked("the poison") == 4  # given up without running it a fifth time
+    c.stack.wait_delivered(companion, 1, timeout=30, settle=0.5)
+    assert c.stack.texts(companion) == ["answer to: the companion"]
+    assert c.stack.texts(poison) == []
+    assert c.stack.post_callback(c.stack.signer().text(later, "still there?")).status_code == 200
+    c.stack.wait_delivered(later, 1, timeout=30, settle=0.5)
+    assert c.stack.texts(later) == ["answer to: still there?"]
+    assert c.stack.queue_depth() == 0 and last.popen.poll() is None
+
+
 def test_sigterm_mid_answer_hands_the_message_on_and_it_is_answered_once(
     cluster: Callable[..., Cluster], user: str
 ) -> None:
