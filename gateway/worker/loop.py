@@ -59,6 +59,7 @@ SWEEP_EVERY_S = 1.0  # at least this often, by the sweep loop or a take: a stall
 SUSPECT_AFTER_TAKEOVERS = 2
 # ... and after this many deaths while alone it is given up (a dead letter, the operators told) instead of run.
 DEATHS_ALONE_ALLOWED = 2
+ALONE_WAIT_S = 60.0  # the longest a suspect waits for its worker's other messages; then it goes back to the queue
 
 
 def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
@@ -234,14 +235,18 @@ class Worker:
     async def _handle_alone(self, lease: Lease) -> None:
         """A suspect (see SUSPECT_AFTER_TAKEOVERS): given up if it died alone often enough, else run once this
         worker's other messages are done (its lease renewed meanwhile), marked alone first. A pull is never given
-        up (gateway/worker/failures.py): it only runs alone."""
+        up (gateway/worker/failures.py): it only runs alone. Whatever else ends it here is a release, never a lease
+        left to expire: an expiry while marked alone would count as its death."""
+        request_id.set(lease.entry.request_id or "")
         try:
             if lease.deaths >= DEATHS_ALONE_ALLOWED and lease.entry.kind != EntryKind.PULL:
                 await self._give_up_suspect(lease)
                 return
             others = [task for held, task in self._held.values() if held is not lease]
-            if others:
-                await asyncio.wait(others)
+            if others and (await asyncio.wait(others, timeout=ALONE_WAIT_S))[1]:
+                # A long answer beside it: the suspect goes back (nothing counted) and this worker takes work again.
+                await self._scheduler.release(lease, "retry", delay_s=1.0, weight=self._weight(lease))
+                return
             if not await self._scheduler.mark_alone(lease):
                 return  # lost meanwhile: its new owner decides
             log.warning(
@@ -249,8 +254,11 @@ class Worker:
                 extra={"lane": lease.lane, "takeovers": lease.takeovers, "deaths_alone": lease.deaths},
             )
             await self._handle(lease)
-        except RedisError as exc:  # the mark could not be written: the lease expires, the next take decides again
+        except RedisError as exc:  # Redis away: hand it back once Redis answers (fenced: a no-op if it was released)
             log.warning("could not run a suspect message alone", extra={"lane": lease.lane, "error": str(exc)})
+            with contextlib.suppress(RedisError):
+                weight = self._weight(lease)
+                await while_redis_returns(lambda: self._scheduler.release(lease, "retry", weight=weight))
         finally:
             self._alone = None
             self._slot_freed.set()
@@ -268,6 +276,8 @@ class Worker:
         """The lease is no longer this worker's to renew (released, handed on, or lost); a slot is free."""
         if self._held.get(lease.lane, (None,))[0] is lease:
             del self._held[lease.lane]
+        if self._alone is lease:  # also when its task was cancelled before it began
+            self._alone = None
         self._slot_freed.set()
 
     def _weight(self, lease: Lease) -> float:
@@ -349,6 +359,8 @@ class Worker:
         any step of one) is recorded, what arrived behind it is answered on its own, never absorbed unseen."""
         entry = job.entry
         if not job.adapter.merge_window_s or entry.kind != EntryKind.CHAT or entry.merged is not None:
+            return False
+        if job.lease.takeovers >= SUSPECT_AFTER_TAKEOVERS:  # a burst merged into a suspect would share its fate
             return False
         return not await job.record.exists()
 
