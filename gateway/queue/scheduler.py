@@ -94,18 +94,19 @@ local function end_lease(ns, lane)
     resume_deferred(ns, user)
   end
 end
-local function note_takeover(ns, lane, head, alone)
+local function suspect_counts(ns, lane, head)
   -- How often the lane's head was taken from a worker that died or stalled holding it, and how often of those it
   -- was running alone there (gateway/worker/loop.py): only those deaths are its own, not a companion's. Kept per
-  -- head (its id): the lane's next message starts from none.
+  -- head (its id): counts of the lane's earlier head are none of this one's.
+  local kept = redis.call('HMGET', ns .. ':sched:suspect:' .. lane, 'id', 't', 'd')
+  if kept[1] ~= tostring(field(head, 'id') or '') then return 0, 0 end
+  return tonumber(kept[2]) or 0, tonumber(kept[3]) or 0
+end
+local function note_takeover(ns, lane, head, alone)
+  local takeovers, deaths = suspect_counts(ns, lane, head)
+  if alone then deaths = deaths + 1 end
   local key = ns .. ':sched:suspect:' .. lane
-  local id = tostring(field(head, 'id') or '')
-  if redis.call('HGET', key, 'id') ~= id then
-    redis.call('DEL', key)
-    redis.call('HSET', key, 'id', id)
-  end
-  redis.call('HINCRBY', key, 't', 1)
-  if alone then redis.call('HINCRBY', key, 'd', 1) end
+  redis.call('HSET', key, 'id', tostring(field(head, 'id') or ''), 't', takeovers + 1, 'd', deaths)
   redis.call('EXPIRE', key, 604800)
 end
 local function sweep_due(ns, now)
@@ -215,9 +216,8 @@ for _ = 1, 16 do
       redis.call('SADD', active, lane)
       local more = redis.call('ZCARD', ns .. ':sched:ready')
       if more == 0 then ran_empty() end
-      local suspect = redis.call('HMGET', ns .. ':sched:suspect:' .. lane, 'id', 't', 'd')
-      if suspect[1] ~= tostring(field(head, 'id') or '') then suspect = {false, 0, 0} end
-      return answer(lane, epoch, head, math.min(more, 1), tonumber(suspect[2]) or 0, tonumber(suspect[3]) or 0)
+      local takeovers, deaths = suspect_counts(ns, lane, head)
+      return answer(lane, epoch, head, math.min(more, 1), takeovers, deaths)
     end
   end
 end
