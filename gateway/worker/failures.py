@@ -113,9 +113,9 @@ async def _pull_failed(services: Services, job: Job, exc: Exception, failures: i
         await alert_operators(services, message, reason, prefix="botgw: ")
 
 
-async def give_up(services: Services, job: Job, reason: str) -> None:
+async def give_up(services: Services, job: Job, reason: str) -> bool:
     """End the message: its stream or card gets a final failed state, the entry becomes a dead letter. Nothing is
-    counted or told when the release finds the lease gone: the message is its new owner's to answer."""
+    counted or told when the release finds the lease gone: the message is its new owner's to answer (False)."""
     if job.presenter.always_answers:
         try:
             await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await job.record.load())
@@ -125,11 +125,12 @@ async def give_up(services: Services, job: Job, reason: str) -> None:
         await job.record.mark(state="failed", reason=reason[:300])
     if not await services.scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]}):
         _lost(job)
-        return
+        return False
     metrics.REPLIES.labels(job.message.platform, "failed").inc()
     PULSE.failed(job.message.bot_id)
     log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
     await alert_operators(services, job.message, reason)
+    return True
 
 
 async def _count(services: Services, key: str) -> None:

@@ -47,7 +47,7 @@ from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords, while_red
 from gateway.state.riders import Rider
 from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
-from gateway.worker.failures import failed, give_up
+from gateway.worker.failures import alert_operators, failed, give_up
 from gateway.worker.pulled import PulledWork
 from tools.kit import ToolKit
 
@@ -239,9 +239,12 @@ class Worker:
         left to expire: an expiry while marked alone would count as its death."""
         request_id.set(lease.entry.request_id or "")
         try:
-            if lease.deaths >= DEATHS_ALONE_ALLOWED and lease.entry.kind != EntryKind.PULL:
-                await self._give_up_suspect(lease)
-                return
+            if lease.deaths >= DEATHS_ALONE_ALLOWED:
+                if lease.entry.kind != EntryKind.PULL:
+                    if await self._give_up_suspect(lease):
+                        metrics.POISON_GIVEN_UP.inc()
+                    return
+                await self._pull_still_dying(lease)
             others = [task for held, task in self._held.values() if held is not lease]
             if others and (await asyncio.wait(others, timeout=ALONE_WAIT_S))[1]:
                 # A long answer beside it: the suspect goes back (nothing counted) and this worker takes work again.
@@ -253,6 +256,7 @@ class Worker:
                 "running a message alone: it was taken over from workers that died or stalled while holding it",
                 extra={"lane": lease.lane, "takeovers": lease.takeovers, "deaths_alone": lease.deaths},
             )
+            metrics.RUN_ALONE.inc()
             await self._handle(lease)
         except RedisError as exc:  # Redis away: hand it back once Redis answers (fenced: a no-op if it was released)
             log.warning("could not run a suspect message alone", extra={"lane": lease.lane, "error": str(exc)})
@@ -263,14 +267,26 @@ class Worker:
             self._alone = None
             self._slot_freed.set()
 
-    async def _give_up_suspect(self, lease: Lease) -> None:
+    async def _give_up_suspect(self, lease: Lease) -> bool:
+        """True if it became a dead letter (False: the lease had passed on)."""
         message = lease.entry.message
         reason = f"it ended or stalled the worker that ran it alone {lease.deaths} times"
         adapter = self._rt.adapters.get(message.bot_id)
         if adapter is None:
-            await self._scheduler.release(lease, "done", dead_letter={"reason": f"{reason}; its bot is gone"})
-            return
-        await give_up(self.services, self._job(lease, message, adapter), reason)
+            return await self._scheduler.release(lease, "done", dead_letter={"reason": f"{reason}; its bot is gone"})
+        return await give_up(self.services, self._job(lease, message, adapter), reason)
+
+    async def _pull_still_dying(self, lease: Lease) -> None:
+        """A pull is never given up (its account's messages would wait at the platform for a callback that may
+        not come), so nothing else would tell anyone that it keeps ending workers: it is counted, and the operators
+        are told at its 2nd, 4th, 8th... death alone (told before the run that may end this worker too)."""
+        metrics.POISON_PULLS.inc()
+        deaths, message = lease.deaths, lease.entry.message
+        if deaths & (deaths - 1) == 0:
+            reason = (f"pulling {message.bot_id}'s account {message.conversation_id} ended or stalled the worker "
+                      f"that ran it alone {deaths} times; it is tried again, alone, by the next worker")  # fmt: skip
+            log.error("a pull keeps ending the workers that run it", extra={"lane": lease.lane, "deaths": deaths})
+            await alert_operators(self.services, message, reason, prefix="botgw: ")
 
     def _forget(self, lease: Lease) -> None:
         """The lease is no longer this worker's to renew (released, handed on, or lost); a slot is free."""

@@ -1,6 +1,7 @@
 """A suspect (a lane head taken over twice: gateway/worker/loop.py `_handle_alone`) in one worker process on a real
 redis-server: it waits for its worker's other messages only so long, then goes back uncounted; a pull that died
-alone twice still runs (pulls are never given up), a message is given up without running."""
+alone twice still runs (pulls are never given up) and the operators are told at its 2nd, 4th, 8th... death, a
+message is given up without running; each is counted in the metrics an alert rule watches."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gateway.queue.entry import EntryKind, QueueEntry
 from gateway.queue.scheduler import Lease
@@ -38,8 +40,9 @@ def a_worker(world: World) -> tuple[Worker, list[str]]:
     async def handle(lease: Lease) -> None:
         done.append(f"ran {lease.entry.kind}")
 
-    async def give_up(lease: Lease) -> None:
+    async def give_up(lease: Lease) -> bool:
         done.append(f"gave up {lease.entry.kind}")
+        return True
 
     worker._handle, worker._give_up_suspect = handle, give_up  # type: ignore[method-assign]
     return worker, done
@@ -67,11 +70,33 @@ async def test_a_suspect_goes_back_uncounted_when_its_workers_other_message_runs
     assert again is not None and again.lane == suspect.lane and (again.takeovers, again.deaths) == (0, 0)
 
 
-async def test_after_two_deaths_alone_a_message_is_given_up_and_a_pull_still_runs(world: World) -> None:
+def counted() -> dict[str, float]:
+    names = ("botgw_messages_run_alone_total", "botgw_poison_messages_given_up_total", "botgw_poison_pulls_total")
+    return {name: REGISTRY.get_sample_value(name) or 0.0 for name in names}
+
+
+async def test_after_two_deaths_alone_a_message_is_given_up_and_a_pull_still_runs_and_is_told(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[str] = []
+
+    async def alert(services: object, message: object, reason: str, prefix: str = "") -> None:
+        told.append(reason)
+
+    monkeypatch.setattr(loop, "alert_operators", alert)
     worker, done = a_worker(world)
-    for kind in (EntryKind.CHAT, EntryKind.PULL):
-        lease = dataclasses.replace(await take(world, kind), takeovers=4, deaths=loop.DEATHS_ALONE_ALLOWED)
+    worker.services = SimpleNamespace()  # type: ignore[assignment]
+    before = counted()
+    for kind, deaths in [(EntryKind.CHAT, 2), (EntryKind.PULL, 2), (EntryKind.PULL, 3), (EntryKind.PULL, 4)]:
+        lease = dataclasses.replace(await take(world, kind), takeovers=4 + deaths, deaths=deaths)
         worker._alone = lease
         await worker._handle_alone(lease)
         assert worker._alone is None
-    assert done == [f"gave up {EntryKind.CHAT}", f"ran {EntryKind.PULL}"]
+    assert done == [f"gave up {EntryKind.CHAT}", *[f"ran {EntryKind.PULL}"] * 3]
+    assert [reason.split("alone ")[1].split(" times")[0] for reason in told] == ["2", "4"], told
+    after = counted()
+    assert {name: after[name] - before[name] for name in after} == {
+        "botgw_messages_run_alone_total": 3,
+        "botgw_poison_messages_given_up_total": 1,
+        "botgw_poison_pulls_total": 3,
+    }
