@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,14 @@ from gateway.edge.web_routes import router as web_router
 from gateway.runtime import open_runtime
 from gateway.state.pulse import start_pulse, stop_pulse
 from gateway.state.streams import StreamStore
+
+# FastAPI from 0.16x asks OpenTelemetry on every request whether a provider is configured (about 6 µs each, issue 22);
+# botgw exports Prometheus metrics and configures none. Older FastAPI has no such option (nor the cost).
+NO_OTEL = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
@@ -51,7 +60,7 @@ def create_app(settings: Settings, admin_port: int | None = None) -> FastAPI:
 
     # No schema or docs routes on any listener: /openapi.json would list every admin route to anyone on the public
     # port (and the admin listener serves only operator paths anyway, gateway.edge.admin_listener).
-    app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="botgw", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, **NO_OTEL)
     # Flood guard at the HTTP layer; per-user fairness is MovingWindowLimiter's job, after decryption.
     limits = settings.limits
     app.add_middleware(FloodGuard, spec=limits.http_per_source, storage_url=limits.http_storage,
