@@ -76,17 +76,19 @@ LEASE_TAKEOVERS = Counter(
     "botgw_lease_takeovers_total", "Messages whose worker stopped renewing its lease, handed on to another worker"
 )
 LEASES_LOST = Counter("botgw_leases_lost_total", "Answers this worker stopped because its lease had passed on")
-# Poison messages (gateway/worker/loop.py, SUSPECT_AFTER_TAKEOVERS): unlabelled, so each is exported (0) from the
-# start and an alert's increase() sees the first one.
+# Poison messages (gateway/worker/loop.py, SUSPECT_AFTER_TAKEOVERS). A run alone that ends its worker ends the
+# worker's own counts with it, so the deaths are counted by the sweep that hands the message on (in Redis, the
+# scheduler's stats) and exported by the gateways at each scrape, as the queue's depth is.
 RUN_ALONE = Counter(
-    "botgw_messages_run_alone_total", "Messages taken over from dying workers often enough to be run alone"
+    "botgw_messages_run_alone_total",
+    "Runs of a message taken over twice from dying workers, alone in this worker (a run that ends it is lost here)",
+)
+DEATHS_ALONE = Gauge(
+    "botgw_deaths_alone",
+    "Workers ended or stalled while running a message alone, since the namespace was created (read from Redis)",
 )
 POISON_GIVEN_UP = Counter(
     "botgw_poison_messages_given_up_total", "Messages given up (dead letters) after ending the workers that ran them"
-)
-POISON_PULLS = Counter(
-    "botgw_poison_pulls_total",
-    "Runs of a 微信客服 pull that had already ended the workers that ran it alone (never given up: tried again)",
 )
 # Tools (issue 24): labelled by server.tool, a set the configuration bounds.
 TOOL_CALLS = Counter(

@@ -143,6 +143,7 @@ async def prometheus_metrics(request: Request) -> Response:
         metrics.QUEUE_DEPTH.set(depth)
         metrics.QUEUE_AGE.set(age)
         metrics.DEAD_LETTERS.set(await runtime.redis.xlen(runtime.keys.dead_letters))
+        metrics.DEATHS_ALONE.set((await runtime.scheduler.counters()).get("deaths_alone", 0))
     except Exception:
         log.warning("queue stats unavailable")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

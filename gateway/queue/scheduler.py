@@ -118,6 +118,7 @@ local function sweep_due(ns, now)
     local alone = redis.call('HGET', ns .. ':sched:lease:' .. lane, 'alone') == '1'
     end_lease(ns, lane)
     redis.call('HINCRBY', ns .. ':sched:stats', 'takeovers', 1)
+    if alone then redis.call('HINCRBY', ns .. ':sched:stats', 'deaths_alone', 1) end
     local head = redis.call('LINDEX', ns .. ':sched:lane:' .. lane, 0)
     if head then
       note_takeover(ns, lane, head, alone)
@@ -582,6 +583,7 @@ class Scheduler:
         return max(0, depth), age
 
     async def counters(self) -> dict[str, int]:
-        """enqueued, handled and takeovers since the namespace was created."""
+        """enqueued, handled, takeovers and deaths_alone (takeovers of a message that ran alone) since the
+        namespace was created."""
         raw = await self._redis.hgetall(self._keys.scheduler_stats)
         return {as_text(k): int(v) for k, v in raw.items()}

@@ -239,12 +239,10 @@ class Worker:
         left to expire: an expiry while marked alone would count as its death."""
         request_id.set(lease.entry.request_id or "")
         try:
-            if lease.deaths >= DEATHS_ALONE_ALLOWED:
-                if lease.entry.kind != EntryKind.PULL:
-                    if await self._give_up_suspect(lease):
-                        metrics.POISON_GIVEN_UP.inc()
-                    return
-                await self._pull_still_dying(lease)
+            if lease.deaths >= DEATHS_ALONE_ALLOWED and lease.entry.kind != EntryKind.PULL:
+                if await self._give_up_suspect(lease):
+                    metrics.POISON_GIVEN_UP.inc()
+                return
             others = [task for held, task in self._held.values() if held is not lease]
             if others and (await asyncio.wait(others, timeout=ALONE_WAIT_S))[1]:
                 # A long answer beside it: the suspect goes back (nothing counted) and this worker takes work again.
@@ -257,6 +255,8 @@ class Worker:
                 extra={"lane": lease.lane, "takeovers": lease.takeovers, "deaths_alone": lease.deaths},
             )
             metrics.RUN_ALONE.inc()
+            if lease.deaths >= DEATHS_ALONE_ALLOWED:  # a pull, never given up
+                await self._pull_still_dying(lease)
             await self._handle(lease)
         except RedisError as exc:  # Redis away: hand it back once Redis answers (fenced: a no-op if it was released)
             log.warning("could not run a suspect message alone", extra={"lane": lease.lane, "error": str(exc)})
@@ -278,9 +278,9 @@ class Worker:
 
     async def _pull_still_dying(self, lease: Lease) -> None:
         """A pull is never given up (its account's messages would wait at the platform for a callback that may
-        not come), so nothing else would tell anyone that it keeps ending workers: it is counted, and the operators
-        are told at its 2nd, 4th, 8th... death alone (told before the run that may end this worker too)."""
-        metrics.POISON_PULLS.inc()
+        not come), so no dead letter tells anyone that it keeps ending workers: the operators are told at its 2nd,
+        4th, 8th... death alone, once it is marked alone for its next run (a run that goes back unmarked tells
+        nothing), and before that run, which may end this worker too: the alert is queued in Redis first."""
         deaths, message = lease.deaths, lease.entry.message
         if deaths & (deaths - 1) == 0:
             reason = (f"pulling {message.bot_id}'s account {message.conversation_id} ended or stalled the worker "

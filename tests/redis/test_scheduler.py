@@ -421,6 +421,8 @@ async def test_a_head_counts_its_takeovers_and_only_the_deaths_it_ran_alone(sche
     fourth = await take_both_and_die(alone=False)
     assert (fourth["poison"].takeovers, fourth["poison"].deaths) == (3, 1)
     assert (fourth["companion"].takeovers, fourth["companion"].deaths) == (3, 0)  # it was not the one alone
+    # the one death alone, counted once for the gateways' botgw_deaths_alone (its worker's own counts died with it)
+    assert (await scheduler.counters()).get("deaths_alone") == 1
 
     # A stale lease cannot mark itself alone; the head's release ends its counts, and the lane's next message
     # starts from none.

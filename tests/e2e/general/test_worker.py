@@ -162,6 +162,8 @@ def test_a_message_that_ends_every_worker_runs_alone_then_is_given_up_and_its_co
     letter = c.stack.redis.xrange(c.stack.keys.dead_letters)[0][1]
     assert b"ran it alone 2 times" in letter[b"entry"], letter
     assert asked("the poison") == 4  # given up without running it a fifth time
+    # the two deaths alone, counted by the sweeps that handed it on (the gateways export it: botgw_deaths_alone)
+    assert int(c.stack.redis.hget(c.stack.keys.scheduler_stats, "deaths_alone") or 0) == 2
     c.stack.wait_delivered(companion, 1, timeout=30, settle=0.5)
     assert c.stack.texts(companion) == ["answer to: the companion"]
     assert c.stack.texts(poison) == []
