@@ -83,7 +83,9 @@ def install() -> None:
     """Pack with hiredis, and on Python 3.11 send under 3.12's wait_for, in this process's asyncio Redis
     connections (idempotent)."""
     global _python_pack
-    if sys.version_info < (3, 12) and redis_connection.asyncio is asyncio:
+    # From 3.11.3 only: asyncio.timeout mishandled a cancel before (redis-py issue 2633, which is why redis-py itself
+    # reads under it only from there).
+    if (3, 11, 3) <= sys.version_info < (3, 12) and redis_connection.asyncio is asyncio:
         redis_connection.asyncio = _asyncio_with_312_wait_for()  # type: ignore[attr-defined]
     if hiredis is None or AbstractConnection.pack_command is _pack:
         return

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.state.redis_client import open_redis
@@ -50,9 +49,8 @@ def test_a_redis_that_stops_still_fails_a_call_after_the_socket_timeout(log_dir:
         try:
             started = time.monotonic()
             # A value larger than the loopback socket's buffers: the send itself waits, and times out.
-            with pytest.raises((RedisTimeoutError, RedisConnectionError)) as sent:
+            with pytest.raises(RedisTimeoutError, match="writing"):  # the send's timeout, not a read's
                 await client.set("big", b"x" * (64 << 20))
-            assert "writing" in str(sent.value) or "Timeout" in str(sent.value), sent.value
             took_send = time.monotonic() - started
             started = time.monotonic()
             with pytest.raises(RedisTimeoutError):  # a small command is sent, and its answer never comes
