@@ -36,8 +36,9 @@ Counted per message, after the queue has drained:
   backwards); lost: accepted and not answered. Both must be 0; the exit status says so. One exception, the one the
   README states: DingTalk has no duplicate check, so a worker SIGKILLed between a DingTalk post and its sent-mark
   leaves the post to be made again by the worker that takes over. Each such kill excuses at most one DingTalk answer
-  delivered twice, whose first delivery came shortly before the kill and whose second after it (as the model test
-  allows one repeat per kill); it is counted "repeat (kill)", printed, and not broken.
+  delivered twice, of a lane the killed worker held, whose first delivery came just before the kill (or during a
+  slow send it cut off) and whose second after it (as the model test allows one repeat per kill); it is counted
+  "repeat (kill)", printed, and not broken.
 - latency: from sending the callback (or the Stream push) to the delivery the simulator recorded (AI bot: the
   refresh that saw the stream finished, so it includes up to one refresh interval).
 
@@ -147,7 +148,7 @@ RESTART_READY_S = 40.0
 MIN_FAULT_GAP_S = 3.0
 SETTLE_S = 3.0  # quiet time after the queue drained, so that a late duplicate would be seen
 POLL_S = 0.25
-KILL_AFTER_POST_S = 2.0  # a DingTalk post and its sent-mark are this close at most (2 loaded cores, generous)
+KILL_AFTER_POST_S = 1.0  # a DingTalk post and its sent-mark are this close at most (2 loaded cores, generous)
 ANSWERED = ("once", "twice", "repeat")
 MAX_TOKENS_CAP = 64  # answers stay one piece on every platform (see `collect`)
 # WeCom pieces may end in invisible marks that make a repeated text unique for WeCom's duplicate check.
@@ -164,6 +165,8 @@ PLATFORM_FAULTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ding-502": ("dingtalk", {"http_status": 502, "times": 3}),
     "ding-slow": ("dingtalk", {"delay_s": 2.0, "times": 3}),
 }
+# A slow DingTalk send is recorded by the simulator this long after it arrived: a worker killed meanwhile made it.
+DING_SEND_DELAY_S = float(PLATFORM_FAULTS["ding-slow"][1]["delay_s"]) + 1.0
 PROCESS_FAULTS = ("kill-worker", "term-worker", "kill-gateway", "restart-redis", "drop-stream", "kill-engine")
 
 
@@ -576,7 +579,8 @@ class Faults:
         self.incarnations: Counter[str] = Counter()
         self.engine_kills = 0
         self.engines_starting: dict[str, float] = {}  # engine -> monotonic time of its restart
-        self.worker_kills: list[float] = []  # wall-clock times (the simulator's clock) of each worker SIGKILL
+        # each worker SIGKILL: its wall-clock time (the simulator's clock) and the lanes the worker held then
+        self.worker_kills: list[tuple[float, set[str]]] = []
         self.watchers: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -647,9 +651,10 @@ class Faults:
     async def _stop(self, name: str, sig: int, timeout: float) -> tuple[Proc, float]:
         """Signal a child's whole session and wait for it to exit (in a thread: the loop keeps running)."""
         child = self.stack.procs[name]
-        started = time.monotonic()
         if sig == signal.SIGKILL and name in WORKERS:
-            self.worker_kills.append(time.time())
+            held = set(await self.soak.lanes_of(self.consumer(name)))
+            self.worker_kills.append((time.time(), held))
+        started = time.monotonic()
         child.kill(sig)
         await asyncio.to_thread(child.wait, timeout)
         return child, time.monotonic() - started
@@ -1001,15 +1006,19 @@ class Soak:
 
     async def leases_of(self, consumer: str) -> int:
         """Messages the worker `consumer` holds a lease on right now."""
+        return len(await self.lanes_of(consumer))
+
+    async def lanes_of(self, consumer: str) -> list[str]:
+        """The lanes whose head the worker `consumer` holds a lease on right now."""
         try:
-            lanes = await self.redis.zrange(LEASES_KEY, 0, -1)
+            lanes = [lane.decode() for lane in await self.redis.zrange(LEASES_KEY, 0, -1)]
             pipe = self.redis.pipeline(transaction=False)
             for lane in lanes:
-                pipe.hget(self.keys.lease(lane.decode()), "owner")
+                pipe.hget(self.keys.lease(lane), "owner")
             owners = await pipe.execute()
         except (RedisError, OSError):
-            return 0
-        return sum(1 for owner in owners if owner and owner.decode() == consumer)
+            return []
+        return [lane for lane, owner in zip(lanes, owners, strict=True) if owner and owner.decode() == consumer]
 
     async def engine_up(self, url: str) -> bool:
         try:
@@ -1139,16 +1148,20 @@ def outcome(message: Message) -> str:
     return "lost"
 
 
-def excuse_kill_repeats(messages: list[Message], kills: list[float]) -> None:
+def excuse_kill_repeats(messages: list[Message], kills: list[tuple[float, set[str]]]) -> None:
     """The one repeat the README allows: DingTalk has no duplicate check, so a worker SIGKILLed between a post and
     its sent-mark leaves the post to be made again by the worker that takes over. Each kill excuses at most one
-    DingTalk answer delivered exactly twice, first within KILL_AFTER_POST_S before the kill, then after it."""
-    unused = sorted(kills)
-    for message in sorted(messages, key=lambda m: m.deliveries[:1]):
+    DingTalk answer delivered exactly twice, of a lane the killed worker held at the kill: its first delivery
+    recorded within KILL_AFTER_POST_S before the kill (or up to DING_SEND_DELAY_S after it: a slow send the
+    simulator records late), its second after the kill."""
+    unused = sorted(kills, key=lambda kill: kill[0])
+    for message in sorted(messages, key=lambda m: max(m.deliveries, default=0.0)):
         if message.outcome != "twice" or CHANNELS[message.channel][1] != "dingtalk" or len(message.deliveries) != 2:
             continue
         first, second = sorted(message.deliveries)
-        kill = next((k for k in unused if first <= k <= second and k - first <= KILL_AFTER_POST_S), None)
+        lane = Scope.of(message.inbound, "per_user").lane
+        at_kill = [kill for kill in unused if lane in kill[1] and second > kill[0]]
+        kill = next((k for k in at_kill if k[0] - KILL_AFTER_POST_S <= first <= k[0] + DING_SEND_DELAY_S), None)
         if kill is not None:
             unused.remove(kill)
             message.outcome = "repeat"
