@@ -139,11 +139,11 @@ async def readyz(request: Request) -> JSONResponse:
 async def prometheus_metrics(request: Request) -> Response:
     runtime = _runtime(request)
     try:
-        depth, age = await runtime.scheduler.stats()
-        metrics.QUEUE_DEPTH.set(depth)
-        metrics.QUEUE_AGE.set(age)
-        metrics.DEAD_LETTERS.set(await runtime.redis.xlen(runtime.keys.dead_letters))
-        metrics.DEATHS_ALONE.set((await runtime.scheduler.counters()).get("deaths_alone", 0))
+        gauges = await runtime.scheduler.gauges()
+        metrics.QUEUE_DEPTH.set(gauges.depth)
+        metrics.QUEUE_AGE.set(gauges.oldest_age_s)
+        metrics.DEAD_LETTERS.set(gauges.dead_letters)
+        metrics.DEATHS_ALONE.set(gauges.deaths_alone)
     except Exception:
         log.warning("queue stats unavailable")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

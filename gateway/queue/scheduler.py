@@ -357,6 +357,14 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class QueueGauges:
+    depth: int  # entries waiting or in progress
+    oldest_age_s: float  # age of the oldest one
+    dead_letters: int  # entries in the dead-letter stream
+    deaths_alone: int  # takeovers of a message that ran alone (a poison message), since the namespace was created
+
+
+@dataclass(frozen=True)
 class Lease:
     """A lane held by this worker: its head entry may be worked on while `epoch` is current."""
 
@@ -574,13 +582,19 @@ class Scheduler:
 
     async def stats(self) -> tuple[int, float]:
         """(entries waiting or in progress, age in seconds of the oldest one)."""
+        gauges = await self.gauges()
+        return gauges.depth, gauges.oldest_age_s
+
+    async def gauges(self) -> QueueGauges:
+        """What a gateway exports of the queue at each scrape, in one round trip."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hmget(self._keys.scheduler_stats, "enqueued", "handled")
+        pipe.hmget(self._keys.scheduler_stats, "enqueued", "handled", "deaths_alone")
         pipe.zrange(self._keys.scheduler_lanes, 0, 0, withscores=True)
-        (enqueued, handled), oldest = await pipe.execute()
+        pipe.xlen(self._keys.dead_letters)
+        (enqueued, handled, deaths_alone), oldest, dead_letters = await pipe.execute()
         depth = int(enqueued or 0) - int(handled or 0)
         age = max(0.0, time.time() - oldest[0][1] / 1000) if oldest else 0.0
-        return max(0, depth), age
+        return QueueGauges(max(0, depth), age, int(dead_letters), int(deaths_alone or 0))
 
     async def counters(self) -> dict[str, int]:
         """enqueued, handled, takeovers and deaths_alone (takeovers of a message that ran alone) since the

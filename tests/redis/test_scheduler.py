@@ -432,6 +432,8 @@ async def test_a_head_counts_its_takeovers_and_only_the_deaths_it_ran_alone(sche
     assert not await scheduler.mark_alone(fourth["poison"])
     assert await scheduler.release(poison, "done", dead_letter={"reason": "given up"})
     assert await scheduler.release(companion, "done")
+    gauges = await scheduler.gauges()  # what a gateway's scrape exports, in one round trip
+    assert (gauges.depth, gauges.dead_letters, gauges.deaths_alone) == (1, 1, 1)  # "the next message" waits
     following = await scheduler.take("w", 5000, 0)
     assert following is not None and following.entry.message.text == "the next message"
     assert (following.takeovers, following.deaths) == (0, 0)
