@@ -109,6 +109,12 @@ class DingTalkStreamConnection:
                     "dingtalk stream lost; reconnecting",
                     extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}", "retry_in_s": backoff},
                 )
+            except Exception as exc:  # anything else must not end the process: DingTalk does not resend what it
+                # pushed while no connection was open (by its type only: its text may carry the ticket)
+                log.error(
+                    "dingtalk stream failed unexpectedly; reconnecting",
+                    extra={"bot_id": self.config.id, "error": type(exc).__name__, "retry_in_s": backoff},
+                )
             if stop.is_set():
                 break
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
@@ -129,8 +135,11 @@ class DingTalkStreamConnection:
         response = await self._http.post(f"{self.config.api_base}/v1.0/gateway/connections/open", json=body)
         if response.status_code != 200:
             raise StreamOpenError(f"connections/open answered HTTP {response.status_code}")
-        data = response.json()
-        if not data.get("endpoint") or not data.get("ticket"):
+        try:
+            data = response.json()
+        except ValueError:  # a proxy's or firewall's page answering 200: reconnect later, never end the process
+            raise StreamOpenError("connections/open answered 200 without JSON") from None
+        if not isinstance(data, dict) or not data.get("endpoint") or not data.get("ticket"):
             raise StreamOpenError("connections/open gave no endpoint or ticket")
         return str(data["endpoint"]), str(data["ticket"])
 
