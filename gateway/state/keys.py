@@ -92,6 +92,11 @@ class Keys:
         """Where the next pull of a pulled channel (a 微信客服 account) starts; saved only after enqueueing."""
         return f"{self.core}:pull:cursor:{bot_id}:{channel}"
 
+    def first_pull(self, bot_id: str, channel: str) -> str:
+        """When the first pull of a pulled channel that has no cursor yet was asked for (kept until a cursor is
+        saved): what came before it is history, whichever later pull takes over from a failing first one."""
+        return f"{self.core}:pull:first:{bot_id}:{channel}"
+
     def legacy_pull_cursor(self, bot_id: str, channel: str) -> str:
         """The cursor's name before it moved into the core slot (to be fenced by the pull's lease): read once, so
         that an upgrade continues where the old release stopped instead of skipping what came meanwhile."""

@@ -53,6 +53,7 @@ MAX_MERGED = 20
 # A callback's Token pulls for 10 minutes (wecom-kf.md §2): a pull retried later goes without it from the start
 # rather than being refused with it first (sync_msg without a Token is rate-limited: each call counts).
 PULL_TOKEN_TTL_S = 600.0
+FIRST_PULL_KEPT_S = 30 * 86400  # a first pull failing longer than this: its successors start history anew
 ITEM_KINDS = {"message": EntryKind.CHAT, "agent": EntryKind.AGENT, "event": EntryKind.EVENT}
 
 
@@ -85,8 +86,9 @@ class PulledWork:
         if saved is None:
             saved = await self._redis.get(self._keys.legacy_pull_cursor(request.bot_id, channel))
         cursor = as_text(saved) if saved is not None else ""
+        first_key = self._keys.first_pull(request.bot_id, channel)
         # First start: what was written before the bot was configured is history, not questions to answer.
-        since = requested_at - HISTORY_GRACE_S if saved is None and adapter.skip_history else 0.0
+        since = await self._history_before(first_key, requested_at) if saved is None and adapter.skip_history else 0.0
         queued = skipped = pages = 0
         newest: PulledItem | None = None  # the log's latest customer message so far
         while pages < MAX_PAGES:
@@ -103,23 +105,39 @@ class PulledWork:
                 metrics.KF_CURSOR_RESETS.labels(request.bot_id).inc()
                 await self._values.set(fence, cursor_key, "")
                 cursor, pages = "", pages - 1
-                since = requested_at - HISTORY_GRACE_S if adapter.skip_history else 0.0
+                since = await self._history_before(first_key, requested_at) if adapter.skip_history else 0.0
                 continue
             fresh = [item for item in page.items if item.message.received_at >= since]
             skipped += len(page.items) - len(fresh)
-            newest = next((item for item in reversed(page.items) if item.kind == "message"), newest)
+            if page.items:
+                last = page.items[-1]  # the log's latest item: what made WeCom call back
+                newest = last if last.kind == "message" else None
             if since and not page.has_more and newest is not None and newest.message.received_at < since:
-                # The message that made WeCom call back is never history, however late the callback came.
+                # The customer message that made WeCom call back is never history, however late the callback
+                # came (an event or a human agent's message that came last makes no older message its cause).
                 fresh, skipped = [*fresh, newest], skipped - 1
             queued += await self._enqueue(self._admitted(fresh))
             if page.next_cursor:
                 await self._values.set(fence, cursor_key, page.next_cursor)  # only now: every item is queued
+                if not cursor:
+                    await self._redis.delete(first_key)  # history is behind the cursor from now on
                 cursor = page.next_cursor
             if not page.has_more:
                 break
         if skipped:
             log.info("first pull: skipped history", extra={"bot_id": request.bot_id, "skipped": skipped})
         return f"pulled {queued} in {pages} page(s)"
+
+    async def _history_before(self, first_key: str, requested_at: float) -> float:
+        """The time before which a cursorless pull's items are history: a minute before the first pull that found
+        no cursor was asked for. Kept in Redis until a cursor is saved, so that a later pull taking over from a
+        failing first one (the trusted IP not yet set up, say) does not make the first customers' messages history."""
+        async with self._redis.pipeline(transaction=False) as pipe:  # one key: a Cluster takes it too
+            pipe.set(first_key, f"{requested_at:.6f}", nx=True, ex=FIRST_PULL_KEPT_S)
+            pipe.get(first_key)
+            _, first = await pipe.execute()
+        first_at = float(as_text(first)) if first is not None else requested_at  # None: a cursor came meanwhile
+        return min(requested_at, first_at) - HISTORY_GRACE_S
 
     async def _page(self, adapter: PulledChannel, channel: str, cursor: str, token: str) -> PulledPage:
         try:
