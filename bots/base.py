@@ -178,10 +178,13 @@ class SendError(Exception):
     retryable: bool = True
     token_refresh: bool = False
 
-    def __init__(self, message: str, *, code: int | str = "", retry_after: float = 0.0) -> None:
+    def __init__(self, message: str, *, code: int | str = "", retry_after: float = 0.0, not_sent: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.retry_after = retry_after
+        # The platform certainly did not act on the request (a rate limit refused it): a retry is not a resend.
+        # Anything else (a timeout, a 5xx, a busy errcode) may have been delivered all the same.
+        self.not_sent = not_sent
 
 
 class RetryableSendError(SendError):

@@ -113,7 +113,7 @@ async def request_json(
     except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
         raise RetryableSendError(f"{what} unreachable: {type(exc).__name__}", code="network") from exc
     if status >= 500 or status == 429:
-        raise RetryableSendError(f"{what} answered HTTP {status}", code=status)
+        raise RetryableSendError(f"{what} answered HTTP {status}", code=status, not_sent=status == 429)
     if status != 200:
         raise PermanentSendError(f"{what} answered HTTP {status}", code=status)
     try:

@@ -158,7 +158,8 @@ class DingTalkApiClient:
         try:
             return await self._call(method, path, body, token=await self.access_token(stale=token))
         except _TokenRejected as exc:  # a race with a refresh elsewhere may pass; the worker's retries are bounded
-            raise RetryableSendError("DingTalk refused a fresh access token", code=TOKEN_REFUSED_CODE) from exc
+            raise RetryableSendError("DingTalk refused a fresh access token", code=TOKEN_REFUSED_CODE,
+                                     not_sent=True) from exc
 
     async def _call(self, method: str, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         headers = {TOKEN_HEADER: token} if token else {}
@@ -170,11 +171,12 @@ class DingTalkApiClient:
         if token and (response.status_code == 401 or data.get("code") == TOKEN_REFUSED_CODE):
             raise _TokenRejected
         if response.status_code == 429 or response.status_code >= 500:
-            raise RetryableSendError(f"DingTalk API answered HTTP {response.status_code}", code=response.status_code)
+            status = response.status_code
+            raise RetryableSendError(f"DingTalk API answered HTTP {status}", code=status, not_sent=status == 429)
         if response.status_code != 200:
             code = str(data.get("code", response.status_code))
             if code == "Forbidden.AccessDenied.QpsLimitForApi":
-                raise RetryableSendError("DingTalk API rate limit", code=code, retry_after=1.0)
+                raise RetryableSendError("DingTalk API rate limit", code=code, retry_after=1.0, not_sent=True)
             raise PermanentSendError(f"DingTalk API {path}: {code} {data.get('message', '')}".strip(), code=code)
         if int(data.get("errcode", 0) or 0):
             raise error_for(int(data["errcode"]), str(data.get("errmsg", "")))
@@ -197,7 +199,7 @@ def _check_delivered(data: dict[str, Any]) -> None:
     """batchSend's 200 is not delivery: raise when the one recipient is in a list of those not delivered to."""
     if data.get("flowControlledStaffIdList"):
         raise Throttled("DingTalk flow-controlled the recipient (flowControlledStaffIdList)",
-                        code="flowControlled", retry_after=THROTTLE_PROBE_S)  # fmt: skip
+                        code="flowControlled", retry_after=THROTTLE_PROBE_S, not_sent=True)  # fmt: skip
     for name, why in UNDELIVERED_LISTS.items():
         if data.get(name):
             raise PermanentSendError(f"DingTalk did not deliver the message: the recipient is {why} ({name})",

@@ -15,7 +15,9 @@ class SessionWebhookExpired(SendError):
 
 def error_for(errcode: int, errmsg: str) -> SendError:
     if errcode == SEND_TOO_FAST:
-        return Throttled("DingTalk says send too fast (130101)", code=errcode, retry_after=THROTTLE_PROBE_S)
+        return Throttled(
+            "DingTalk says send too fast (130101)", code=errcode, retry_after=THROTTLE_PROBE_S, not_sent=True
+        )
     if errcode in SESSION_EXPIRED_CODES:
         return SessionWebhookExpired(f"sessionWebhook refused ({errcode}): {errmsg}", code=errcode)
     if errcode == -1:

@@ -90,7 +90,7 @@ class WeComApiClient:
                 token = await self.access_token(stale=token)
                 continue
             raise error_for(errcode, str(data.get("errmsg", "")))
-        raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token")
+        raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token", not_sent=True)
 
     async def download_media(self, media_id: str, max_bytes: int) -> Downloaded:
         """GET media/get (doc 96486) for a message's MediaId, at most `max_bytes`; the token refetched once when

@@ -29,7 +29,7 @@ class WeComApiError(SendError):
 def error_for(errcode: int, errmsg: str) -> SendError:
     """Map a WeCom errcode to a typed send error; `errmsg` is WeCom's own text (no secrets)."""
     if errcode in THROTTLED_CODES:
-        return RetryableSendError(f"WeCom throttled the app ({errcode})", code=errcode, retry_after=2.0)
+        return RetryableSendError(f"WeCom throttled the app ({errcode})", code=errcode, retry_after=2.0, not_sent=True)
     if errcode == IP_NOT_TRUSTED:
         return PermanentSendError(f"{TRUSTED_IP_SAID}{errmsg}", code=errcode)
     if errcode == BAD_SECRET:

@@ -37,7 +37,7 @@ class KfApiClient(WeComApiClient):
             raise error_for(errcode, str(data.get("errmsg", "")))
         # As for app sends: retried with backoff, not dead-lettered (a token WeCom refuses twice is WeCom's
         # hiccup or a secret being rotated, and the message is still worth answering).
-        raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token")
+        raise RetryableSendError("WeCom kept rejecting fresh access tokens", code="token", not_sent=True)
 
     async def sync_msg(self, open_kfid: str, cursor: str, token: str) -> dict[str, Any]:
         payload = {"cursor": cursor, "token": token, "limit": SYNC_LIMIT, "voice_format": 0, "open_kfid": open_kfid}

@@ -42,6 +42,24 @@ class Paced(Exception):
         self.retry_after_s = retry_after_s
 
 
+def tracking_resends(send: Callable[[bool], Awaitable[None]], unknown: bool) -> Callable[[int], Awaitable[None]]:
+    """One send's attempts for `Delivery.retry_send`, each told whether an earlier one may have arrived: `unknown`
+    at first (a try before a takeover), then after any failed attempt the platform may have acted on (a timeout,
+    a 5xx, a busy errcode). A refusal on a resend may be the platform refusing a repeat; after a rate limit (which
+    certainly sent nothing) it is a refusal like any other, not a delivery."""
+    may_have_arrived = unknown
+
+    async def attempt(number: int) -> None:
+        nonlocal may_have_arrived
+        try:
+            await send(may_have_arrived)
+        except SendError as exc:
+            may_have_arrived = may_have_arrived or not exc.not_sent
+            raise
+
+    return attempt
+
+
 @dataclass
 class Delivery:
     """What every presenter shares: Redis, the stream store, pacing windows and retry settings."""

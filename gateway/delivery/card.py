@@ -8,7 +8,7 @@ from typing import Any
 
 from bots.base import SendError
 from bots.channels import CardChannel
-from gateway.delivery.base import Presenter
+from gateway.delivery.base import Presenter, tracking_resends
 from gateway.state.reply_record import ReplyState
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,16 @@ class CardPresenter(Presenter):
         earlier = bool(state.card_deliver_started)
         await self.record.mark(card_deliver_started="1")
 
-        async def attempt(number: int) -> None:
+        async def attempt(resend: bool) -> None:
             try:
                 await cards.deliver(self.track_id, group_id=target.chat_id, user_id=target.user_id)
             except SendError as exc:
-                if exc.retryable or not (earlier or number > 0):
+                if exc.retryable or not resend:
                     raise
                 log.warning("a repeated card delivery was refused; taking the earlier one to have arrived",
                             extra={"error": str(exc)})  # fmt: skip
 
-        await self.delivery.retry_send(attempt)
+        await self.delivery.retry_send(tracking_resends(attempt, earlier))
         await self.record.mark(card_sent="1")
         state.card_sent = "1"
 

@@ -16,7 +16,7 @@ from bots.channels import PiecesChannel
 from bots.markdown import to_text
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import texts
-from gateway.delivery.base import Paced, Presenter
+from gateway.delivery.base import Paced, Presenter, tracking_resends
 from gateway.state.limits import window
 from gateway.state.reply_record import ReplyState
 
@@ -81,8 +81,11 @@ class PiecesPresenter(Presenter):
             piece_key = f"{self.message.dedup_key}:{index}"
             await self._remember_sent(piece_key, index)
             await self.delivery.retry_send(
-                lambda attempt, piece=piece, unknown=outcome_unknown, key=piece_key: self.adapter.send_piece(
-                    target, piece, duplicate_check=checked or unknown or attempt > 0, piece_key=key
+                tracking_resends(
+                    lambda resend, piece=piece, key=piece_key: self.adapter.send_piece(
+                        target, piece, duplicate_check=checked or resend, piece_key=key
+                    ),
+                    outcome_unknown,
                 )
             )
             if done_with_last and index + 1 == len(pieces):
