@@ -87,6 +87,10 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # The client is the TCP peer: uvicorn would otherwise take X-Forwarded-For from any loopback peer (an SSH
+        # tunnel, a port-forward, a local proxy passing the header on), and the flood guard and the console's
+        # sign-in limit, both keyed by the client, would count a forged address instead.
+        proxy_headers=False,
     )
     QuietServer(config).run(sockets=sockets)
     return 0

@@ -42,7 +42,7 @@ from gateway.console.web import (
     small_form,
     translator,
 )
-from gateway.state.redis_text import as_text, is_stream_id
+from gateway.state.redis_text import as_text, is_stream_id, older_than
 from gateway.state.tokens import RedisTokenStore
 from webchat.sso import LoginRefused, dingtalk_member, wecom_member
 
@@ -209,8 +209,8 @@ async def audit_page(request: Request, operator: Viewer) -> Response:
     runtime = request.app.state.runtime
     before = request.query_params.get("before", "")
     limit = bounded(request.query_params.get("limit"), AUDIT_PAGE, 200) or AUDIT_PAGE
-    upper = f"({before}" if is_stream_id(before) else "+"
-    items = await runtime.redis.xrevrange(runtime.keys.console_audit, max=upper, min="-", count=limit)
+    upper = older_than(before if is_stream_id(before) else "")
+    items = await runtime.redis.xrevrange(runtime.keys.console_audit, max=upper, min="-", count=limit) if upper else []
     rows = [{"id": as_text(entry_id), **{as_text(k): as_text(v) for k, v in fields.items()}}
             for entry_id, fields in items]  # fmt: skip
     if request.query_params.get("format") == "json":

@@ -20,7 +20,7 @@ from gateway.queue.entry import QueueEntry
 from gateway.queue.scheduler import QUEUE_LUA, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.memory import Scope
-from gateway.state.redis_text import as_text
+from gateway.state.redis_text import as_text, older_than
 from gateway.state.reply_record import ReplyState
 
 PREVIEW_CHARS = 40
@@ -133,7 +133,9 @@ class DeadLetters:
 
     async def list(self, count: int = 100, before: str = "") -> list[DeadLetter]:
         """The newest first; `before`: only those older than this id (where the previous page ended)."""
-        upper = f"({before}" if before else "+"
+        upper = older_than(before)
+        if upper is None:
+            return []
         items = await self._redis.xrevrange(self._keys.dead_letters, max=upper, min="-", count=count)
         return [self._letter(letter_id, fields) for letter_id, fields in items]
 

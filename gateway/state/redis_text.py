@@ -15,3 +15,13 @@ def is_stream_id(text: str) -> bool:
     if not re.fullmatch(r"[0-9]{1,20}(-[0-9]{1,20})?", text):
         return False
     return all(int(part) < 2**64 for part in text.split("-"))
+
+
+def older_than(before: str) -> str | None:
+    """XREVRANGE's upper bound for the entries older than stream id `before` ("+": no `before`, all of them); None
+    when none can be: `0-0` is the first id, and Redis answers `(0-0` with an error, not an empty range."""
+    if not before:
+        return "+"
+    if re.fullmatch(r"0+-0+", before):
+        return None
+    return f"({before}"

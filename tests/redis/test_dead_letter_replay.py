@@ -130,3 +130,13 @@ async def test_a_record_that_is_not_failed_is_left_alone(letters: DeadLetters) -
         await letters._redis.hset(letters._keys.reply(busy.dedup_key), mapping=fields)
         assert await letters.replay(await dead_letter(letters, busy)) == said
         assert await record(letters, busy) == fields, f"a {state} record was changed"
+
+
+@pytest.mark.parametrize("before", ["0-0", "00-000", "0"])
+async def test_a_page_before_the_first_stream_id_is_empty_not_a_redis_error(letters: DeadLetters, before: str) -> None:
+    """`(0-0` is a Redis error ("invalid end ID"), and the console's pages answered `?before=0-0` with a 500 (found
+    by a review): nothing is older than the first id."""
+    newest = await dead_letter(letters, message("m-first"))
+    assert [letter.letter_id for letter in await letters.list(10)] == [newest]
+    assert await letters.list(10, before) == []
+    assert [letter.letter_id for letter in await letters.list(10, "9999999999999-0")] == [newest]

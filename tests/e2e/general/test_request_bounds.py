@@ -27,6 +27,7 @@ import httpx
 import pytest
 import redis
 
+from gateway.console.routes import FAILED_SIGN_INS
 from simulator.wecom.signer import SignedCallback
 from testkit.configs import stack_config, write_config
 from testkit.processes import free_port
@@ -510,3 +511,23 @@ def test_e_a_body_dripped_after_an_early_answer_is_cut_off(gw: Stack) -> None:
     for name, (_, closed_after) in results.items():
         assert closed_after is not None and closed_after <= HEAD_TIMEOUT_S + 3, (name, closed_after)
     assert httpx.get(f"{gw.gateway_url}/healthz", timeout=5).status_code == 200
+
+
+# -- (f) the client is the TCP peer ---------------------------------------------------------------------------------
+
+
+def test_f_a_forwarded_for_header_from_a_loopback_peer_does_not_reset_the_sign_in_limit(gw: Stack) -> None:
+    """uvicorn believes X-Forwarded-For from loopback peers unless told not to: with it, each wrong admin token
+    sent with another made-up address was counted against that address, and token guessing was never limited
+    (found by a review; an SSH tunnel or a port-forward to the admin listener is such a peer)."""
+    statuses = [
+        httpx.post(
+            f"{gw.admin_url}/console/login",
+            data={"token": f"wrong-{attempt}"},
+            headers={"X-Forwarded-For": f"10.9.8.{attempt}"},
+            timeout=10,
+        ).status_code
+        for attempt in range(FAILED_SIGN_INS + 2)
+    ]
+    assert statuses[:FAILED_SIGN_INS] == [401] * FAILED_SIGN_INS, statuses
+    assert statuses[FAILED_SIGN_INS:] == [429, 429], f"the limit was reset by a forged address: {statuses}"
