@@ -100,7 +100,9 @@ TOOL_CALL_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60),
 )
 TOOL_CONFIRMATIONS = Counter(
-    "botgw_tool_confirmations_total", "Confirmations before a tool call: asked, given, cancelled, expired", ["event"]
+    "botgw_tool_confirmations_total",
+    "Confirmations before a tool call: asked, given, cancelled, superseded (the asker wrote something else), expired",
+    ["event"],
 )
 # Per user would be an unbounded label set; per bot shows which bot's users wait (`botgw limits show` per user).
 QUEUE_WAIT = Histogram(

@@ -93,6 +93,10 @@ TOOL_BUTTON_STALE_TEXT = (
     "This confirmation is no longer current (expired or replaced); nothing was done."
 )
 TOOL_CANCELLED_TEXT = "已取消，「{tool}」没有执行。Cancelled: {tool} was not run."
+TOOL_SUPERSEDED_NOTE = (
+    "（之前等待确认的「{tool}」已取消，没有执行；如仍需要，请重新提出。"
+    "The earlier request to run {tool} was cancelled, not run; ask again if you still need it.）"
+)
 TOOL_CONFIRM_EXPIRED_TEXT = (
     "这次确认已过期，「{tool}」没有执行；如仍需要，请重新提出。The confirmation expired: {tool} was not run."
 )

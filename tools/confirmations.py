@@ -77,6 +77,11 @@ class Confirmations:
         raw = await self._redis.hget(key, "pending")
         return PendingCall(**json.loads(raw)) if raw else None
 
+    async def open_question(self, key: str) -> PendingCall | None:
+        """The call waiting here if nobody has answered it yet (one read: asked every message of a bot with tools)."""
+        raw, taken = await self._redis.hmget(key, ["pending", "taken"])
+        return PendingCall(**json.loads(raw)) if raw and not taken else None
+
     async def settle(self, key: str, by: str, verdict: Verdict) -> Settled:
         """The first answer wins; any later one learns how it was settled (and by whom)."""
         first = bool(await self._redis.hsetnx(key, "taken", f"{by}|{verdict}|{time.time():.3f}"))

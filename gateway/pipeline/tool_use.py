@@ -69,7 +69,10 @@ class ToolConfirmations:
             return await services.commit(job, "")
         verdict = tap.choice if tap is not None else (
             reply_verdict(message.text) if tools is not None and not job.images else None)
-        if tools is None or services.tools is None or verdict is None:
+        if tools is None or services.tools is None:
+            return await next(job)
+        if verdict is None:
+            await self._supersede(job)
             return await next(job)
         kit = services.tools
         key = services.keys.tool_confirmation(job.scope.lane)
@@ -119,6 +122,25 @@ class ToolConfirmations:
             await self._audit(kit, pending, "confirmed", "")
         job.tool_resume = pending
         return await next(job)
+
+    async def _supersede(self, job: Job) -> None:
+        """A message of the asker's that is no verdict moves the conversation on: the call waiting for their yes is
+        cancelled, and they are told with this message's answer. Left waiting, a casual 是 or yes minutes later, to
+        some other question of the bot's, would have run it (found by a review)."""
+        kit, message = self._services.tools, job.message
+        assert kit is not None
+        key = self._services.keys.tool_confirmation(job.scope.lane)
+        pending = await kit.confirmations.open_question(key)
+        if (pending is None or pending.asker != message.person or pending.bot != message.bot_id
+                or message.received_at < pending.asked_at or pending.expired()):  # fmt: skip
+            return
+        settled = await kit.confirmations.settle(key, message.dedup_key, "cancelled")
+        if settled.by != message.dedup_key or settled.verdict != "cancelled":
+            return  # answered meanwhile by another message, which says how
+        if settled.first:
+            metrics.TOOL_CONFIRMATIONS.labels("superseded").inc()
+            await self._audit(kit, pending, "cancelled", "superseded")
+        job.answer_notes.append(texts.TOOL_SUPERSEDED_NOTE.format(tool=pending.tool))
 
     async def _card_answered(self, job: Job, tap: ButtonTap, verdict: str) -> None:
         """The asker's tapped card says how the question was settled and takes no more taps, where the platform

@@ -187,6 +187,30 @@ def test_a_confirm_tool_runs_only_after_its_asker_confirms_once(
     assert all(record["tool"] == "rooms.book" for record in records)
 
 
+def test_a_waiting_call_is_cancelled_when_its_asker_writes_something_else(
+    stack: Stack, cluster: Callable[..., Cluster], user: str, mcp_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Left waiting, a casual 是 to some later question of the bot's would have run it (found by a review)."""
+    url, calls = mcp_server
+    made = tools_cluster(cluster, url, tmp_path, confirm=["rooms.book"])
+    texts = ask(made, user, 'tool:rooms__book {"room": "泰山厅", "start": "2026-12-03T15:00"}', 1)
+    assert "确认" in texts[-1], texts[-1]
+    texts = ask(made, user, "你们几点上班？", 2)
+    assert "已取消" in texts[-1] and "rooms.book" in texts[-1], f"the asker was not told: {texts[-1]}"
+    texts = ask(made, user, "是", 3)
+    time.sleep(0.5)
+    assert calls_made(calls, "book") == [], "a later 是 ran the call its asker had moved on from"
+    assert "rooms.book" in texts[-1] and "已取消" in texts[-1], f"the late yes was not told: {texts[-1]}"
+    audit = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "tools", "audit", "--config", str(made.path),
+         "--user", person(made, user), "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert audit.returncode == 0, audit.stderr
+    kinds = [(record["kind"], record["outcome"]) for record in map(json.loads, audit.stdout.splitlines())]
+    assert kinds == [("confirm_asked", ""), ("cancelled", "superseded")], kinds
+
+
 def _lane(made: Cluster, user: str) -> str:
     """The WeCom app's one-to-one conversation of `user` (the reply record of their first message names it)."""
     keys = made.stack.redis.keys(made.stack.keys.tool_confirmation("*"))
