@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bots.urls import redact_url
 from engine.settings import EngineSettings
 
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -51,7 +52,12 @@ async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict]:
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        yield json.loads(data)
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:  # a proxy's page, a cut line: the engine's failure, which may pass
+            raise EngineError("engine streamed a chunk that is not JSON") from exc
+        if isinstance(chunk, dict):
+            yield chunk
 
 
 class EngineError(Exception):
@@ -259,9 +265,12 @@ class EngineClient:
             retryable = status >= 500 or status == 429
             detail = content[:300].decode(errors="replace")
             raise EngineError(f"engine answered HTTP {status}: {detail}", retryable=retryable, status=status)
-        data = json.loads(content)
-        choice = data["choices"][0]
-        text = choice["message"].get("content") or ""
+        try:
+            data = json.loads(content)
+            choice = data["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:  # a 200 from something else
+            raise EngineError("engine answered 200 without a chat completion", status=status) from exc
         if on_delta and text:
             await on_delta(text)
         usage = data.get("usage") or {}
@@ -290,12 +299,21 @@ class EngineClient:
             return response.status, await response.read()
 
     def _explain(self, status: int, url: str) -> None:
-        """Say once why an engine that answers is not ready: a 404 is a wrong base_url, not a slow start."""
-        if status == 404 and not self._explained:
-            self._explained = True
+        """Say once why an engine that answers is not ready: a 404 is a wrong base_url, a 401 or 403 a missing or
+        wrong api_key (vLLM started with --api-key guards /v1 but not /health), not a slow start."""
+        if self._explained or status not in (401, 403, 404):
+            return
+        self._explained = True
+        if status == 404:
             log.warning(
                 "engine answered 404: is engine.base_url the server's root (http://host:8000 or …/v1)?",
-                extra={"url": url},
+                extra={"url": redact_url(url)},
+            )
+        else:
+            given = "wrong" if self._settings.api_key else "missing"
+            log.warning(
+                f"engine answered {status} to /v1/models: engine.api_key is {given} (vLLM's --api-key)",
+                extra={"url": redact_url(url)},
             )
 
     async def _get(self, url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -363,7 +381,7 @@ class EngineClient:
         except (ValueError, KeyError, TypeError):  # not vLLM's /v1/models answer: not ready, said once
             if not self._explained:
                 self._explained = True
-                log.warning("engine's /v1/models is not an OpenAI model list", extra={"url": self._base})
+                log.warning("engine's /v1/models is not an OpenAI model list", extra={"url": redact_url(self._base)})
             return False
         item = served.get(self._settings.model)
         if item is None:

@@ -46,11 +46,11 @@ _EPLB_LINE = re.compile(
 
 def export_endpoint(endpoint: Endpoint) -> None:
     """Pool listener: mirror one endpoint's state into the gauges."""
-    ENGINE_UP.labels(endpoint.url).set(1 if endpoint.status == "ready" else 0)
-    ENGINE_RUNNING.labels(endpoint.url).set(endpoint.load.running)
-    ENGINE_WAITING.labels(endpoint.url).set(endpoint.load.waiting)
-    ENGINE_KV.labels(endpoint.url).set(endpoint.load.kv_cache_usage)
-    ENGINE_IN_FLIGHT.labels(endpoint.url).set(endpoint.in_flight)
+    ENGINE_UP.labels(endpoint.name).set(1 if endpoint.status == "ready" else 0)
+    ENGINE_RUNNING.labels(endpoint.name).set(endpoint.load.running)
+    ENGINE_WAITING.labels(endpoint.name).set(endpoint.load.waiting)
+    ENGINE_KV.labels(endpoint.name).set(endpoint.load.kv_cache_usage)
+    ENGINE_IN_FLIGHT.labels(endpoint.name).set(endpoint.in_flight)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import aiohttp
 import httpx
 
+from bots.urls import redact_url
 from engine.client import Completion, DeltaCallback, EngineClient, EngineError
 from engine.observability import KV_PRESSURE_WARNINGS
 from engine.settings import EngineSettings
@@ -125,6 +126,11 @@ class Endpoint:
     next_probe_at: float = 0.0
     kv_high_since: float = 0.0
 
+    @property
+    def name(self) -> str:
+        """The engine in logs, metric labels and the pulse: its URL without a user name or password in it."""
+        return redact_url(self.url)
+
     def score(self) -> float:
         """Lower is better: what vLLM reported plus what we sent since (the scrape lags)."""
         return self.load.running + self.load.waiting + self.sent_since_scrape
@@ -204,13 +210,20 @@ class EnginePool:
         vision: bool = False,
     ) -> Completion | int:
         """Run `call` on the best ready engine (one that sees, with `vision`); on a retryable failure take it out
-        and try another."""
+        and try another. An engine that answers a server error while its /health is fine failed this request, not
+        itself (a picture or a tool call vLLM chokes on): it stays in the pool for everyone else, and the request
+        is asked of each engine once, then its error is raised. Taking engines out for such a request emptied the
+        pool again and again until max_wait_s (found by a review)."""
         if vision and not self.sees_images:
             raise NoEngineSees()
         deadline = time.monotonic() + self._settings.max_wait_s
-        failed: set[str] = set()
+        failed: set[str] = set()  # taken out while this request ran: tried again once they are back
+        refused: set[str] = set()  # failed this request while healthy: not asked again
+        refused_error: EngineError | None = None
         while True:
-            endpoint = self._pick(failed, vision)
+            endpoint = self._pick(failed | refused, vision)
+            if endpoint is not None and endpoint.url in refused and refused_error is not None:
+                raise refused_error  # every ready engine failed this request while healthy
             if endpoint is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not await self.wait_ready(remaining, vision=vision):
@@ -229,6 +242,14 @@ class EnginePool:
             except EngineError as exc:
                 if not exc.retryable or exc.timed_out:
                     raise  # the request's own failure: a slow engine under load is not taken out of the pool
+                if exc.status >= 500 and await endpoint.client.is_alive():
+                    log.warning("an engine failed a request while healthy; it stays in",
+                                extra={"endpoint": endpoint.name, "error": str(exc)[:200]})  # fmt: skip
+                    refused.add(endpoint.url)
+                    refused_error = exc
+                    if not failover:
+                        raise
+                    continue
                 failed.add(endpoint.url)
                 await self._take_out(endpoint, str(exc))
                 if not failover or time.monotonic() > deadline:
@@ -274,7 +295,7 @@ class EnginePool:
 
     async def _take_out(self, endpoint: Endpoint, reason: str) -> None:
         if endpoint.status != "down":
-            log.warning("engine taken out", extra={"endpoint": endpoint.url, "reason": reason})
+            log.warning("engine taken out", extra={"endpoint": endpoint.name, "reason": reason})
         endpoint.status = "down"
         endpoint.failures += 1
         backoff = min(MAX_PROBE_BACKOFF_S, self._settings.poll_interval_s * 2 ** min(endpoint.failures, 6))
@@ -302,7 +323,7 @@ class EnginePool:
             try:
                 await self._probe(endpoint)
             except Exception:  # a watcher must never die
-                log.exception("engine probe failed", extra={"endpoint": endpoint.url})
+                log.exception("engine probe failed", extra={"endpoint": endpoint.name})
             await asyncio.sleep(self._next_probe_in(endpoint))
 
     async def _check(self, endpoint: Endpoint, now: float) -> bool:
@@ -347,7 +368,7 @@ class EnginePool:
                     return
             endpoint.status = "ready"
             endpoint.failures = 0
-            log.info("engine ready", extra={"endpoint": endpoint.url, "warmed_up": self._settings.warmup})
+            log.info("engine ready", extra={"endpoint": endpoint.name, "warmed_up": self._settings.warmup})
         load_every = self._settings.poll_interval_s if self._load_steers() else SLOW_LOAD_S
         if now - endpoint.scraped_at >= load_every:
             await self._scrape(endpoint, now)
@@ -376,7 +397,7 @@ class EnginePool:
         elif now - endpoint.kv_high_since >= self._settings.kv_warn_after_s:
             log.warning(
                 "engine KV cache under sustained pressure; add engines or lower max_in_flight",
-                extra={"endpoint": endpoint.url, "kv_cache_usage": endpoint.load.kv_cache_usage},
+                extra={"endpoint": endpoint.name, "kv_cache_usage": endpoint.load.kv_cache_usage},
             )
             endpoint.kv_high_since = now  # warn again after another period, not every poll
-            KV_PRESSURE_WARNINGS.labels(endpoint.url).inc()
+            KV_PRESSURE_WARNINGS.labels(endpoint.name).inc()

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from bots.urls import redact_url
+
+
+def engine_root(url: str) -> str:
+    """An engine's server root from what users copy: `http://host:8000`, `…/v1` (OpenAI clients, vLLM's docs),
+    `…/v1/chat/completions` (a curl example); botgw adds /v1 itself, and /health and /metrics live at the root."""
+    root = url.strip().rstrip("/").removesuffix("/chat/completions").rstrip("/")
+    return root.removesuffix("/v1")
 
 
 class EngineEndpoint(BaseModel):
@@ -53,5 +64,16 @@ class EngineSettings(BaseModel):
         for entry in entries:
             endpoint = entry if isinstance(entry, EngineEndpoint) else EngineEndpoint(url=entry)
             sees = self.vision if endpoint.vision is None else endpoint.vision
-            out.append((endpoint.url.strip().rstrip("/").removesuffix("/v1"), sees))
+            out.append((engine_root(endpoint.url), sees))
         return out
+
+    @model_validator(mode="after")
+    def _urls_reachable(self) -> EngineSettings:
+        """An engine URL without a scheme or host (`localhost:8000`) could only fail later, as "never ready"."""
+        for root, _ in self.targets():
+            parts = urlsplit(root)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                shown = redact_url(root) if "@" in root else repr(root)
+                raise ValueError(f"engine URL {shown} needs http:// or https:// and a host, "
+                                 "like http://127.0.0.1:8000/v1")  # fmt: skip
+        return self

@@ -52,7 +52,10 @@ KINDS = ("callback", "rejected", "answer", "failed")
 class EngineView(Protocol):
     """What a process knows of one engine (engine/pool.py Endpoint)."""
 
-    url: str
+    @property
+    def name(self) -> str:  # its URL without credentials
+        ...
+
     status: str
     in_flight: int
 
@@ -148,7 +151,7 @@ class Pulse:
     def _engine_views(self) -> dict[str, dict[str, Any]]:
         if self._engines is None:
             return {}
-        return {e.url: {"status": e.status, "in_flight": e.in_flight} for e in self._engines()}
+        return {e.name: {"status": e.status, "in_flight": e.in_flight} for e in self._engines()}
 
     # -- the flush ------------------------------------------------------------------------------
 
