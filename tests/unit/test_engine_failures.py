@@ -12,6 +12,7 @@ from collections import Counter
 import httpx
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from engine.client import EngineError
 from engine.pool import EnginePool
@@ -113,3 +114,12 @@ def test_an_engine_url_without_http_and_a_host_fails_at_start(url: str) -> None:
 
 def test_an_engine_url_copied_from_a_curl_example_is_taken() -> None:
     assert EngineSettings(base_url="http://h:8000/v1/chat/completions").urls() == ["http://h:8000"]
+
+
+def test_a_tool_servers_bad_url_is_refused_without_its_password() -> None:
+    from tools.config import ToolServerSettings
+
+    with pytest.raises(ValidationError) as refused:
+        ToolServerSettings(url="htps://svc:S3cr3tT0ken@mcp.internal/mcp")
+    said = refused.value.errors()[0]["msg"]  # what `botgw config check` prints (never the input itself)
+    assert "url must be http(s)" in said and "S3cr3tT0ken" not in said, said
