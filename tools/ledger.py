@@ -105,9 +105,14 @@ class ToolLedger:
         """True for the one worker that may make the call; False when it was started before (maybe done)."""
         return await self._set_first(f"c{slot.field}", "1")
 
-    async def mark_result(self, slot: CallSlot, result: CallResult) -> None:
+    async def mark_result(self, slot: CallSlot, result: CallResult) -> CallResult:
+        """The call's result, the first recorded: a worker whose lease passed on while the call ran, finding it
+        started, records "outcome unknown", which must not replace the real result its successor recorded."""
         data = {"outcome": result.outcome, "text": result.text, "duration_ms": result.duration_ms}
-        await self._set({f"d{slot.field}": json.dumps(data, ensure_ascii=False)})
+        await self._set_first(f"d{slot.field}", json.dumps(data, ensure_ascii=False))
+        recorded = self.result(slot)
+        assert recorded is not None
+        return recorded
 
     async def mark_confirmed(self, slot: CallSlot) -> None:
         await self._set({f"ok{slot.field}": "1"})

@@ -85,6 +85,11 @@ async def test_the_ledger_reads_back_what_was_written_before_and_after_each_call
     third = await ToolLedger.open(redis, key)
     assert third.result(slot) == CallResult("ok", "booked B-1", 12) and third.confirmed(CallSlot(0, 1))
     assert await redis.ttl(key) > 0
+    # the worker whose lease passed on finds the call started and records "unknown": the real result stays
+    # (a review found the real result overwritten, and the person told the outcome was unknown)
+    stale = CallResult("error", "error: outcome unknown (interrupted); not repeated", 0)
+    assert await ledger.mark_result(slot, stale) == CallResult("ok", "booked B-1", 12)
+    assert (await ToolLedger.open(redis, key)).result(slot) == CallResult("ok", "booked B-1", 12)
 
 
 async def test_a_waiting_call_is_settled_by_its_first_answer_only(redis: Redis) -> None:
