@@ -247,13 +247,18 @@ class PulledWork:
             )  # fmt: skip
         except ConversationTaken as exc:
             log.info("welcome not sent", extra={"reason": str(exc)})
-        except PermanentSendError:
+        except PermanentSendError as exc:
             # The first attempt refused outright (its code expired, 20 s after the event, while the lane waited):
             # nothing reached the person, so the slot is theirs again, or it withholds the answer to a question
             # (model seed 219). A resend's refusal may be the code spent by the earlier attempt: its slot stays.
             if not resend and quota is not None:
                 await self.conversations.return_slot(message, at)
-            raise
+            # A welcome is a courtesy whose code lives 20 s: a dead letter and an alert for each customer who came
+            # in during a short backlog would tell the operators nothing they can do (a configuration error shows
+            # on the answers too, which are dead-lettered and alerted).
+            log.warning("the welcome was refused; the conversation goes on without it", extra={"code": exc.code})
+            await record.mark(welcome_sent="refused")
+            return
         await record.mark(welcome_sent="1")
 
     async def _delivery_failed(self, adapter: Channel, message: InboundMessage, effect: EventEffect) -> None:
@@ -269,8 +274,13 @@ class PulledWork:
             await self._records.open(str(sent["dedup_key"])).mark(send_failed=f"{effect.fail_type}:{sent.get('piece')}")
         if effect.quota_refund and adapter.reply_quota is not None:
             await self.conversations.give_back(message, adapter.reply_quota, effect.quota_refund)
-        if effect.dead_letter:
-            original = InboundMessage.model_validate(sent["message"]) if sent.get("message") else message
+        if effect.dead_letter and not sent.get("message"):
+            # Not a piece of an answer (a welcome, a notice): no question of the person's to replay, and a letter of
+            # the event itself would be answered as a chat of theirs (found by a review). The log line says it.
+            log.warning("the undelivered message was not an answer's piece; nothing to replay",
+                        extra={"bot_id": message.bot_id, "msgid": effect.failed_msgid})  # fmt: skip
+        elif effect.dead_letter:
+            original = InboundMessage.model_validate(sent["message"])
             owner = Scope.of(original, self._settings.memory.group).owner
             entry = QueueEntry(entry_id=effect.failed_msgid, owner=owner, message=original)
             letter = json.dumps({"reason": reason, "entry": entry.wire()}, ensure_ascii=False)

@@ -401,6 +401,22 @@ async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_an
     assert any(b"msg_send_fail" in fields[b"entry"] for _, fields in letters)
 
 
+async def test_a_welcome_reported_failed_later_makes_no_letter_that_a_replay_would_answer_as_a_chat(
+    world: World,
+) -> None:
+    """A welcome or a notice is no piece of an answer: no question to replay. Its letter was the event itself,
+    which a replay answered as the customer's chat ("not this kind of message"), renewing their allowance."""
+    message, _, _ = await kf_turn(world)
+    adapter = KfStandIn()
+    effect = EventEffect(label="msg_send_fail:10", failed_msgid="welcome-msgid", fail_type="10", quota_refund=1,
+                         dead_letter=True)  # fmt: skip
+    adapter.sessions = SimpleNamespace(on_event=lambda event, target: effect)  # type: ignore[attr-defined]
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    pulled.conversations = world.conversations
+    assert await pulled.event(adapter, message, {}, world.records.open(kf_message().dedup_key)) == "msg_send_fail:10"
+    assert await world.redis.xrange(world.keys.dead_letters) == []
+
+
 async def test_a_welcome_takes_a_slot_when_the_customer_has_written_and_never_the_handoffs(world: World) -> None:
     sent: list[str] = []
 
@@ -486,14 +502,14 @@ async def test_a_welcome_refused_outright_gives_its_slot_back_to_the_customers_q
     last = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "q2", "received_at": time.time()})
     event = first.model_copy(update={"msg_id": secrets.token_hex(6), "text": "enter_session"})
     event_record = world.records.open(event.dedup_key)
-    with pytest.raises(PermanentSendError):
-        await pulled._welcome(adapter, event, welcome, event_record)
+    # refused: no raise, so no dead letter and no alert for each customer who came in during a backlog (a review)
+    await pulled._welcome(adapter, event, welcome, event_record)
     assert await world.conversations.quota_left(first, QUOTA) == 4, "a welcome never sent kept its slot"
     await world.conversations.renew_quota(last, QUOTA, fence)
     assert await world.conversations.quota_left(last, QUOTA) == 4, "the renewal counted the refused welcome"
-    with pytest.raises(PermanentSendError):  # tried again: now a resend, whose refusal says nothing (slot kept)
-        await pulled._welcome(adapter, event, welcome, event_record)
-    assert attempts == [False, True]
+    await pulled._welcome(adapter, event, welcome, event_record)  # the event again (a retry): settled, not resent
+    assert attempts == [False]
+    assert (await event_record.load()).welcome_sent == "refused"
 
 
 # -- the over-limit notice belongs to the message that claimed it --------------------------------------------------
