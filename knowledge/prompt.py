@@ -3,6 +3,7 @@ and the sources line a reply carries (来源：《文件名》章节)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -14,6 +15,7 @@ class Cited(Protocol):
 
 
 CITATION_MARK = "来源："
+CITED_DOC = re.compile(r"《([^》]+)》")
 
 
 def source_of(passage: Cited) -> str:
@@ -45,8 +47,17 @@ def grounding_prompt(passages: Sequence[Cited], ask_citation: bool = True) -> st
 
 
 def with_sources(answer: str, passages: Sequence[Cited]) -> str:
-    """The answer with the sources line after it, unless the model already cited."""
+    """The answer with the sources line after it. The model's own line is kept only when it ends the answer and
+    cites documents that were given to it; a 来源： copied from a document, a made-up source or none at all gets
+    botgw's line instead (a review found a copied "来源：市医保局通知" taken for the citation)."""
     line = sources_line(passages)
-    if not line or CITATION_MARK in answer:
+    if not line:
         return answer
+    body, _, last = answer.rstrip().rpartition("\n")
+    last = last.strip()
+    if last.startswith(CITATION_MARK):
+        cited = set(CITED_DOC.findall(last))
+        if cited and cited <= {passage.doc for passage in passages}:
+            return answer
+        answer = body  # a line of sources that were not given: replaced
     return f"{answer.rstrip()}\n\n{line}"
