@@ -119,3 +119,28 @@ def test_a_button_key_names_its_question_and_choice_and_nothing_else_reads_as_on
     assert Question.from_json(question.to_json()) == question
     assert Question.from_json("") is None and Question.from_json("{not json") is None
     assert Question.from_json('{"id": 1}') is None, "a record field that is not a whole question is none"
+
+
+async def test_a_confirm_or_access_entry_naming_no_listed_tool_keeps_the_servers_tools_from_being_offered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A typo (hr.delete_employe) left the real tool without its confirmation, open to everyone (a review)."""
+    from gateway.state.keys import Keys
+    from tools.config import ToolsSettings
+    from tools.kit import ToolKit
+
+    kit = ToolKit(ToolsSettings(servers={"hr": {"url": "http://hr.internal/mcp"}}), None, Keys("t"))  # type: ignore[arg-type]
+    listed = [ToolSpec("hr", "delete_employee", "", {}, read_only=False), ToolSpec("hr", "find", "", {}, True)]
+
+    async def tools(server: str) -> list[ToolSpec]:
+        return listed
+
+    kit.servers.tools = tools  # type: ignore[method-assign]
+    typo = BotTools(use=["hr"], confirm=["hr.delete_employe"])
+    for _ in range(2):
+        offer = await kit.offer(typo, "wecom:c:zs", None)
+        assert offer.tools == {} and offer.unavailable == ("hr",)
+    said = [record for record in caplog.records if "does not list" in record.getMessage()]
+    assert len(said) == 1 and said[0].unknown == ["hr.delete_employe"]  # type: ignore[attr-defined]
+    right = await kit.offer(BotTools(use=["hr"], confirm=["hr.delete_employee"]), "wecom:c:zs", None)
+    assert sorted(spec.qualified for spec in right.tools.values()) == ["hr.delete_employee", "hr.find"]
