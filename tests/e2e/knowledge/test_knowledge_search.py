@@ -154,6 +154,41 @@ async def test_traditional_and_simplified_find_each_other(tmp_path: Path, mode: 
         await knowledge.aclose()
 
 
+PRODUCTS = {
+    "kx300.md": "# KX-300 空气净化器\n\nKX-300 的滤网每六个月更换一次，客服热线 400-800-1234。",
+    "kx3000.md": "# KX-3000 空气净化器\n\nKX-3000 的滤网每十二个月更换一次。",
+    "return7.md": "# 普通商品退货\n\n普通商品支持7天无理由退货，请保持包装完好。",
+    "return15.md": "# 会员商品退货\n\n会员商品支持15天无理由退货，请保持包装完好。",
+}
+
+
+@pytest.mark.parametrize(
+    "question, document",
+    [
+        ("KX300 滤网多久换", "kx300.md"),
+        ("KX 300 滤网多久换", "kx300.md"),
+        ("kx-300 滤网多久换", "kx300.md"),
+        ("KX3000 滤网多久换", "kx3000.md"),
+        ("4008001234 是哪款的客服", "kx300.md"),
+        ("15天无理由退货", "return15.md"),
+        ("7天无理由退货", "return7.md"),
+    ],
+)
+async def test_a_model_code_or_number_written_another_way_finds_its_document(
+    tmp_path: Path, question: str, document: str
+) -> None:
+    """KX-300 / KX300 / KX 300, a hotline with or without dashes, and 7天 against 15天 (a review found each missing
+    the other, or the two returns policies scored alike)."""
+    files = write(tmp_path / "docs", PRODUCTS)
+    knowledge = await Knowledge.open(settings_at(tmp_path / "store"))
+    try:
+        await knowledge.add("products", files)
+        hits = await knowledge.search(["products"], question, 4, "lexical")
+        assert hits and hits[0].doc == document, [(h.doc, round(h.score, 3)) for h in hits]
+    finally:
+        await knowledge.aclose()
+
+
 def test_folding_reaches_the_words_of_both_scripts() -> None:
     assert terms("網路銀行登入") == terms("网络银行登录")
     assert "kx-300" in terms("ＫＸ－３００ 的濾網")  # full-width forms, as some Chinese keyboards type them
