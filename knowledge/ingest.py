@@ -284,7 +284,12 @@ class Ingestor:
         ]
 
     def _publish(self, record: DocRecord, points: list[ChunkPoint]) -> None:
-        """New chunks, then the flip, then the old chunks out. A failure before the flip removes what it wrote."""
+        """New chunks, then the flip, then the old chunks out. A failure before the flip removes what it wrote.
+
+        Nothing locks a document across processes (a Qdrant server, several gateways, `botgw kb add`), so a removal
+        or another add of it may run meanwhile (found by a review): the old chunks are pruned only while this
+        version is the current one (else the add that replaced it decides what stays), and a version found
+        current without its chunks (pruned by the other while this one was written) is written again."""
         self._store.ensure(self._embedder.identity, int(points[0].dense.shape[0]))
         try:
             self._store.write(points)
@@ -295,7 +300,14 @@ class Ingestor:
                 log.warning("knowledge: could not remove the partly written %s/%s", record.kb, record.doc)
             raise
         self._store.publish(record)
+        current = self._store.document(record.kb, record.doc)
+        if current is None or current.version != record.version:
+            return  # removed or replaced meanwhile
         self._store.prune(record.kb, record.doc, keep=record.version)
+        if self._store.count(record.kb, record.doc, record.version) < len(points):
+            log.warning("knowledge: %s/%s lost chunks to a removal or add running beside it; written again",
+                        record.kb, record.doc)  # fmt: skip
+            self._store.write(points)
 
 
 def _parse_and_cut(name: str, data: bytes, size: int, overlap: int) -> tuple[ParsedDocument, list[Chunk]]:

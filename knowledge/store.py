@@ -400,13 +400,13 @@ class KnowledgeStore:
                     self._index.remove_where(kb, doc, version=version)
             self._drop_terms(client, must, [])
 
-    def count(self, kb: str | None = None, doc: str | None = None) -> int:
-        """Chunks stored, current or not (a check that nothing was left behind)."""
+    def count(self, kb: str | None = None, doc: str | None = None, version: str | None = None) -> int:
+        """Chunks stored, current or not (a check that nothing was left behind), of one version where given."""
         from qdrant_client import models
 
         must = [
             models.FieldCondition(key=key, match=models.MatchValue(value=value))
-            for key, value in (("kb", kb), ("doc", doc))
+            for key, value in (("kb", kb), ("doc", doc), ("version", version))
             if value is not None
         ]
         with self._call() as client:

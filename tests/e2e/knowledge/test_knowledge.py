@@ -227,6 +227,34 @@ async def test_edit_remove_and_unchanged(tmp_path: Path) -> None:
         await knowledge.aclose()
 
 
+@pytest.mark.parametrize("beside", ["a removal", "another add"])
+async def test_a_version_whose_chunks_were_pruned_beside_it_is_written_again(tmp_path: Path, beside: str) -> None:
+    """Nothing locks a document across processes: a removal, or another add's prune, that ran between this add's
+    write and its flip left the document published without chunks (found by a review)."""
+    shipping = tmp_path / "配送说明.txt"
+    shutil.copy(FIXTURES / "配送说明.txt", shipping)
+    knowledge = await Knowledge.open(settings_at(tmp_path / "store"))
+    store, publish = knowledge.store, knowledge.store.publish
+    try:
+        await knowledge.add("shop", [shipping])
+        shipping.write_text(shipping.read_text(encoding="utf-8").replace("满 99 元包邮", "满 199 元包邮"), "utf-8")
+
+        def raced(record: object) -> None:
+            store.prune("shop", "配送说明.txt", keep=None if beside == "a removal" else "another-version")
+            publish(record)  # type: ignore[arg-type]
+
+        store.publish = raced  # type: ignore[method-assign]
+        assert [o.status for o in await knowledge.add("shop", [shipping])] == ["replaced"]
+        store.publish = publish  # type: ignore[method-assign]
+        record = next(r for r in await knowledge.documents("shop") if r.doc == "配送说明.txt")
+        assert store.count("shop", "配送说明.txt", record.version) == record.chunks > 0
+        assert store.count("shop", "配送说明.txt") == record.chunks
+        hits = await knowledge.search(["shop"], "买多少钱可以包邮？", 3)
+        assert any("满 199 元包邮" in hit.text for hit in hits), [hit.text[:40] for hit in hits]
+    finally:
+        await knowledge.aclose()
+
+
 async def test_an_interrupted_folder_resumes_where_it_stopped(tmp_path: Path) -> None:
     folder = tmp_path / "docs"
     folder.mkdir()
