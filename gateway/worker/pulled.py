@@ -53,7 +53,10 @@ MAX_MERGED = 20
 # A callback's Token pulls for 10 minutes (wecom-kf.md §2): a pull retried later goes without it from the start
 # rather than being refused with it first (sync_msg without a Token is rate-limited: each call counts).
 PULL_TOKEN_TTL_S = 600.0
-FIRST_PULL_KEPT_S = 30 * 86400  # a first pull failing longer than this: its successors start history anew
+# A first pull failing longer than this: its successors start history anew (the platform refuses replies after
+# 48 hours anyway); and a key left behind (a crash between the cursor's save and the key's removal) outlives no
+# more than that.
+FIRST_PULL_KEPT_S = 48 * 3600
 ITEM_KINDS = {"message": EntryKind.CHAT, "agent": EntryKind.AGENT, "event": EntryKind.EVENT}
 
 
@@ -105,7 +108,9 @@ class PulledWork:
                 metrics.KF_CURSOR_RESETS.labels(request.bot_id).inc()
                 await self._values.set(fence, cursor_key, "")
                 cursor, pages = "", pages - 1
-                since = await self._history_before(first_key, requested_at) if adapter.skip_history else 0.0
+                # from this pull's time, never a first pull's kept from long ago; kept for a retry after a crash
+                await self._redis.set(first_key, f"{requested_at:.6f}", ex=FIRST_PULL_KEPT_S)
+                since = requested_at - HISTORY_GRACE_S if adapter.skip_history else 0.0
                 continue
             fresh = [item for item in page.items if item.message.received_at >= since]
             skipped += len(page.items) - len(fresh)

@@ -87,3 +87,25 @@ async def test_the_customer_message_that_called_back_late_is_never_history(world
     pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
     await pulled.pull(account(item("message", "wmOld", now - 3600), late), pull_request("t", now), now)  # type: ignore[arg-type]
     assert await queued(world) == [late.message.msg_id]
+
+
+async def test_a_refused_cursor_starts_history_from_its_own_pull_whatever_first_pull_time_was_left(
+    world: World,
+) -> None:
+    """A first pull's time left behind (a crash between the cursor's save and the key's removal) made a later reset
+    answer days of history again (found by a review)."""
+    from bots.base import CursorRefused
+
+    now = time.time()
+    await world.redis.set(world.keys.pull_cursor("kefu", KFID), "stale-cursor")
+    await world.redis.set(world.keys.first_pull("kefu", KFID), f"{now - 4 * 86400:.6f}")
+    old, new = item("message", "wmOld", now - 3 * 86400), item("message", "wmNew", now - 1)
+
+    async def pull_page(channel: str, cursor: str, token: str) -> PulledPage:
+        if cursor:
+            raise CursorRefused("the saved cursor was refused (40058)", code=40058)
+        return PulledPage(items=[old, new], next_cursor="c2", has_more=False)
+
+    pulled = PulledWork(world.redis, world.keys, world.scheduler, Settings())
+    await pulled.pull(SimpleNamespace(pull_page=pull_page, skip_history=True), pull_request("t", now), now)  # type: ignore[arg-type]
+    assert await queued(world) == [new.message.msg_id], "history was answered again after the reset"
