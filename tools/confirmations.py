@@ -46,6 +46,8 @@ class PendingCall:
     index: int
     expires_at: float
     asked_at: float = 0.0  # an answer written before this is not to this question (a replayed old 确认)
+    asked_by: str = ""  # the asking message's dedup key: its own retry moves nothing on
+    shown_at: float = 0.0  # when the question was asked: what the asker wrote before could not answer it
 
     def expired(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.expires_at
@@ -77,16 +79,22 @@ class Confirmations:
         raw = await self._redis.hget(key, "pending")
         return PendingCall(**json.loads(raw)) if raw else None
 
-    async def open_question(self, key: str) -> PendingCall | None:
-        """The call waiting here if nobody has answered it yet (one read: asked every message of a bot with tools)."""
+    async def waiting(self, key: str) -> tuple[PendingCall | None, Settled | None]:
+        """The call waiting here and how it was settled, if it was (one read: asked every message of a bot with
+        tools)."""
         raw, taken = await self._redis.hmget(key, ["pending", "taken"])
-        return PendingCall(**json.loads(raw)) if raw and not taken else None
+        pending = PendingCall(**json.loads(raw)) if raw else None
+        return pending, _settled(taken, first=False) if taken else None
 
     async def settle(self, key: str, by: str, verdict: Verdict) -> Settled:
         """The first answer wins; any later one learns how it was settled (and by whom)."""
         first = bool(await self._redis.hsetnx(key, "taken", f"{by}|{verdict}|{time.time():.3f}"))
         taken = await self._redis.hget(key, "taken")
-        text = taken.decode() if isinstance(taken, bytes) else (taken or f"{by}|{verdict}|0")
-        rest, _, at = text.rpartition("|")
-        owner, _, settled = rest.rpartition("|")
-        return Settled(owner, settled, first, float(at))  # type: ignore[arg-type]  # written here only
+        return _settled(taken or f"{by}|{verdict}|0", first)
+
+
+def _settled(taken: bytes | str, first: bool) -> Settled:
+    text = taken.decode() if isinstance(taken, bytes) else taken
+    rest, _, at = text.rpartition("|")
+    owner, _, verdict = rest.rpartition("|")
+    return Settled(owner, verdict, first, float(at))  # type: ignore[arg-type]  # written here only

@@ -63,6 +63,7 @@ class Job:
     attachments: list[Attachment] = dataclasses.field(default_factory=list)  # files' text (the parts stage)
     attachment_tokens: int = 0  # what the attachments take of the prompt (the prompt-planning stage)
     answer_notes: list[str] = dataclasses.field(default_factory=list)  # said under the answer (a file cut to fit)
+    notices: list[str] = dataclasses.field(default_factory=list)  # said under whatever is committed (a call cancelled)
     tokens_used: int = 0  # what the engine took, failed attempts included (settled by the budget stage)
     tool_resume: PendingCall | None = None  # a confirmed tool call this message continues (the confirmation stage)
     admission: Admission | None = None  # the message's admission, asked with the record's first load (the worker)
@@ -119,8 +120,11 @@ class Services:
     async def commit(
         self, job: Job, text: str, exchange: tuple[Turn, ...] | None = None, *, clear_memory: bool = False
     ) -> Composed:
-        """Record the answer (and the exchange in memory) under the lease, before anything is sent."""
+        """Record the answer (and the exchange in memory) under the lease, before anything is sent; the job's
+        notices go under any text (an answer, a refusal, a limit's notice), never alone into a silence."""
         memory = self.memory
+        if text and job.notices:
+            text = "\n\n".join([text, *job.notices])
         committed = await job.record.commit(
             text,
             f"{time.time():.3f}",

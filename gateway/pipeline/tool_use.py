@@ -55,6 +55,9 @@ class ToolAnswer:
     remember: str | None = None
 
 
+SUPERSEDE_SLACK_S = 2.0  # see ToolConfirmations._supersede
+
+
 class ToolConfirmations:
     """A 确认 or 取消 from the person a call waits for settles it (once); from anyone else it is just a message."""
 
@@ -125,22 +128,27 @@ class ToolConfirmations:
 
     async def _supersede(self, job: Job) -> None:
         """A message of the asker's that is no verdict moves the conversation on: the call waiting for their yes is
-        cancelled, and they are told with this message's answer. Left waiting, a casual 是 or yes minutes later, to
-        some other question of the bot's, would have run it (found by a review)."""
+        cancelled, and they are told with whatever this message gets (Job.notices). Left waiting, a casual 是 or
+        yes minutes later, to some other question of the bot's, would have run it (found by a review). Not by the
+        asking message's own retry, nor by what the asker wrote before the question was asked (queued behind the
+        asking message; platform times are whole seconds, hence the slack)."""
         kit, message = self._services.tools, job.message
         assert kit is not None
         key = self._services.keys.tool_confirmation(job.scope.lane)
-        pending = await kit.confirmations.open_question(key)
-        if (pending is None or pending.asker != message.person or pending.bot != message.bot_id
-                or message.received_at < pending.asked_at or pending.expired()):  # fmt: skip
+        pending, settled = await kit.confirmations.waiting(key)
+        if pending is None:
             return
-        settled = await kit.confirmations.settle(key, message.dedup_key, "cancelled")
-        if settled.by != message.dedup_key or settled.verdict != "cancelled":
-            return  # answered meanwhile by another message, which says how
-        if settled.first:
-            metrics.TOOL_CONFIRMATIONS.labels("superseded").inc()
-            await self._audit(kit, pending, "cancelled", "superseded")
-        job.answer_notes.append(texts.TOOL_SUPERSEDED_NOTE.format(tool=pending.tool))
+        if settled is None:
+            if (pending.asker != message.person or pending.bot != message.bot_id or pending.expired()
+                    or message.dedup_key == pending.asked_by
+                    or message.received_at < pending.shown_at + SUPERSEDE_SLACK_S):  # fmt: skip
+                return
+            settled = await kit.confirmations.settle(key, message.dedup_key, "cancelled")
+            if settled.first:
+                metrics.TOOL_CONFIRMATIONS.labels("superseded").inc()
+                await self._audit(kit, pending, "cancelled", "superseded")
+        if settled.by == message.dedup_key and settled.verdict == "cancelled":  # this message's, retried or not
+            job.notices.append(texts.TOOL_SUPERSEDED_NOTE.format(tool=pending.tool))
 
     async def _card_answered(self, job: Job, tap: ButtonTap, verdict: str) -> None:
         """The asker's tapped card says how the question was settled and takes no more taps, where the platform
@@ -287,7 +295,7 @@ class ToolRounds:
             id=secrets.token_hex(8), asker=message.person, bot=message.bot_id, tool=spec.qualified,
             arguments=arguments, call_set=self._call_set,
             round=slot.round, index=slot.index, expires_at=time.time() + tools.confirm_ttl_s,
-            asked_at=message.received_at,
+            asked_at=message.received_at, asked_by=message.dedup_key, shown_at=time.time(),
         )
         await self._kit.confirmations.ask(services.keys.tool_confirmation(job.scope.lane), pending, tools.confirm_ttl_s)
         metrics.TOOL_CONFIRMATIONS.labels("asked").inc()

@@ -49,6 +49,7 @@ from gateway.state.streams import StreamStore
 from gateway.worker.dispatch import run_entry
 from gateway.worker.failures import alert_operators, failed, give_up
 from gateway.worker.pulled import PulledWork
+from tools.confirmations import reply_verdict
 from tools.kit import ToolKit
 
 log = logging.getLogger(__name__)
@@ -382,11 +383,14 @@ class Worker:
 
     @staticmethod
     def _answered_alone(adapter: Channel) -> Callable[[str], bool]:
-        """Texts a burst must not swallow: a command, and on a platform with human agents a handoff keyword."""
+        """Texts a burst must not swallow: a command, a 确认 or 取消 (merged into "确认\n谢谢" it is no verdict, and
+        the call it confirmed would be cancelled), and on a platform with human agents a handoff keyword."""
         sessions = adapter.sessions
 
         def alone(text: str) -> bool:
-            return parse_command(text) is not None or (sessions is not None and sessions.wants_human(text))
+            if parse_command(text) is not None or reply_verdict(text) is not None:
+                return True
+            return sessions is not None and sessions.wants_human(text)
 
         return alone
 

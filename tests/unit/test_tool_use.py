@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -144,3 +145,57 @@ async def test_a_confirm_or_access_entry_naming_no_listed_tool_keeps_the_servers
     assert len(said) == 1 and said[0].unknown == ["hr.delete_employe"]  # type: ignore[attr-defined]
     right = await kit.offer(BotTools(use=["hr"], confirm=["hr.delete_employee"]), "wecom:c:zs", None)
     assert sorted(spec.qualified for spec in right.tools.values()) == ["hr.delete_employee", "hr.find"]
+
+
+async def test_a_waiting_call_is_superseded_only_by_a_later_message_of_its_asker(redis: Redis) -> None:
+    """Not by the asking message's own retry, by what the asker wrote before the question, or by someone else; a
+    retry of the superseding message is told again (a review of the first version found each)."""
+    from types import SimpleNamespace
+
+    from bots.base import InboundMessage, ReplyTarget
+    from gateway.pipeline.tool_use import SUPERSEDE_SLACK_S, ToolConfirmations
+    from gateway.state.keys import Keys
+
+    keys, audited = Keys("t" + secrets.token_hex(3)), []
+    kit = SimpleNamespace(confirmations=Confirmations(redis), audit=SimpleNamespace(record=_append_to(audited)))
+    stage = ToolConfirmations(SimpleNamespace(tools=kit, keys=keys))  # type: ignore[arg-type]
+    asked_at = time.time()
+
+    def job(msg_id: str, sender: str = "zs", after_s: float = 10.0) -> SimpleNamespace:
+        message = InboundMessage(platform="wecom", bot_id="app", msg_id=msg_id, conversation_id=sender,
+                                 sender_id=sender, text="几点上班", received_at=asked_at + after_s,
+                                 reply_to=ReplyTarget(user_id=sender))  # fmt: skip
+        return SimpleNamespace(message=message, scope=SimpleNamespace(lane="lane-zs"), notices=[])
+
+    asking = job("m-ask", after_s=-1.0)
+    pending = PendingCall("q1", asking.message.person, "app", "hr.delete_employee", {"id": "E1"}, "set", 0, 0,
+                          asked_at + 300, asking.message.received_at, asking.message.dedup_key, asked_at)  # fmt: skip
+    await kit.confirmations.ask(keys.tool_confirmation("lane-zs"), pending, 300)
+    for bystander in (asking, job("m-before", after_s=SUPERSEDE_SLACK_S / 2), job("m-other", sender="ls")):
+        await stage._supersede(bystander)  # type: ignore[arg-type]
+        assert bystander.notices == [] and audited == []
+    later = job("m-later")
+    for _ in range(2):  # the same message again (a retry after a crash)
+        later.notices = []
+        await stage._supersede(later)  # type: ignore[arg-type]
+        assert len(later.notices) == 1 and "hr.delete_employee" in later.notices[0]
+    assert audited == ["superseded"]
+    _, settled = await kit.confirmations.waiting(keys.tool_confirmation("lane-zs"))
+    assert settled is not None and settled.verdict == "cancelled" and settled.by == later.message.dedup_key
+
+
+def _append_to(seen: list[str]) -> Callable[[object], Awaitable[None]]:
+    async def record(entry: object) -> None:
+        seen.append(entry.outcome)  # type: ignore[attr-defined]
+
+    return record
+
+
+def test_a_verdict_is_never_merged_into_a_burst() -> None:
+    """"确认\n谢谢" is no verdict: merged, the call its 确认 confirmed would have been cancelled (a review)."""
+    from types import SimpleNamespace
+
+    from gateway.worker.loop import Worker
+
+    alone = Worker._answered_alone(SimpleNamespace(sessions=None))  # type: ignore[arg-type]
+    assert alone("确认") and alone("取消") and alone("/help") and not alone("谢谢")
