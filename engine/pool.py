@@ -39,6 +39,9 @@ Message = dict[str, Any]  # an OpenAI chat message: content is a string or a lis
 # an assistant message may carry `tool_calls` (content None), answered by {"role": "tool", "tool_call_id", "content"}
 WARMUP_MESSAGES = [{"role": "user", "content": "ping"}]
 MAX_PROBE_BACKOFF_S = 5.0  # an engine that is still loading is probed often: it may be up any second
+# A request failed with a server error while /health is fine is the request's failure, unless the engine fails
+# this many requests in a row so: then it is the engine's, and it is taken out like one that does not answer.
+TAKE_OUT_AFTER_REFUSALS = 3
 HEALTH_FAILURES_TO_TAKE_OUT = 2
 FULL_CHECK_S = 10.0  # /health + /v1/models (is our model still the one served?) at most this often when ready
 READY_CHECK_S = 5.0  # a ready engine whose load steers nothing: /health this often
@@ -120,6 +123,7 @@ class Endpoint:
     sent_since_scrape: int = 0
     failures: int = 0
     health_failures: int = 0
+    refusals: int = 0  # server errors in a row while /health was fine (engine/pool.py EnginePool._run)
     full_check_at: float = 0.0  # monotonic time of the last /health + /v1/models
     answered_at: float = 0.0  # ... and of the last chat it answered (it is up)
     scraped_at: float = 0.0  # ... and of the last /metrics
@@ -231,25 +235,32 @@ class EnginePool:
                 continue
             try:
                 if not limited:
-                    return await call(endpoint)
-                async with endpoint.slots:
-                    endpoint.in_flight += 1
-                    endpoint.sent_since_scrape += 1
-                    try:
-                        return await call(endpoint)
-                    finally:
-                        endpoint.in_flight -= 1
+                    result = await call(endpoint)
+                else:
+                    async with endpoint.slots:
+                        endpoint.in_flight += 1
+                        endpoint.sent_since_scrape += 1
+                        try:
+                            result = await call(endpoint)
+                        finally:
+                            endpoint.in_flight -= 1
+                endpoint.refusals = 0
+                return result
             except EngineError as exc:
                 if not exc.retryable or exc.timed_out:
                     raise  # the request's own failure: a slow engine under load is not taken out of the pool
                 if exc.status >= 500 and await endpoint.client.is_alive():
-                    log.warning("an engine failed a request while healthy; it stays in",
-                                extra={"endpoint": endpoint.name, "error": str(exc)[:200]})  # fmt: skip
-                    refused.add(endpoint.url)
-                    refused_error = exc
-                    if not failover:
-                        raise
-                    continue
+                    endpoint.refusals += 1
+                    if endpoint.refusals < TAKE_OUT_AFTER_REFUSALS:
+                        log.warning("an engine failed a request while healthy; it stays in",
+                                    extra={"endpoint": endpoint.name, "error": str(exc)[:200]})  # fmt: skip
+                        refused.add(endpoint.url)
+                        refused_error = exc
+                        if not failover:
+                            raise
+                        continue
+                    # failing everything it is asked while its /health says fine (a proxy in front of it, say)
+                    endpoint.refusals = 0
                 failed.add(endpoint.url)
                 await self._take_out(endpoint, str(exc))
                 if not failover or time.monotonic() > deadline:

@@ -123,3 +123,39 @@ def test_a_tool_servers_bad_url_is_refused_without_its_password() -> None:
         ToolServerSettings(url="htps://svc:S3cr3tT0ken@mcp.internal/mcp")
     said = refused.value.errors()[0]["msg"]  # what `botgw config check` prints (never the input itself)
     assert "url must be http(s)" in said and "S3cr3tT0ken" not in said, said
+
+
+async def test_an_engine_failing_every_request_while_healthy_is_taken_out_after_a_few_in_a_row() -> None:
+    """Its /health fine (a proxy in front of it, say) and every chat a 500: kept in, it stayed the least loaded
+    and took every answer that could not fail over (a review of the first version of the rule above)."""
+    from engine.pool import TAKE_OUT_AFTER_REFUSALS
+
+    chat: Counter[str] = Counter()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        broken = request.url.host == "a"
+        if request.url.path == "/v1/chat/completions" and json.loads(request.content).get("max_tokens") != WARM_UP:
+            chat[request.url.host] += 1
+            if broken:
+                return httpx.Response(500, text="upstream error")
+            return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}}], "usage": {}})
+        return engine(Counter(), httpx.Response(200, json={})).handler(request)  # type: ignore[attr-defined]
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        pool = EnginePool(settings("http://a:8000", "http://b:8000"), http)
+        await pool.start()
+        try:
+            assert await pool.wait_ready(5)
+            a, b = pool.endpoints
+            b.load.running = 5  # a looks the least loaded: it is picked first
+            outcomes = []
+            for _ in range(TAKE_OUT_AFTER_REFUSALS + 2):
+                try:
+                    await pool.chat([{"role": "user", "content": "x"}], failover=False)
+                    outcomes.append("answered")
+                except EngineError:
+                    outcomes.append("failed")
+            assert outcomes == ["failed"] * TAKE_OUT_AFTER_REFUSALS + ["answered"] * 2, outcomes
+            assert a.status == "down" and b.status == "ready"
+        finally:
+            await pool.aclose()
