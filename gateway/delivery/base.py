@@ -42,22 +42,32 @@ class Paced(Exception):
         self.retry_after_s = retry_after_s
 
 
-def tracking_resends(send: Callable[[bool], Awaitable[None]], unknown: bool) -> Callable[[int], Awaitable[None]]:
+class Resends:
     """One send's attempts for `Delivery.retry_send`, each told whether an earlier one may have arrived: `unknown`
-    at first (a try before a takeover), then after any failed attempt the platform may have acted on (a timeout,
-    a 5xx, a busy errcode). A refusal on a resend may be the platform refusing a repeat; after a rate limit (which
-    certainly sent nothing) it is a refusal like any other, not a delivery."""
-    may_have_arrived = unknown
+    at first (a try in an earlier run of the message whose outcome is not known), then after any failed attempt
+    the platform may have acted on (a timeout, a 5xx, a busy errcode). A refusal on a resend may be the platform
+    refusing a repeat and is taken as delivered; after a rate limit (which certainly sent nothing) it is a refusal
+    like any other. `may_have_arrived` is what the next run of the message must know (ReplyState.not_arrived)."""
 
-    async def attempt(number: int) -> None:
-        nonlocal may_have_arrived
+    def __init__(self, send: Callable[[bool], Awaitable[None]], unknown: bool) -> None:
+        self._send = send
+        self.may_have_arrived = unknown
+
+    async def __call__(self, number: int) -> None:
         try:
-            await send(may_have_arrived)
+            await self._send(self.may_have_arrived)
         except SendError as exc:
-            may_have_arrived = may_have_arrived or not exc.not_sent
+            self.may_have_arrived = self.may_have_arrived or not exc.not_sent
             raise
 
-    return attempt
+
+async def note_not_arrived(record: ReplyRecord, state: ReplyState, send: str, attempts: Resends) -> None:
+    """After a send's attempts all failed: tell the message's next run whether they may have arrived (a run after
+    a rate limit that outlasted the attempts is no resend, and a refusal then is not taken as delivered)."""
+    value = "" if attempts.may_have_arrived else send
+    if state.not_arrived != value:
+        await record.mark(not_arrived=value)
+        state.not_arrived = value
 
 
 @dataclass

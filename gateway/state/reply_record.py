@@ -210,6 +210,9 @@ class ReplyState:
     question: str = ""  # the answer asks the person something with buttons (bots.buttons.Question as JSON)
     buttons_sent: str = ""  # the question's buttons were shown
     send_failed: str = ""  # the platform reported after accepting a piece that it was not delivered (why)
+    # a send that began and failed with every attempt certainly not acted on (rate limits): the next run's first
+    # attempt is no resend ("<piece index>" or "card"; "" once an attempt may have arrived)
+    not_arrived: str = ""
     variants: dict[int, int] = field(default_factory=dict)  # piece index -> marks that made it unique (v<index>)
 
     @classmethod

@@ -533,3 +533,46 @@ async def test_the_over_limit_notice_survives_a_crash_before_its_commit(world: W
     assert told, "the first over-limit message is told"
     assert await refusal_notice(services, job_of(first), refusal) == told, "its retry (after a crash) is told too"  # type: ignore[arg-type]
     assert await refusal_notice(services, job_of(second), refusal) == "", "once per window"  # type: ignore[arg-type]
+
+
+@dataclass
+class RefusingRepeats(KfStandIn):
+    """A 微信客服 stand-in whose sends fail with `failure` (run 1), then are refused (95013: the session ended); a
+    refusal of a resend is taken as delivered, as the real adapter does (bots/wecom_kf/adapter.py)."""
+
+    failure: Exception | None = None
+    refused_as_delivered: int = 0
+
+    async def send_piece(self, target: ReplyTarget, text: str, *, duplicate_check: bool, piece_key: str = "") -> None:
+        if self.failure is not None:
+            raise self.failure
+        if duplicate_check:
+            self.refused_as_delivered += 1
+            return
+        raise PermanentSendError("WeCom errcode 95013: the session ended", code=95013)
+
+
+@pytest.mark.parametrize("first_run", ["rate-limited", "timed-out"])
+async def test_a_run_after_a_rate_limit_that_outlasted_the_attempts_is_no_resend(world: World, first_run: str) -> None:
+    """A rate limit sent nothing, however many attempts it lasted: the message's next run must not take a refusal
+    for the platform refusing a repeat (found by a review: the piece's started mark made it a resend)."""
+    import dataclasses
+
+    world.delivery = dataclasses.replace(world.delivery, settings=WorkerSettings(
+        backoff_base_s=0.001, backoff_max_s=0.002, max_send_attempts=2))  # fmt: skip
+    message, fence, record = await kf_turn(world)
+    failure = (RetryableSendError("HTTP 429", code=429, not_sent=True) if first_run == "rate-limited"
+               else RetryableSendError("unreachable: ReadTimeout", code="network"))  # fmt: skip
+    adapter = RefusingRepeats(failure=failure)
+    presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
+    with pytest.raises(RetryableSendError):
+        await presenter.finish("回答", await record.load())
+    adapter.failure = None  # the message's next run
+    state = await record.load()
+    if first_run == "rate-limited":
+        with pytest.raises(PermanentSendError):
+            await PiecesPresenter(world.delivery, adapter, message, record, fence).finish("回答", state)
+        assert adapter.refused_as_delivered == 0 and (await record.load()).sent == 0
+    else:  # a timeout may have delivered it: the refusal is the repeat refused
+        await PiecesPresenter(world.delivery, adapter, message, record, fence).finish("回答", state)
+        assert adapter.refused_as_delivered == 1

@@ -1,4 +1,4 @@
-"""Whether a send's retry is a resend (gateway/delivery/base.py `tracking_resends`): a refusal of a resend may be
+"""Whether a send's retry is a resend (gateway/delivery/base.py `Resends`): a refusal of a resend may be
 the platform refusing a repeat and is taken as delivered, so only an attempt the platform may have acted on makes
 the next one a resend. A review found any retry counted as one: a piece refused for good after a rate limit (which
 sent nothing) was marked sent, and a DingTalk card that nobody saw was marked delivered."""
@@ -13,7 +13,7 @@ from bots.base import PermanentSendError, RetryableSendError, SendError
 from bots.dingtalk.exceptions import error_for as dingtalk_error
 from bots.wecom.exceptions import error_for as wecom_error
 from gateway.config import WorkerSettings
-from gateway.delivery.base import Delivery, tracking_resends
+from gateway.delivery.base import Delivery, Resends
 
 RATE_LIMITED = RetryableSendError("HTTP 429", code=429, not_sent=True)
 TIMED_OUT = RetryableSendError("unreachable: ReadTimeout", code="network")
@@ -33,7 +33,7 @@ def resends_seen(failures: list[SendError], unknown: bool = False) -> tuple[list
     settings = WorkerSettings(backoff_base_s=0.001, backoff_max_s=0.002, max_send_attempts=4)
     delivery = Delivery(None, None, None, None, settings)  # type: ignore[arg-type]  # only its retries are used
     try:
-        asyncio.run(delivery.retry_send(tracking_resends(send, unknown)))
+        asyncio.run(delivery.retry_send(Resends(send, unknown)))
     except SendError as exc:
         return seen, exc
     return seen, None
