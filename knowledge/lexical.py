@@ -21,8 +21,9 @@ characters took lexical R@1 from 0.68 to 0.79 (Simplified handbook), 0.54 to 0.6
 0.71 to 0.80 (sample company); character bigrams helped less than single characters. Latin letters and digits
 stay whole words, joined across - _ . / :, lower-cased, so that a product model KX-300 or an error code 60020
 matches itself and not KX-3000 or 600201; such a word also gives its parts and its joined form (KX-300 → kx300, kx,
-300), so KX300 and KX 300 find it, and a short number gives a term with the Chinese unit it touches (7天), so
-7天无理由 and 15天无理由 differ (lexical R@1 0.794 → 0.816, 0.636 → 0.636, 0.804 → 0.824 on the three sets).
+300), so KX300 and KX 300 find it (KX-3000 shares only kx with it, and ranks below), and a short number gives a
+term with the Chinese character it touches (7天), so 7天无理由 and 15天无理由 differ (lexical R@1 0.794 → 0.816,
+0.636 → 0.636, 0.804 → 0.824 on the three sets).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote_plus
@@ -110,10 +111,11 @@ class DingTalkStreamConnection:
                     extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}", "retry_in_s": backoff},
                 )
             except Exception as exc:  # anything else must not end the process: DingTalk does not resend what it
-                # pushed while no connection was open (by its type only: its text may carry the ticket)
+                # pushed while no connection was open (its type and where it came from: its text may carry the ticket)
                 log.error(
                     "dingtalk stream failed unexpectedly; reconnecting",
-                    extra={"bot_id": self.config.id, "error": type(exc).__name__, "retry_in_s": backoff},
+                    extra={"bot_id": self.config.id, "error": type(exc).__name__, "retry_in_s": backoff,
+                           "where": "".join(traceback.format_tb(exc.__traceback__))},
                 )
             if stop.is_set():
                 break

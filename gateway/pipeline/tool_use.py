@@ -280,9 +280,10 @@ class ToolRounds:
 
     async def _record(self, job: Job, ledger: ToolLedger, slot: CallSlot, tool: str, arguments: dict[str, Any],
                       result: CallResult, outcome: str) -> None:
-        """The result in the ledger (it happened), then in the audit trail and the metrics; a result another worker
-        recorded first is kept, and audited by that worker."""
-        if await ledger.mark_result(slot, result) != result:
+        """The result in the ledger (it happened), then in the audit trail and the metrics. A result another worker
+        recorded first is kept; a call this worker made is audited all the same (its real outcome), while its
+        "unknown" or refusal beside another's record is not."""
+        if await ledger.mark_result(slot, result) != result and outcome in ("unknown", "refused"):
             return
         metrics.TOOL_CALLS.labels(tool, outcome).inc()
         await self._kit.audit.record(AuditRecord(time.time(), job.message.bot_id, job.message.person, tool, "call",
