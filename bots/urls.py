@@ -52,6 +52,12 @@ def trusted(url: str, allowed_base: str, platform: str, kind: str) -> bool:
 _SECRET_QUERY_KEY = re.compile(r"pass|secret|token|key|sig|auth|cred", re.IGNORECASE)
 
 
+def url_in_message(url: str) -> str:
+    """A URL a user wrote, quoted back in an error: as written when it holds no credentials (one without a scheme
+    is the point of the error), else `redact_url`'s."""
+    return redact_url(url) if "@" in url else repr(url)
+
+
 def redact_url(url: str) -> str:
     """A URL fit for a message or a log line: its scheme, host(s), port and path, never a user name or password
     (`***@` says there are some), and the values of query parameters that look like credentials

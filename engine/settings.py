@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from bots.urls import redact_url
+from bots.urls import url_in_message
 
 
 def engine_root(url: str) -> str:
@@ -73,7 +73,6 @@ class EngineSettings(BaseModel):
         for root, _ in self.targets():
             parts = urlsplit(root)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                shown = redact_url(root) if "@" in root else repr(root)
-                raise ValueError(f"engine URL {shown} needs http:// or https:// and a host, "
+                raise ValueError(f"engine URL {url_in_message(root)} needs http:// or https:// and a host, "
                                  "like http://127.0.0.1:8000/v1")  # fmt: skip
         return self

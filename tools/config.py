@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from bots.urls import redact_url
+from bots.urls import url_in_message
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")  # shown to the model as <server>__<tool>: no dots, no "__"
 CONFIRM_WORDS = ("确认", "confirm", "yes", "是")
@@ -33,8 +33,7 @@ class ToolServerSettings(BaseModel):
         if self.url is not None:
             parts = urlsplit(self.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                shown = redact_url(self.url) if "@" in self.url else repr(self.url)  # a password stays out
-                raise ValueError(f"url must be http(s)://host[:port]/path, not {shown}")
+                raise ValueError(f"url must be http(s)://host[:port]/path, not {url_in_message(self.url)}")
         if self.command is not None and not self.command:
             raise ValueError("command must name a program")
         return self

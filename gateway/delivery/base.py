@@ -61,15 +61,6 @@ class Resends:
             raise
 
 
-async def note_not_arrived(record: ReplyRecord, state: ReplyState, send: str, attempts: Resends) -> None:
-    """After a send's attempts all failed: tell the message's next run whether they may have arrived (a run after
-    a rate limit that outlasted the attempts is no resend, and a refusal then is not taken as delivered)."""
-    value = "" if attempts.may_have_arrived else send
-    if state.not_arrived != value:
-        await record.mark(not_arrived=value)
-        state.not_arrived = value
-
-
 @dataclass
 class Delivery:
     """What every presenter shares: Redis, the stream store, pacing windows and retry settings."""
@@ -95,6 +86,24 @@ class Delivery:
             )
         except Throttled as throttled:  # a throttle of minutes: hand the message back, count no failure
             raise Paced(throttled.retry_after) from throttled
+
+    async def send_with_resends(
+        self, record: ReplyRecord, state: ReplyState, name: str, send: Callable[[bool], Awaitable[None]],
+        started_before: bool,
+    ) -> None:
+        """`send` (told whether it is a resend) through `retry_send`, as `Resends` says. `started_before`: an earlier
+        run of the message began this send (`name`: "<piece index>" or "card"); unless the record says that run's
+        attempts certainly did not arrive, its outcome is unknown. When every attempt fails, the record says
+        whether they may have arrived, for the next run (a rate limit that outlasted them is no resend then)."""
+        attempts = Resends(send, started_before and state.not_arrived != name)
+        try:
+            await self.retry_send(attempts)
+        except (SendError, Paced):
+            value = "" if attempts.may_have_arrived else name
+            if state.not_arrived != value:
+                await record.mark(not_arrived=value)
+                state.not_arrived = value
+            raise
 
 
 class Presenter:

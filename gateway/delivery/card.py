@@ -8,7 +8,7 @@ from typing import Any
 
 from bots.base import SendError
 from bots.channels import CardChannel
-from gateway.delivery.base import Paced, Presenter, Resends, note_not_arrived
+from gateway.delivery.base import Presenter
 from gateway.state.reply_record import ReplyState
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class CardPresenter(Presenter):
         because the first one arrived (DingTalk's answer is UNCONFIRMED): a refusal then counts as delivered,
         as the same request was not refused the first time."""
         target, cards = self.message.reply_to, self.adapter.cards
-        earlier = bool(state.card_deliver_started) and state.not_arrived != "card"
+        earlier = bool(state.card_deliver_started)
         await self.record.mark(card_deliver_started="1")
 
         async def attempt(resend: bool) -> None:
@@ -73,12 +73,7 @@ class CardPresenter(Presenter):
                 log.warning("a repeated card delivery was refused; taking the earlier one to have arrived",
                             extra={"error": str(exc)})  # fmt: skip
 
-        attempts = Resends(attempt, earlier)
-        try:
-            await self.delivery.retry_send(attempts)
-        except (SendError, Paced):
-            await note_not_arrived(self.record, state, "card", attempts)
-            raise
+        await self.delivery.send_with_resends(self.record, state, "card", attempt, started_before=earlier)
         await self.record.mark(card_sent="1")
         state.card_sent = "1"
 

@@ -16,7 +16,7 @@ from bots.channels import PiecesChannel
 from bots.markdown import to_text
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import texts
-from gateway.delivery.base import Paced, Presenter, Resends, note_not_arrived
+from gateway.delivery.base import Paced, Presenter
 from gateway.state.limits import window
 from gateway.state.reply_record import ReplyState
 
@@ -66,7 +66,6 @@ class PiecesPresenter(Presenter):
             await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
             outcome_unknown = index < state.started
-            earlier_may_have_arrived = outcome_unknown and state.not_arrived != str(index)
             piece, progress = pieces[index], {"started": index + 1}
             if self._in_one_step():
                 repeat = await self._begin_at_once(piece, index, progress, state, checked=checked,
@@ -81,17 +80,13 @@ class PiecesPresenter(Presenter):
                 piece += repeat_marks(repeat)
             piece_key = f"{self.message.dedup_key}:{index}"
             await self._remember_sent(piece_key, index)
-            attempts = Resends(
+            await self.delivery.send_with_resends(
+                self.record, state, str(index),
                 lambda resend, piece=piece, key=piece_key: self.adapter.send_piece(
                     target, piece, duplicate_check=checked or resend, piece_key=key
                 ),
-                earlier_may_have_arrived,
-            )
-            try:
-                await self.delivery.retry_send(attempts)
-            except (SendError, Paced):
-                await note_not_arrived(self.record, state, str(index), attempts)
-                raise
+                started_before=outcome_unknown,
+            )  # fmt: skip
             if done_with_last and index + 1 == len(pieces):
                 self.record.mark_at_release(sent=index + 1, state="done")  # the worker releases at once
             else:

@@ -93,7 +93,7 @@ class PulledWork:
         # First start: what was written before the bot was configured is history, not questions to answer.
         since = await self._history_before(first_key, requested_at) if saved is None and adapter.skip_history else 0.0
         queued = skipped = pages = 0
-        newest: PulledItem | None = None  # the log's latest customer message so far
+        newest: PulledItem | None = None  # the log's latest item so far, if it is a customer's message
         while pages < MAX_PAGES:
             pages += 1
             try:
