@@ -53,9 +53,10 @@ class Queued:
 
 @dataclass(frozen=True)
 class StreamPoll:
-    """A polled-stream platform asks for the current state of one answer's stream."""
+    """A polled-stream platform asks for the current state of one answer's stream (for `user`, when it says)."""
 
     stream_id: str
+    user: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 
 import httpx
 from prometheus_client import Counter
@@ -36,9 +37,21 @@ def same_origin(url: str, allowed_base: str) -> bool:
     return _origin(candidate) == _origin(allowed)
 
 
-def trusted(url: str, allowed_base: str, platform: str, kind: str) -> bool:
-    """same_origin, with a refusal logged (host only, never the whole URL) and counted."""
-    if same_origin(url, allowed_base):
+def on_hosts(url: str, hosts: Sequence[str]) -> bool:
+    """True when `url` is https on its default port, carries no userinfo, and names one of `hosts` exactly."""
+    try:
+        candidate = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return False
+    if candidate.scheme != "https" or candidate.userinfo or candidate.port not in (None, 443):
+        return False
+    return candidate.host.lower() in {host.lower() for host in hosts}
+
+
+def trusted(url: str, allowed_base: str, platform: str, kind: str, hosts: Sequence[str] = ()) -> bool:
+    """same_origin (or one of `hosts`, over https), with a refusal logged (host only, never the whole URL) and
+    counted."""
+    if same_origin(url, allowed_base) or (hosts and on_hosts(url, hosts)):
         return True
     try:
         host = httpx.URL(url).host

@@ -40,7 +40,7 @@ MEMBER_PACING = (per_window(30, 60), per_window(1000, 3600))
 
 
 def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
-    """Reject a timestamp outside ±window_s of now (0 turns the check off).
+    """Reject a timestamp outside ±window_s of now (the settings keep it at least 1 s).
 
     Compared as integers: a timestamp of thousands of digits is merely far off, not too large for a float."""
     try:
@@ -124,7 +124,7 @@ class WeComAppAdapter(ChannelDefaults):
         plaintext = verified_plaintext(self.crypto, query, body, now, self.config.replay_window_s)
         if self.pulled is not None and (pull := self.pulled.pull_for(plaintext, now)) is not None:
             return pull
-        message = parse_app_message(self.bot_id, plaintext, now)
+        message = parse_app_message(self.bot_id, plaintext, now, self.config.agent_id)
         return self.config.identity.stamp(message) if message is not None else None
 
     def receive(self, request: CallbackRequest) -> Queued | None:

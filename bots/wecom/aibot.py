@@ -22,6 +22,7 @@ import httpx
 from bots.base import (
     CallbackRejected,
     ChannelDefaults,
+    Identity,
     InboundMessage,
     PermanentSendError,
     ReplyStyle,
@@ -33,7 +34,7 @@ from bots.http import download_bounded, request_json
 from bots.parts import Downloaded, Media, MediaError, Part
 from bots.safe_json import object_field, parse_json_object
 from bots.text import utf8_prefix
-from bots.urls import same_origin, trusted
+from bots.urls import trusted
 from bots.wecom.adapter import check_timestamp, required_params
 from bots.wecom.aibot_parts import READABLE, aibot_content
 from bots.wecom.cards import AIBOT_CARD, CARD_EVENT, button_card, read_card_tap
@@ -100,12 +101,17 @@ class WeComAIBotAdapter(ChannelDefaults):
         return self._classify(payload, now)
 
     def _classify(self, payload: dict[str, Any], now: float) -> AIBotEvent:
+        named = str(payload.get("aibotid", ""))
+        if self.config.aibot_id and named and named != self.config.aibot_id:
+            # Every AI bot decrypts with an empty receiver id: two bots given one token and key would take each
+            # other's callbacks, and both answer (found by a review).
+            raise CallbackRejected("wrong_bot", 403, "the callback names another AI bot")
         msg_type = str(payload.get("msgtype", ""))
         if msg_type == "stream":
             stream_id = str(object_field(payload, "stream").get("id", ""))
             if not stream_id:
                 raise CallbackRejected("missing_fields", 400, "stream refresh without stream.id")
-            return StreamPoll(stream_id)
+            return StreamPoll(stream_id, str(object_field(payload, "from").get("userid", "")))
         if msg_type == "event":
             event = object_field(payload, "event")
             event_type = str(event.get("eventtype", ""))
@@ -175,14 +181,27 @@ class WeComAIBotAdapter(ChannelDefaults):
             ),
             tap=tap,
         )
-        return self.config.identity.stamp(message)
+        return self._identity(payload).stamp(message)
+
+    def _identity(self, payload: dict[str, Any]) -> Identity:
+        """Who the sender is: a member of the bot's corporation, or of the one `from.corpid` names. WeCom sends
+        corpid only for a bot that is not the corporation's own (doc 100719, From 结构体: 若为企业内部智能机器人
+        不返回): an outsider's "alice" is not the member alice, nor given her memory, limits or tool rights
+        (found by a review)."""
+        own = self.config.identity
+        corp = str(object_field(payload, "from").get("corpid", ""))
+        if not corp or corp == own.tenant:
+            return own
+        return Identity(own.family, corp, memory_by_person=False)
 
     async def download(self, media: Media) -> Downloaded:
         """A picture or file of a message: its URL (from inside the encrypted callback) fetched, then decrypted
-        with the bot's key. Only https, or WeCom's API origin as configured (the simulator's); no redirects."""
+        with the bot's key. Only from WeCom's media host (`media_hosts`) or its API origin as configured (the
+        simulator's); no redirects. Any https host was fetched before (found by a review): a leaked key would have
+        let a forged callback make the worker GET internal addresses."""
         url = media.ref
-        if not (url.startswith("https://") or same_origin(url, self.config.api_base)):
-            raise MediaError("refused", "the AI bot's media URL is neither https nor WeCom's API origin")
+        if not trusted(url, self.config.api_base, PLATFORM, "media", self.config.media_hosts):
+            raise MediaError("refused", "the AI bot's media URL is neither WeCom's media host nor its API origin")
         try:
             data, headers = await download_bounded(self._http, url, "AI bot media", self.max_media_bytes + 32)
         except MediaError as exc:

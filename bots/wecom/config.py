@@ -14,6 +14,9 @@ from knowledge.config import KnowledgeUse
 WECOM_API_BASE = "https://qyapi.weixin.qq.com"
 # 企业微信Web登录 (developer.work.weixin.qq.com/document/path/98171): login.work.weixin.qq.com/wwlogin/sso/login
 WECOM_LOGIN_BASE = "https://login.work.weixin.qq.com"
+# Where an AI bot's pictures and files are fetched from: the one origin of doc 100719's examples (接收消息, 图片/文件
+# 结构体), which other implementations observe in real callbacks too. No other host of a message's URL is fetched.
+AIBOT_MEDIA_HOSTS = ("ww-aibot-img-1258476243.cos.ap-guangzhou.myqcloud.com",)
 BOT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 FAMILY = "wecom"  # the members of a corporation: `wecom:<corp_id>:<userid>`
 CORP_PLATFORMS = ("wecom", "wecom-kf")  # bots configured with their corporation's id
@@ -25,7 +28,19 @@ class _CallbackSecrets(BotSettings):
     id: str = Field(pattern=BOT_ID_PATTERN)
     token: SecretStr
     encoding_aes_key: SecretStr
-    replay_window_s: int = Field(default=3600, ge=0)
+    replay_window_s: int = Field(default=3600, description="how far a callback's timestamp may be from now")
+
+    @field_validator("replay_window_s", mode="before")
+    @classmethod
+    def _window_on(cls, value: object) -> object:
+        """A window that is off (0) let a callback captured once be answered again once its deduplication
+        (dedup_ttl_s) had passed, and a timestamp days old pass (found by a review): at least 1 s."""
+        if isinstance(value, int | str) and str(value).strip().lstrip("-").isdigit() and int(value) < 1:
+            raise ValueError(
+                "must be at least 1: without the window a callback captured once would be answered again "
+                "once its deduplication (dedup_ttl_s) has passed"
+            )
+        return value
 
     @field_validator("encoding_aes_key")
     @classmethod
@@ -71,6 +86,14 @@ class WeComAIBotConfig(_CallbackSecrets):
     corp_id: str = Field(
         default="",
         description="the corporation the AI bot belongs to (its members' identities); the one configured if omitted",
+    )
+    aibot_id: str = Field(
+        default="",
+        description="the bot's aibotid (WeCom's console): a callback naming another is refused (empty: not checked)",
+    )
+    media_hosts: list[str] = Field(
+        default_factory=lambda: list(AIBOT_MEDIA_HOSTS),
+        description="the hosts a picture's or file's URL in a callback may name (besides api_base)",
     )
 
     _api_base = field_validator("api_base")(_strip_slash)

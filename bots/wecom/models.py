@@ -43,12 +43,19 @@ def app_parts(msg_type: str, fields: Mapping[str, str]) -> tuple[str, tuple[Part
     return "", ()
 
 
-def parse_app_message(bot_id: str, plaintext: str, received_at: float) -> InboundMessage | None:
+def parse_app_message(
+    bot_id: str, plaintext: str, received_at: float, agent_id: int | None = None
+) -> InboundMessage | None:
     """Build the normalized message, or None for events (enter_agent, subscribe, …), which need no answer.
 
-    WeCom's rule for dedup: MsgId where there is one, FromUserName + CreateTime for events.
+    WeCom's rule for dedup: MsgId where there is one, FromUserName + CreateTime for events. A message or event
+    that names another app (AgentID, doc 90239) is refused: every app of a corporation decrypts with its corp id,
+    so two apps given one token and key would take each other's callbacks, and both answer (found by a review).
     """
     fields = parse_flat_xml(plaintext.encode("utf-8"))
+    named = fields.get("AgentID", "")
+    if agent_id is not None and named and named.strip() != str(agent_id):
+        raise CallbackRejected("wrong_agent", 403, "the callback names another app (AgentID)")
     msg_type = fields.get("MsgType", "")
     sender = fields.get("FromUserName", "")
     if msg_type == "event":  # before the sender check: a 微信客服 kf_msg_or_event at an app's URL names none

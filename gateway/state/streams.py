@@ -77,6 +77,7 @@ class StreamState:
     created: float
     question: str = ""  # the buttons the answer ends with (bots.buttons.Question as JSON; the page shows them)
     timed_out: bool = False  # finished by a refresh at the platform's time limit, not by its answer (close_late)
+    owner: str = ""  # the opener's set of unfinished streams (Keys.active_streams): whose answer it is
 
 
 class StreamStore:
@@ -105,8 +106,20 @@ class StreamStore:
         if not raw:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
-        return StreamState(fields.get("content", ""), fields.get("finish") == "1", float(fields.get("created", 0)),
-                           fields.get("question", ""), fields.get("timed_out") == "1")  # fmt: skip
+        return StreamState(
+            fields.get("content", ""),
+            fields.get("finish") == "1",
+            float(fields.get("created", 0)),
+            fields.get("question", ""),
+            fields.get("timed_out") == "1",
+            fields.get("active", ""),
+        )
+
+    def belongs(self, state: StreamState, bot_id: str, user: str) -> bool:
+        """Whether `state` is the answer of `bot_id` to `user` (to some user of the bot's, when `user` is empty)."""
+        if user:
+            return state.owner == self._keys.active_streams(bot_id, user)
+        return state.owner.startswith(self._keys.active_streams(bot_id, ""))
 
     async def update(
         self, stream_id: str, content: str, *, finish: bool = False, fence: Fence | None = None
