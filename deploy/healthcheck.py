@@ -4,8 +4,9 @@
 It looks at the command the container runs (PID 1's, or the one given) and checks what that command serves:
   serve            GET /healthz on the public port (--port, default 8080)
   web              GET / on the page's port (--port, default 8100)
-  worker           GET /metrics on worker.metrics_port (BOTGW_WORKER__METRICS_PORT, else 9101): the worker's
-                   process answers; with no metrics port configured, that it is alive
+  worker           GET /metrics on worker.metrics_port (BOTGW_WORKER__METRICS_PORT, else the --config file's
+                   worker.metrics_port, else 9101 when the file cannot be read): the worker's process answers;
+                   with no metrics port configured, that it is alive (this check runs beside it)
   dingtalk-stream  GET /metrics on --metrics-port when the command has one (the process answers; whether each
                    bot's WebSocket is open is botgw_dingtalk_stream_connected, which the alert watches); without
                    it, an established TCP connection to port 443 (DingTalk's Stream gateway)
@@ -61,6 +62,27 @@ def _stream_connected() -> bool:
     return False
 
 
+def _worker_port(argv: list[str]) -> str:
+    """The worker's metrics port: the environment's, else its config file's ("" when it sets none). Reading only
+    the environment called a worker with another port in its file, or none, unhealthy for ever (found by a
+    review). PyYAML is botgw's own dependency, in the image's Python; 9101 when the file cannot be read."""
+    port = os.environ.get("BOTGW_WORKER__METRICS_PORT", "").strip()
+    if port:
+        return port
+    try:
+        import yaml
+
+        with open(_option(argv, "--config", "botgw.yaml"), encoding="utf-8") as handle:
+            settings = yaml.safe_load(handle)
+    except Exception:  # no PyYAML, no file, or one it cannot parse (the worker itself refuses that at start)
+        return "9101"
+    worker = settings.get("worker") if isinstance(settings, dict) else None
+    value = worker.get("metrics_port") if isinstance(worker, dict) else None
+    if value is None:
+        return ""
+    return str(value).strip() if str(value).strip().isdigit() else "9101"  # "${PORT}": the environment's, unset
+
+
 def main() -> int:
     argv = _argv()
     command = next((token for token in argv if token in ("serve", "web", "worker", "dingtalk-stream")), None)
@@ -69,8 +91,8 @@ def main() -> int:
     elif command == "web":
         ok = _get(f"http://127.0.0.1:{_option(argv, '--port', '8100')}/")
     elif command == "worker":
-        port = os.environ.get("BOTGW_WORKER__METRICS_PORT", "9101")
-        ok = _get(f"http://127.0.0.1:{port}/metrics")
+        port = _worker_port(argv)
+        ok = _get(f"http://127.0.0.1:{port}/metrics") if port else True
     elif command == "dingtalk-stream":
         port = _option(argv, "--metrics-port", "")
         ok = _get(f"http://127.0.0.1:{port}/metrics") if port else _stream_connected()

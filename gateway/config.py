@@ -338,14 +338,21 @@ def expand_env(value: Any) -> Any:
     return value
 
 
+_UNQUOTED_FLOW_REF = re.compile(r"[{\[,]\s*[\w.-]+:\s*\$\{|[\[,]\s*\$\{")
+
+
 def read_config_file(file: Path) -> dict[str, Any]:
     """The YAML file as written (no `${VAR}` expanded): a mapping, or ConfigError saying what is wrong with it."""
     if not file.is_file():
         raise ConfigError(f"configuration file {file} does not exist")
+    text = file.read_text(encoding="utf-8")
     try:
-        loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        loaded = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{file} is not valid YAML: {exc}") from exc
+        hint = ""
+        if _UNQUOTED_FLOW_REF.search(text):  # `{key: ${KEY}}`: YAML reads the `{` of `${` as a mapping's start
+            hint = ' (a ${VAR} inside {...} or [...] must be quoted: key: "${VAR}")'
+        raise ConfigError(f"{file} is not valid YAML: {exc}{hint}") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"{file} must hold a mapping at the top level")
     return loaded

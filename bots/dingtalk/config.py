@@ -42,7 +42,10 @@ class DingTalkBotConfig(BotSettings):
     replay_window_s: int = Field(
         default=3600, ge=1, description="HTTP mode: how far a callback's timestamp may be from now (DingTalk: 1 h)"
     )
-    per_minute: int = Field(default=20, ge=1, description="sends per conversation per minute")
+    per_minute: int = Field(
+        default=20, ge=1, le=20,
+        description="sends per conversation per minute (DingTalk throttles a robot past 20 a minute for 10 minutes)",
+    )  # fmt: skip
     ai_card: AICardSettings = Field(default_factory=AICardSettings)
     knowledge: KnowledgeUse | None = Field(default=None, description="the knowledge bases it answers from")
     # a silently dead connection (open, passing nothing) is noticed within interval + timeout: 10 s
@@ -52,7 +55,7 @@ class DingTalkBotConfig(BotSettings):
     @field_validator("replay_window_s", mode="before")
     @classmethod
     def _window_on(cls, value: object) -> object:
-        """0 turns WeCom's window off, where the signature covers the body; DingTalk's covers only the timestamp."""
+        """At least 1, as WeCom's (bots/wecom/config.py); the more so as DingTalk's sign covers only the timestamp."""
         if value in (0, "0"):
             raise ValueError(
                 "must be at least 1: DingTalk signs only the timestamp, so without the window one captured "

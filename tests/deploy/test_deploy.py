@@ -725,7 +725,7 @@ class _Healthy(BaseHTTPRequestHandler):
         pass
 
 
-def test_healthcheck_script() -> None:
+def test_healthcheck_script(tmp_path: Path) -> None:
     server = HTTPServer(("127.0.0.1", 0), _Healthy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = str(server.server_address[1])
@@ -737,9 +737,15 @@ def test_healthcheck_script() -> None:
         env_ok = subprocess.run([*script, "worker"], env={**os.environ, "BOTGW_WORKER__METRICS_PORT": port},
                                 capture_output=True, timeout=20)
         assert env_ok.returncode == 0
+        # the port in the worker's config file, without the environment's (it was 9101 whatever the file said)
+        (tmp_path / "own.yaml").write_text(f"worker:\n  metrics_port: {port}\n")
+        assert run([*script, "worker", "--config", str(tmp_path / "own.yaml")]).returncode == 0
     finally:
         server.shutdown()
         server.server_close()
+    assert run([*script, "worker", "--config", str(tmp_path / "own.yaml")]).returncode == 1  # nothing listens
+    (tmp_path / "none.yaml").write_text("worker:\n  concurrency: 4\n")  # no metrics port: alive is healthy
+    assert run([*script, "worker", "--config", str(tmp_path / "none.yaml")]).returncode == 0
     assert run([*script, "serve", "--port", port]).returncode == 1  # nothing listens any more
     assert run([*script, "dingtalk-stream", "--metrics-port", port]).returncode == 1
     assert run([*script, "kb", "list"]).returncode == 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gateway.cli import main
 from gateway.config import ConfigError, load_settings
@@ -397,9 +399,38 @@ def test_a_mistyped_botgw_environment_variable_is_named(
         load_settings(path)
 
 
+def test_wecom_refuses_a_replay_window_of_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WeCom window that is off let a callback captured once be answered again after its dedup had passed (a
+    review): refused at start, saying why."""
+    monkeypatch.setenv("TEST_WECOM_SECRET", "s3cr3t-value")
+    with pytest.raises(ConfigError, match=r"bots\.app\.replay_window_s.*answered again"):
+        load_settings(write(tmp_path, BOT + "    replay_window_s: 0\n"))
+    assert load_settings(write(tmp_path, BOT + "    replay_window_s: 60\n")).bot("app").replay_window_s == 60
+
+
+def test_every_yaml_example_in_the_docs_parses() -> None:
+    """Operators copy the README's and docs' examples: each YAML block must parse (an unquoted ${VAR} inside
+    {...} did not, found by a review)."""
+    root = Path(__file__).resolve().parents[2]
+    broken = []
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for block in re.finditer(r"```ya?ml\n(.*?)```", text, re.S):
+            try:
+                yaml.safe_load(block.group(1))
+            except yaml.YAMLError as exc:
+                broken.append(f"{doc.name}:{text[: block.start()].count(chr(10)) + 1}: {str(exc).splitlines()[0]}")
+    assert not broken, broken
+
+
+def test_an_unquoted_reference_in_a_flow_mapping_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r'must be quoted: key: "\$\{VAR\}"'):
+        load_settings(write(tmp_path, "admin: {token: ${BOTGW_ADMIN_TOKEN}, port: 8081}\n"))
+
+
 def test_dingtalk_refuses_a_replay_window_of_zero(tmp_path: Path) -> None:
-    """WeCom's 0 turns its timestamp window off (its signature covers the body); DingTalk's sign covers only the
-    timestamp, so with no window one captured pair would carry any message for ever: refused at start, saying why."""
+    """DingTalk's sign covers only the timestamp, so with no window one captured pair would carry any message for
+    ever: refused at start, saying why."""
     ding = """
 bots:
   - id: ding
