@@ -109,9 +109,12 @@ class WebAdapter(ChannelDefaults):
         # per-bot memory name (`bot_session_key`) of a page user must never be adopted as the member's memory.
         conversation = user if login in PAGE_LOGINS else f"{login}:{user}"
         tap_id = f"tap:{person}:{tap.choice}:{tap.question_id}" if tap else ""
-        msg_id = tap_id or str(payload.get("msg_id") or secrets.token_hex(12))
-        if not tap_id and msg_id.startswith("tap:"):  # a typed message cannot pre-empt a tap's delivery
+        given = str(payload.get("msg_id") or "")
+        if not tap_id and given.startswith("tap:"):  # a typed message cannot pre-empt a tap's delivery
             raise CallbackRejected("bad_msg_id", 400, "msg_id: 'tap:' names a button's delivery")
+        # A client's own msg_id (its retry is one delivery) is the sender's: two users sending one msg_id were one
+        # delivery, and the second was shown the first one's answer (found by a review).
+        msg_id = tap_id or (f"{person}:{given}" if given else secrets.token_hex(12))
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,

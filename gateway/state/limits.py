@@ -60,20 +60,19 @@ _ADMIT = """
 local now, member = tonumber(ARGV[1]), ARGV[2]
 local n = (#ARGV - 2) / 2
 if #KEYS > n and redis.call('HEXISTS', KEYS[n + 1], 'text') == 1 then return {0, 0} end
-local known = true
+for i = 1, n do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - tonumber(ARGV[2 + 2 * i])) end
+-- Admitted before if it is still in any window: a retry after the minute is still in the day's, and was counted
+-- as new in the minute's (or refused there, once full) when each window was asked on its own (found by a review).
 for i = 1, n do
-  local key = KEYS[i]
-  local limit, span = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
-  if not redis.call('ZSCORE', key, member) then
-    known = false
-    if redis.call('ZCARD', key) >= limit then
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      return {i, math.max(1, tonumber(oldest[2]) + span - now)}
-    end
+  if redis.call('ZSCORE', KEYS[i], member) then return {0, 0} end
+end
+for i = 1, n do
+  local key, limit, span = KEYS[i], tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  if redis.call('ZCARD', key) >= limit then
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    return {i, math.max(1, tonumber(oldest[2]) + span - now)}
   end
 end
-if known then return {0, 0} end
 for i = 1, n do
   redis.call('ZADD', KEYS[i], 'NX', now, member)
   redis.call('PEXPIRE', KEYS[i], ARGV[2 + 2 * i])

@@ -11,6 +11,7 @@ fenced release refused, and changes nothing its successor sees (no count, no dea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 from redis.exceptions import RedisError
@@ -24,13 +25,15 @@ from gateway.queue.entry import EntryKind
 from gateway.queue.push import enqueue_push
 from gateway.queue.scheduler import Outcome
 from gateway.state.pulse import PULSE
-from gateway.state.reply_record import LeaseLost
+from gateway.state.reply_record import LeaseLost, while_redis_returns
 
 log = logging.getLogger(__name__)
 FAILURES_TTL_S = 86400
 # A pull's backoff cap, in units of worker.backoff_max_s (30 s by default: 5 minutes). A pull that keeps failing
 # waits this long at most between attempts: WeCom's sync_msg without a fresh callback Token is strictly rate-limited.
 PULL_BACKOFF_CAP_FACTOR = 10
+# How long the reply record of a dead letter is kept: a replay within it resumes the answer the record holds.
+DEAD_RECORD_TTL_S = 30 * 86400
 _MAX_DOUBLINGS = 32  # 2**n of a pull failing for days stays a finite float
 
 
@@ -115,15 +118,24 @@ async def _pull_failed(services: Services, job: Job, exc: Exception, failures: i
 
 async def give_up(services: Services, job: Job, reason: str) -> bool:
     """End the message: its stream or card gets a final failed state, the entry becomes a dead letter. Nothing is
-    counted or told when the release finds the lease gone: the message is its new owner's to answer (False)."""
+    counted or told when the release finds the lease gone: the message is its new owner's to answer (False).
+
+    The record's "failed" is written by the release itself, with the dead letter, under the lease: written before it
+    (a stall, a Redis blip in between), the next owner took the record's "failed" for done and dropped the message
+    with no dead letter and no alert (found by a review). The record then outlives the usual dedup_ttl_s by
+    DEAD_RECORD_TTL_S, so that a replay weeks later still resumes the answer it holds rather than composing one
+    anew after the pieces already sent."""
     if job.presenter.always_answers:
         try:
             await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await job.record.load())
         except Exception as exc:  # the notice is a courtesy: the record still says failed (a replay resets it)
             log.warning("the failure notice could not be shown", extra={"error": str(exc)[:300]})
-    with contextlib.suppress(Exception):
-        await job.record.mark(state="failed", reason=reason[:300])
-    if not await services.scheduler.release(job.lease, "done", dead_letter={"reason": reason[:500]}):
+    job.record.mark_at_release(state="failed", reason=reason[:300])
+    marks = job.record.release_marks()
+    assert marks is not None
+    marks = dataclasses.replace(marks, ttl_s=max(marks.ttl_s, DEAD_RECORD_TTL_S))
+    scheduler, dead = services.scheduler, {"reason": reason[:500]}
+    if not await while_redis_returns(lambda: scheduler.release(job.lease, "done", dead_letter=dead, record=marks)):
         _lost(job)
         return False
     metrics.REPLIES.labels(job.message.platform, "failed").inc()

@@ -48,3 +48,21 @@ async def test_a_retry_of_a_refused_message_is_not_counted(redis: aioredis.Redis
     assert state.text == "您发得太快了"
     admission, _, _ = await first_load("m3")  # the person's next message
     assert admission.refusal is None, "the refused m2 took m3's place in the window on its retry"
+
+
+async def test_a_retry_after_its_shortest_window_is_neither_counted_again_nor_refused(redis: aioredis.Redis) -> None:
+    """A message admitted once is admitted for good while it is in any window: a retry after the minute (a takeover,
+    an engine wait) was counted again in the minute's window, or refused there once others had filled it, while the
+    day's still held it (found by a review)."""
+    keys = Keys("v" + secrets.token_hex(4))
+    budgets = Budgets(redis, "", keys, LimitSettings(per_user="2/2 seconds;100/day"))
+    await budgets.load_scripts()
+    assert await budgets.admit_message("u1", None, "m") is None
+    await asyncio.sleep(2.2)  # m leaves the short window, not the day's
+    assert await budgets.admit_message("u1", None, "x") is None
+    assert await budgets.admit_message("u1", None, "y") is None  # the short window is full again
+    assert await budgets.admit_message("u1", None, "m") is None, "the admitted message was refused on its retry"
+    assert await budgets.admit_message("u1", None, "z") is not None, "the short window holds x and y"
+    day = [key for key in await redis.keys(f"*{keys.namespace}*") if await redis.type(key) == b"zset"]
+    counts = sorted([await redis.zcard(key) for key in day])
+    assert counts == [2, 3], f"m was counted again: {counts}"

@@ -239,3 +239,40 @@ async def test_a_failure_notice_that_cannot_be_shown_still_leaves_the_record_fai
     await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
     assert await dead_letters(world) == 1
     assert (await job.record.load()).state == "failed"
+
+
+async def test_a_give_up_whose_lease_passes_on_before_its_release_leaves_the_record_unfailed(world: World) -> None:
+    """The record's "failed" comes with the fenced release: written before it, a stall in between left the next
+    owner a record it took for done, and the message ended with no answer, no dead letter, no alert (a review)."""
+    kit = services(world)
+    await queue(world, chat_message(), EntryKind.CHAT)
+    stale = await take(world, "stalls", lease_ms=50)
+    job = job_of(world, stale)
+    release = world.scheduler.release
+
+    async def stall_then_release(*args: object, **kwargs: object) -> bool:
+        await asyncio.sleep(0.1)  # the lease runs out meanwhile, and another worker takes the message
+        await world.scheduler.sweep()
+        owners.append(await take(world, "new-owner"))
+        return await release(*args, **kwargs)  # type: ignore[arg-type]
+
+    owners: list[Lease] = []
+    world.scheduler.release = stall_then_release  # type: ignore[method-assign]
+    await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    world.scheduler.release = release  # type: ignore[method-assign]
+    assert owners, "the message was not taken over"
+    assert (await job_of(world, owners[0]).record.load()).state != "failed", "the new owner would drop it"
+    assert await dead_letters(world) == 0 and await alerts(world) == []
+
+
+async def test_a_dead_letters_record_outlives_the_dedup_window(world: World) -> None:
+    """A replay after dedup_ttl_s found no record and composed a new answer after pieces already sent (a review)."""
+    kit = services(world)
+    await queue(world, chat_message(), EntryKind.CHAT)
+    job = job_of(world, await take(world))
+    await job.record.mark(state="committed", text="an answer", sent=1)
+    await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    assert await dead_letters(world) == 1
+    state = await job.record.load()
+    assert state.state == "failed" and state.text == "an answer" and state.sent == 1
+    assert await world.redis.ttl(job.record.key) > 29 * 86400

@@ -64,6 +64,14 @@ def test_a_tap_is_one_delivery_per_person_and_button() -> None:
     assert len({first.dedup_key, other_choice.dedup_key, other_person.dedup_key}) == 3
 
 
+def test_a_clients_msg_id_is_one_delivery_of_its_sender_only() -> None:
+    """Two users posting one msg_id were one delivery: the second was dropped and shown the first's answer (a
+    review). The same sender's retry still is one delivery."""
+    alice, again, bob = (post({"user": u, "text": "hi", "msg_id": "m-1"}) for u in ("alice", "alice", "bob"))
+    assert alice.dedup_key == again.dedup_key and alice.reply_to.stream_id == again.reply_to.stream_id
+    assert bob.dedup_key != alice.dedup_key and bob.reply_to.stream_id != alice.reply_to.stream_id
+
+
 @pytest.mark.parametrize("body", [
     {"user": "alice", "button": "botgw:maybe:" + "a" * 16},
     {"user": "alice", "button": "card:confirmed:" + "a" * 16},
