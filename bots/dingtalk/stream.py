@@ -37,6 +37,12 @@ log = logging.getLogger(__name__)
 MessageSink = Callable[[InboundMessage], Awaitable[None]]
 MAX_BACKOFF_S = 30.0
 QUEUE_RETRY_DELAYS_S = (0.1, 0.3, 0.6, 1.0)  # about 2 s in all: well inside the ack window (UNCONFIRMED length)
+# A robot message that could not be queued within the ack window is kept trying in the background (DingTalk never
+# pushes it again): for this long, at most this many at once, doubling from 1 s up to 30 s between tries. A Redis
+# restart that loads its AOF for a minute lost every message pushed meanwhile (found by a review).
+LATE_QUEUE_FOR_S = 900.0
+LATE_FIRST_DELAY_S = 1.0
+MAX_LATE_MESSAGES = 1000
 USER_AGENT = "botgw-dingtalk-stream/1"
 
 
@@ -83,6 +89,7 @@ class DingTalkStreamConnection:
         self._tracks = TrackIds(config.app_secret.get_secret_value())  # the question cards' (buttons.py)
         self.connections = 0
         self.connected = False  # a socket is open and its pings are answered (exported by the Stream process)
+        self._late: set[asyncio.Task[None]] = set()  # robot messages still being queued after their ack
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 1.0
@@ -121,6 +128,17 @@ class DingTalkStreamConnection:
                 break
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(MAX_BACKOFF_S, backoff * 2)
+        await self._end_late()
+
+    async def _end_late(self) -> None:
+        """At shutdown: what is still being queued is lost with the process (DingTalk will not resend it): said."""
+        if not self._late:
+            return
+        log.error("stopping with dingtalk messages not yet queued; DingTalk will not resend them",
+                  extra={"bot_id": self.config.id, "messages": len(self._late)})  # fmt: skip
+        for task in list(self._late):
+            task.cancel()
+        await asyncio.gather(*self._late, return_exceptions=True)
 
     async def _open(self) -> tuple[str, str]:
         body = {
@@ -207,7 +225,35 @@ class DingTalkStreamConnection:
             return ack_frame(message_id, {"response": None}, AckMessage.STATUS_BAD_REQUEST, "bad message")
         if await self._queue(message):
             return ack_frame(message_id, {"response": None})
-        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")
+        self._keep_queueing(message)
+        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued yet")
+
+    def _keep_queueing(self, message: InboundMessage) -> None:
+        if len(self._late) >= MAX_LATE_MESSAGES:
+            log.error("could not queue a dingtalk message, and too many wait already; DingTalk will not resend it",
+                      extra={"bot_id": self.config.id, "msg_id": message.msg_id})  # fmt: skip
+            return
+        task = asyncio.create_task(self._queue_late(message))
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    async def _queue_late(self, message: InboundMessage) -> None:
+        """Keep handing `message` to the sink, for up to LATE_QUEUE_FOR_S (the ingest path deduplicates it, so a
+        try that worked without saying so is harmless)."""
+        deadline, delay = time.monotonic() + LATE_QUEUE_FOR_S, LATE_FIRST_DELAY_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._sink(message)
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    extra = {"bot_id": self.config.id, "msg_id": message.msg_id, "error": str(exc)}
+                    log.error("gave up queueing a dingtalk message; DingTalk will not resend it", extra=extra)
+                    return
+                delay = min(MAX_BACKOFF_S, delay * 2)
+                continue
+            log.info("queued a dingtalk message late", extra={"bot_id": self.config.id, "msg_id": message.msg_id})
+            return
 
     async def _card_tap(self, message_id: str, data: Any) -> str:
         """A card callback: the asker's tap on a question's button is queued like a message, then acked with the
@@ -225,20 +271,21 @@ class DingTalkStreamConnection:
             return ack_frame(message_id, {"response": None})
         if await self._queue(tap.message):
             return ack_frame(message_id, {"response": tap.response})
-        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued")
+        self._keep_queueing(tap.message)  # answered late rather than never (whether DingTalk resends is UNCONFIRMED)
+        return ack_frame(message_id, {"response": None}, AckMessage.STATUS_SYSTEM_EXCEPTION, "not queued yet")
 
     async def _queue(self, message: InboundMessage) -> bool:
         """Hand `message` to the sink, retried inside the ack window. DingTalk pushes robot messages once
         ("fire-forgot", no resend on a missing ack), and whether it resends a card callback is UNCONFIRMED (taken
-        as never): a message that cannot be queued is given up only then (logged with its msgId)."""
+        as never): False (logged with its msgId) when it could not be queued within the window."""
         for delay in (*QUEUE_RETRY_DELAYS_S, None):
             try:
                 await self._sink(message)
                 return True
             except Exception as exc:
                 if delay is None:
-                    log.error(
-                        "could not queue a dingtalk message; DingTalk will not resend it",
+                    log.warning(
+                        "could not queue a dingtalk message within its ack window",
                         extra={"bot_id": self.config.id, "msg_id": message.msg_id, "error": str(exc)},
                     )
                     break

@@ -5,12 +5,17 @@ every robot message DingTalk pushes meanwhile (DingTalk does not resend them).""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
+from dingtalk_stream.frames import AckMessage
 
+from bots.dingtalk import stream
 from bots.dingtalk.config import DingTalkBotConfig
 from bots.dingtalk.stream import DingTalkStreamConnection, StreamOpenError
+from simulator.dingtalk import messages
+from simulator.dingtalk.user import robot_payload
 
 CONFIG = DingTalkBotConfig(id="ding", mode="stream", app_key="dingkey", app_secret="ding-secret-for-tests")
 
@@ -58,3 +63,37 @@ def test_the_connection_keeps_trying_after_a_page_that_is_not_json(caplog: pytes
     asyncio.run(run_for_a_while())
     assert len(seen) >= 2
     assert CONFIG.app_secret.get_secret_value() not in caplog.text
+
+
+async def test_a_robot_message_that_cannot_be_queued_in_its_ack_window_is_kept_trying(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis away longer than the ack window (an AOF load): the message was logged and lost, as DingTalk never
+    pushes it again (found by a review). Now it is acked and kept trying in the background until the sink takes it."""
+    monkeypatch.setattr(stream, "QUEUE_RETRY_DELAYS_S", (0.01,))
+    monkeypatch.setattr(stream, "LATE_FIRST_DELAY_S", 0.01)
+    monkeypatch.setattr(stream, "MAX_BACKOFF_S", 0.05)
+    queued: list[object] = []
+    refusals = 8  # the ack window's two tries, then six late ones
+
+    async def sink(message: object) -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise ConnectionError("Redis is loading")
+        queued.append(message)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+    conn = DingTalkStreamConnection(CONFIG, http, sink)  # type: ignore[arg-type]
+    webhook = {"url": "https://oapi.dingtalk.com/robot/sendBySession?session=s", "expires_ms": 0}
+    payload = robot_payload(CONFIG, "u1", "", conversation="cid", group=False, webhook=webhook,
+                            message=messages.text_message("还在吗"))  # fmt: skip
+    ack = json.loads(await conn._robot_message("m-1", payload))
+    assert ack["code"] == AckMessage.STATUS_SYSTEM_EXCEPTION and not queued
+    for _ in range(300):
+        if queued:
+            break
+        await asyncio.sleep(0.01)
+    assert len(queued) == 1 and getattr(queued[0], "text", "") == "还在吗"
+    await conn._end_late()
+
