@@ -14,9 +14,10 @@ raises LeaseLost, and a send is preceded by a lease check.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -40,6 +41,13 @@ class Paced(Exception):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"paced for {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
+
+
+class HandedBack(Paced):
+    """The worker is stopping: the message goes back to the queue before its next piece, with the marks so far."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
 
 
 class Resends:
@@ -72,6 +80,10 @@ class Delivery:
     settings: WorkerSettings
     conversations: Conversations | None = None  # reply quotas, for platforms that have them
     single_slot: bool = False  # a single Redis (not a Cluster): a send's pacing, repeat count and mark go together
+    # Set when the worker hands its messages back (SIGTERM, past drain_s): no new piece is begun, and a piece
+    # whose send is on the way is let finish rather than cancelled mid-send (then sent again by the next owner,
+    # twice on DingTalk, which has no duplicate check: found by a review).
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def retry_send(self, call: Callable[[int], Awaitable[None]]) -> None:
         try:

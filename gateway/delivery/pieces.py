@@ -16,7 +16,7 @@ from bots.channels import PiecesChannel
 from bots.markdown import to_text
 from bots.text import split_utf8, utf8_len, utf8_prefix
 from gateway import texts
-from gateway.delivery.base import Paced, Presenter
+from gateway.delivery.base import HandedBack, Paced, Presenter
 from gateway.state.limits import window
 from gateway.state.reply_record import ReplyState
 
@@ -65,6 +65,8 @@ class PiecesPresenter(Presenter):
         if done_with_last and state.sent >= len(pieces):
             await self.record.mark(state="done")
         for index in range(state.sent, len(pieces)):
+            if self.delivery.stopping.is_set():
+                raise HandedBack()
             outcome_unknown = index < state.started
             piece, progress = pieces[index], {"started": index + 1}
             if self._in_one_step():

@@ -61,6 +61,7 @@ SUSPECT_AFTER_TAKEOVERS = 2
 # ... and after this many deaths while alone it is given up (a dead letter, the operators told) instead of run.
 DEATHS_ALONE_ALLOWED = 2
 ALONE_WAIT_S = 60.0  # the longest a suspect waits for its worker's other messages; then it goes back to the queue
+HAND_BACK_GRACE_S = 5.0  # at shutdown, how long a piece on its way may take to finish before its answer is cancelled
 
 
 def worker_services(runtime: Runtime, conversations: Conversations) -> Services:
@@ -155,7 +156,13 @@ class Worker:
         log.info("worker stopped", extra={"consumer": self._consumer, "handed_back": handed_back})
 
     async def _hand_back(self) -> int:
-        """Stop what is still running after the drain and give it back to the queue at once."""
+        """Stop what is still running after the drain and give it back to the queue at once: no new piece is begun
+        (each answer hands itself back before its next one), a piece on its way is let finish for up to
+        HAND_BACK_GRACE_S, and what still runs then is cancelled (an engine call: nothing was sent)."""
+        self.services.delivery.stopping.set()
+        running = [task for _, task in self._held.values()]
+        if running:
+            await asyncio.wait(running, timeout=HAND_BACK_GRACE_S)
         left = list(self._held.values())
         for _, task in left:
             task.cancel()

@@ -8,6 +8,7 @@ same paths against the simulator are in tests/e2e/wecom_kf/test_kf.py and tests/
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from bots.base import (
 from engine.client import Completion, EngineError
 from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
+from gateway.delivery.base import HandedBack
 from gateway.delivery.presenters import PiecesPresenter, StreamPresenter
 from gateway.pipeline.generate import Generate
 from gateway.pipeline.job import Job, PromptPlan
@@ -576,3 +578,38 @@ async def test_a_run_after_a_rate_limit_that_outlasted_the_attempts_is_no_resend
     else:  # a timeout may have delivered it: the refusal is the repeat refused
         await PiecesPresenter(world.delivery, adapter, message, record, fence).finish("回答", state)
         assert adapter.refused_as_delivered == 1
+
+
+# -- the shutdown's hand-back: a piece on its way finishes, none is begun after it ---------------------------------
+
+
+async def test_a_hand_back_lets_the_piece_on_its_way_finish_and_begins_no_other(world: World) -> None:
+    """Cancelled mid-send by the hand-back, a piece was sent again by the next owner (twice on DingTalk, which has
+    no duplicate check; found by a review). Now the hand-back sets `stopping`: the piece on its way completes and
+    is marked, and the answer goes back to the queue before its next piece."""
+    message, fence, record = await kf_turn(world)
+    on_its_way, let_finish = asyncio.Event(), asyncio.Event()
+
+    class SlowKf(KfStandIn):
+        async def send_piece(self, target: ReplyTarget, text: str, **options: object) -> None:
+            on_its_way.set()
+            await let_finish.wait()
+            self.sent.append(text)
+
+    adapter = SlowKf(reply_quota=None)
+    presenter = PiecesPresenter(world.delivery, adapter, message, record, fence)
+    answer = asyncio.create_task(presenter.deliver("一" * 1000 + "二" * 1000, await record.load()))  # two pieces
+    await on_its_way.wait()
+    worker = SimpleNamespace(services=SimpleNamespace(delivery=world.delivery), _held={"lane": (None, answer)},
+                             _scheduler=SimpleNamespace(release=lambda *a, **k: asyncio.sleep(0, True)),
+                             _weight=lambda lease: 1.0)  # fmt: skip
+    handing_back = asyncio.create_task(Worker._hand_back(worker))  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)
+    let_finish.set()  # the piece's send completes within the grace
+    await handing_back
+    with pytest.raises(HandedBack):
+        await answer
+    assert len(adapter.sent) == 1, "a second piece was begun after the hand-back"
+    state = await record.load()
+    assert state.sent == 1 and state.started == 1, "the piece sent is not marked: the next owner would resend it"
+    world.delivery.stopping.clear()
