@@ -27,6 +27,7 @@ from bots.base import (
     ReplyQuota,
     ReplyStyle,
     ReplyTarget,
+    SendError,
     TokenStore,
 )
 from bots.channels import CallbackRequest, Queued
@@ -40,9 +41,7 @@ from bots.wecom_kf.models import PLATFORM, number_or_zero, parse_item, parse_pul
 
 log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 2048  # the app text cap, which the bots people use split at (the Kefu cap is UNCONFIRMED)
-INVALID_PARAMETER = 40058
 NOT_ON_DUTY = 95014  # trans to 3: the servicer is not 正在接待 or not activated (wecom-kf.md, service_state/trans)
-MOVE_REFUSED = 95016  # trans: a move the session's state does not allow (UNCONFIRMED, the simulator's table)
 QUOTA = ReplyQuota(limit=5, window_s=48 * 3600, reserve=1)
 STATE_NEW, STATE_BOT, STATE_POOL, STATE_HUMAN, STATE_ENDED = 0, 1, 2, 3, 4
 _OWNERS: dict[int, Owner] = {STATE_NEW: "free", STATE_BOT: "bot", STATE_POOL: "human", STATE_HUMAN: "human",
@@ -106,8 +105,8 @@ class KfSessions:
         """Move the customer to a named agent, else the queue; returns the msg_code for the notice ('' none).
 
         A named agent who is not on duty (95014) is no reason to keep the customer with the bot: the queue
-        takes them. A move refused because a human already holds the session (95016, the state changed under
-        us) is a handoff already made: nothing to notify."""
+        takes them. A move refused (whatever its code) while a human already holds the session (the state changed
+        under us) is a handoff already made: nothing to notify."""
         servicer = servicer or self._config.handoff.servicer
         try:
             if servicer:
@@ -120,10 +119,20 @@ class KfSessions:
                                 extra={"code": exc.code})  # fmt: skip
             return await self._api.trans(target.chat_id, target.user_id, STATE_POOL)
         except PermanentSendError as exc:
-            if exc.code == MOVE_REFUSED and await self.owner(target) == "human":
-                log.info("the session is already with a human; no handoff move needed")
+            if await self._with_a_human(target):
+                log.info("the handoff's move was refused, and the session is already with a human: no move needed",
+                         extra={"code": exc.code})  # fmt: skip
                 return ""
             raise
+
+    async def _with_a_human(self, target: ReplyTarget) -> bool:
+        """Whether a human holds the session now (False when that cannot be asked either). Any refusal of a move is
+        asked about: the documents give no code for "the state changed under us" (95016 was the simulator's own
+        choice, found by a review)."""
+        try:
+            return await self.owner(target) == "human"
+        except SendError:
+            return False
 
     async def send_notice(
         self, target: ReplyTarget, code: str, text: str, notice_key: str, *, resend: bool = False
@@ -235,15 +244,23 @@ class WeComKfAdapter(ChannelDefaults):
         """send_msg's msgid of a piece: msg_send_fail names it as `fail_msgid`."""
         return msgid_for(piece_key)
 
+    async def _answers_without_cursor(self, channel: str, hint: str) -> bool:
+        """Whether sync_msg answers the account's pull when it names no cursor (the page itself is not used)."""
+        try:
+            await self.api.sync_msg(channel, "", hint)
+        except SendError:
+            return False
+        return True
+
     async def pull_page(self, channel: str, cursor: str, hint: str) -> PulledPage:
         """One sync_msg page of account `channel`, from `cursor`, with the callback's token `hint`."""
         try:
             data = await self.api.sync_msg(channel, cursor, hint)
         except PermanentSendError as exc:
-            # 40058 is the invalid-parameter answer (the table in simulator/wecom_kf/rules.py); with our own request
-            # well-formed, the one parameter that can have gone bad is a saved cursor the platform no longer knows
-            # (UNCONFIRMED: the documents give no code of its own for a stale cursor).
-            if cursor and exc.code == INVALID_PARAMETER:
+            # The documents give no code for a cursor the platform no longer knows (keyed on 40058, botgw relied on
+            # the simulator's own choice, found by a review): the same pull without the cursor tells. Answered, it is
+            # the cursor that was refused; refused too, it is something else (the token, the IP), raised as it is.
+            if cursor and await self._answers_without_cursor(channel, hint):
                 raise CursorRefused(f"the saved cursor was refused ({exc.code})", code=exc.code) from exc
             raise
         raw_items = [raw for raw in data.get("msg_list") or [] if isinstance(raw, dict)]

@@ -208,8 +208,11 @@ class ReplyState:
     welcome_started: str = ""  # the welcome's send began (a retry resends it, with the same msgid)
     welcome_sent: str = ""
     question: str = ""  # the answer asks the person something with buttons (bots.buttons.Question as JSON)
+    question_id: str = ""  # the tool call this message asked its asker to confirm (its PendingCall id)
     buttons_sent: str = ""  # the question's buttons were shown
     send_failed: str = ""  # the platform reported after accepting a piece that it was not delivered (why)
+    quota_refunded: str = ""  # (a msg_send_fail event's record) the slot it gives back was given back
+    letter_kept: str = ""  # (a msg_send_fail event's record) its dead letter was kept
     # a send that began and failed with every attempt certainly not acted on (rate limits): the next run's first
     # attempt is no resend ("<piece index>" or "card"; "" once an attempt may have arrived)
     not_arrived: str = ""

@@ -223,7 +223,7 @@ class PulledWork:
             await self.conversations.set_owner(message, effect.owner, record.fence)
             await self.conversations.handoffs.changed(message, event, record.fence)  # the console's register
         if effect.failed_msgid:
-            await self._delivery_failed(adapter, message, effect)
+            await self._delivery_failed(adapter, message, effect, record)
         if effect.welcome_code and effect.welcome_text:
             await self._welcome(adapter, message, effect, record)
         return effect.label
@@ -266,10 +266,15 @@ class PulledWork:
             return
         await record.mark(welcome_sent="1")
 
-    async def _delivery_failed(self, adapter: Channel, message: InboundMessage, effect: EventEffect) -> None:
+    async def _delivery_failed(
+        self, adapter: Channel, message: InboundMessage, effect: EventEffect, record: ReplyRecord
+    ) -> None:
         """The platform accepted a message and later said the person did not get it (微信客服 msg_send_fail):
         recorded against the reply it belonged to, its quota slot given back where the platform did not count
-        it, and kept as a dead letter for an operator where one should look."""
+        it, and kept as a dead letter for an operator where one should look. The event's own record (`record`)
+        makes the refund once: a retried or taken-over event gave the slot back twice, and botgw could then send
+        past WeCom's 5 (found by a review). Claimed before the refund: a crash between gives back none, never
+        one too many. The letter is marked after it is kept (a second one of a message replays once)."""
         metrics.KF_SEND_FAILED.labels(message.bot_id, effect.fail_type or "unknown").inc()
         raw = await self._redis.get(self._keys.sent_piece(message.bot_id, effect.failed_msgid))
         sent = json.loads(raw) if raw else {}
@@ -277,8 +282,10 @@ class PulledWork:
         log.warning(reason, extra={"bot_id": message.bot_id, "reply": sent.get("dedup_key", "unknown")})
         if sent.get("dedup_key"):
             await self._records.open(str(sent["dedup_key"])).mark(send_failed=f"{effect.fail_type}:{sent.get('piece')}")
-        if effect.quota_refund and adapter.reply_quota is not None:
+        if effect.quota_refund and adapter.reply_quota is not None and await record.claim("quota_refunded"):
             await self.conversations.give_back(message, adapter.reply_quota, effect.quota_refund)
+        if effect.dead_letter and (await record.load()).letter_kept:
+            return
         if effect.dead_letter and not sent.get("message"):
             # Not a piece of an answer (a welcome, a notice): no question of the person's to replay, and a letter of
             # the event itself would be answered as a chat of theirs (found by a review). The log line says it.
@@ -290,6 +297,7 @@ class PulledWork:
             entry = QueueEntry(entry_id=effect.failed_msgid, owner=owner, message=original)
             letter = json.dumps({"reason": reason, "entry": entry.wire()}, ensure_ascii=False)
             await self._redis.xadd(self._keys.dead_letters, {"entry": letter}, maxlen=10_000, approximate=True)
+            await record.mark(letter_kept="1")
 
     # -- a burst -------------------------------------------------------------------------------
 
