@@ -14,6 +14,7 @@ over the Stream connection (stream.py) and its answer, having no sessionWebhook,
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from bots.base import (
     ChannelDefaults,
     InboundMessage,
     Pacing,
+    PermanentSendError,
     ReplyStyle,
     ReplyTarget,
     RetryableSendError,
@@ -47,6 +49,7 @@ from bots.parts import Downloaded, Media, MediaError
 from bots.safe_json import parse_json_object
 from bots.urls import trusted
 
+log = logging.getLogger(__name__)
 TEXT_MAX_BYTES = 4000  # UNCONFIRMED cap; DingTalk documents none for robot text, this stays well inside
 MARKDOWN_MAX_BYTES = 4000  # UNCONFIRMED likewise for markdown / sampleMarkdown `text`: the same margin
 # A markdown message's `title` is what the conversation list and the notification show, not the message
@@ -146,6 +149,11 @@ class DingTalkRobotAdapter(ChannelDefaults):
             except RetryableSendError:
                 if self._webhook_failed(target.webhook_url) < SESSION_TRIES:
                     raise  # tried again with the presenter's backoff
+            except PermanentSendError as exc:  # a refusal nothing documents (only 300001 is seen in public): it
+                # sent nothing, and the OpenAPI may still reach the conversation (found by a review)
+                log.warning("the sessionWebhook refused a piece; sending through the OpenAPI",
+                            extra={"bot_id": self.bot_id, "code": str(exc.code)})  # fmt: skip
+                self._webhook_failed(target.webhook_url, SESSION_TRIES)  # not used again for this message
         if self.reply_format == "markdown":
             await self.api.send_markdown(group_id=target.chat_id, user_id=target.user_id, title=title_of(text),
                                          text=text)  # fmt: skip
@@ -161,9 +169,9 @@ class DingTalkRobotAdapter(ChannelDefaults):
             and trusted(target.webhook_url, self.config.oapi_base, self.platform, "sessionWebhook")
         )
 
-    def _webhook_failed(self, url: str) -> int:
-        """Count a failed post to `url`; how often it has failed. Only the most recent webhooks are kept."""
-        failures = self._webhook_failures.pop(url, 0) + 1
+    def _webhook_failed(self, url: str, count: int = 1) -> int:
+        """Count `count` failed posts to `url`; how often it has failed. Only the most recent webhooks are kept."""
+        failures = self._webhook_failures.pop(url, 0) + count
         self._webhook_failures[url] = failures
         while len(self._webhook_failures) > FAILED_WEBHOOKS_KEPT:
             self._webhook_failures.popitem(last=False)

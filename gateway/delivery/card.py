@@ -82,12 +82,20 @@ class CardPresenter(Presenter):
         return self.track_id
 
     async def show(self, text: str) -> None:
+        """An update on the way: one the platform refuses for now (its calls a second used up, a 5xx) is skipped,
+        as the next carries the full text and the finish is retried. Raised, it failed the whole answer, which
+        was then generated again (DingTalk's API limit is per app: a few people's streamed cards reach it)."""
         if not await self._update(text):
             return
-        if not self._inputting:
-            await self.adapter.cards.writing(self.track_id)
-            self._inputting = True
-        await self.adapter.cards.show(self.track_id, text)
+        try:
+            if not self._inputting:
+                await self.adapter.cards.writing(self.track_id)
+                self._inputting = True
+            await self.adapter.cards.show(self.track_id, text)
+        except SendError as exc:
+            if not exc.retryable:
+                raise
+            log.info("skipped a card update the platform refused for now", extra={"code": str(exc.code)})
 
     async def deliver(self, text: str, state: ReplyState) -> None:
         if not self.track_id:

@@ -158,6 +158,14 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
         posts, refused = state.session_posts.get(session, [0, 0])
         return {"posts": posts, "refused": refused}
 
+    @router.post("/__sim__/dingtalk/qps")
+    async def set_qps(request: Request) -> dict[str, int]:
+        """The OpenAPI calls an app may make a second (DingTalkState.qps); how many were refused so far."""
+        body = await request.json()
+        if "qps" in body:
+            state.qps = max(1, int(body["qps"]))
+        return {"qps": state.qps, "refused": state.qps_refused}
+
     @router.post("/__sim__/dingtalk/throttle")
     async def set_throttle(request: Request) -> dict[str, float]:
         """How long a throttled conversation stays throttled (DingTalk: 10 minutes; tests shorten it)."""

@@ -79,6 +79,14 @@ class DingTalkState:
     media: dict[str, StoredMedia] = field(default_factory=dict)  # downloadCode -> what it stands for
     media_links: dict[str, tuple[str, float]] = field(default_factory=dict)  # downloadUrl token -> (code, expiry)
     media_downloads: int = 0  # bytes served through a downloadUrl
+    # OpenAPI calls an app may make a second (every call with its token: cards, sends, files), past which DingTalk
+    # answers HTTP 403 Forbidden.AccessDenied.QpsLimitForApi. The figure is UNCONFIRMED: public reports give 40 on
+    # a paid plan (DingTalk-Real-AI/dingtalk-openclaw-connector#444), 60 at most (#450), 50 for AI cards per robot
+    # (the DingTalk team in NousResearch/hermes-agent#17365), and two or three people's streamed cards exceeded an
+    # ordinary plan's (#461): 40 is played, changeable on /__sim__/dingtalk/qps.
+    qps: int = 40
+    qps_calls: dict[str, list[float]] = field(default_factory=dict)  # appKey -> its calls' times in the last second
+    qps_refused: int = 0
 
 
 def error(errcode: int, errmsg: str) -> JSONResponse:
@@ -88,7 +96,22 @@ def error(errcode: int, errmsg: str) -> JSONResponse:
 TOKEN_REFUSED = {"code": "InvalidAuthentication", "message": "不合法的access_token"}
 
 
+QPS_REFUSED = {"code": "Forbidden.AccessDenied.QpsLimitForApi", "message": "api qps limit"}
+
+
 def token_refusal(state: DingTalkState, request: Request) -> JSONResponse | None:
-    """HTTP 400 InvalidAuthentication for a token DingTalk never issued, that expired or was revoked."""
-    expires = state.tokens.get(request.headers.get("x-acs-dingtalk-access-token", ""))
-    return None if expires and expires > time.time() else JSONResponse(TOKEN_REFUSED, 400)
+    """HTTP 400 InvalidAuthentication for a token DingTalk never issued, that expired or was revoked; HTTP 403
+    QpsLimitForApi for a call past its app's calls in the last second (`DingTalkState.qps`; the calls let through
+    count, UNCONFIRMED whether refused ones do)."""
+    token = request.headers.get("x-acs-dingtalk-access-token", "")
+    expires = state.tokens.get(token)
+    if not expires or expires <= time.time():
+        return JSONResponse(TOKEN_REFUSED, 400)
+    app, now = state.token_apps.get(token, ""), time.monotonic()
+    calls = [at for at in state.qps_calls.get(app, []) if now - at < 1.0]
+    if len(calls) >= state.qps:
+        state.qps_calls[app] = calls
+        state.qps_refused += 1
+        return JSONResponse(QPS_REFUSED, 403)
+    state.qps_calls[app] = [*calls, now]
+    return None

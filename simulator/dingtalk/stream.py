@@ -86,7 +86,9 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
     async def open_connection(request: Request) -> JSONResponse:
         body = await request.json()
         if (body.get("clientId"), body.get("clientSecret")) not in state.apps:
-            return JSONResponse({"code": "InvalidAuthentication", "message": "bad clientId/clientSecret"}, 401)
+            # UNCONFIRMED for connections/open itself: DingTalk's OpenAPI refuses bad credentials with HTTP 400
+            # {"code": "InvalidAuthentication"} (simulator/dingtalk/api.py), never 401; the same is played here.
+            return JSONResponse({"code": "InvalidAuthentication", "message": "bad clientId/clientSecret"}, 400)
         ticket = secrets.token_urlsafe(24)
         state.tickets[ticket] = (body["clientId"], time.time() + TICKET_LIFETIME_S)
         subscriptions = body.get("subscriptions") if isinstance(body.get("subscriptions"), list) else []
@@ -100,6 +102,8 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         client_id, expires = state.tickets.pop(ticket, ("", 0.0))
         topics = state.ticket_topics.pop(ticket, set())
         if not client_id or expires < time.time():
+            # A ticket used twice or after its 90 s is refused (platform-protocols.md §G); how (the close code) is
+            # UNCONFIRMED: closed before the handshake completes, which a client sees as a failed connect.
             await socket.close(code=4401)
             return
         await socket.accept()

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import redis.asyncio as aioredis
 
-from bots.base import InboundMessage, ReplyTarget, RetryableSendError, SendError
+from bots.base import InboundMessage, PermanentSendError, ReplyTarget, RetryableSendError, SendError
 from bots.dingtalk.cards import DingTalkCards
 from bots.dingtalk.client import FLOW_FAILED, FLOW_FINISHED
 from gateway.config import WorkerSettings
@@ -96,6 +96,40 @@ async def test_a_final_text_that_does_not_extend_the_card_is_added_after_it(deli
     assert api.calls[-1] == ("status", presenter.track_id, FLOW_FINISHED, expected)
     stored = await delivery.streams.get(presenter.track_id)
     assert stored is not None and stored.finished and stored.content == expected
+
+
+async def test_a_card_update_refused_for_now_is_skipped_and_the_finish_carries_the_whole_text(
+    delivery: Delivery,
+) -> None:
+    """DingTalk's OpenAPI limit is per app (403 QpsLimitForApi, retryable): an update on the way that it refuses is
+    skipped, not raised (which failed the whole answer, to be generated again); a permanent refusal still raises."""
+    api, message = CardApi(), card_message()
+    presenter = card_presenter(delivery, api, message)
+    state = await presenter.record.load()
+    await presenter.open(state)
+    stream_card = api.stream_card
+
+    async def limited(track_id: str, content: str, *, final: bool = False) -> None:
+        if not final:
+            raise RetryableSendError("DingTalk API rate limit", code="Forbidden.AccessDenied.QpsLimitForApi")
+        await stream_card(track_id, content, final=final)
+
+    api.stream_card = limited  # type: ignore[method-assign]
+    await presenter.show("The first half")  # refused: skipped
+    await presenter.show("The first half and the second")
+    await presenter.deliver("The first half and the second.", state)
+    assert [call for call in api.calls if call[0] == "stream"] == [
+        ("stream", presenter.track_id, "The first half and the second.", True)
+    ]
+
+    async def refused(track_id: str, content: str, *, final: bool = False) -> None:
+        raise PermanentSendError("DingTalk API /v1.0/card/streaming: param.invalid", code="param.invalid")
+
+    other = card_presenter(delivery, api, card_message())
+    await other.open(await other.record.load())
+    api.stream_card = refused  # type: ignore[method-assign]
+    with pytest.raises(PermanentSendError):
+        await other.show("text")
 
 
 async def test_a_card_whose_create_failed_is_created_on_the_retry_and_finished_once(delivery: Delivery) -> None:

@@ -334,6 +334,16 @@ def test_expired_session_webhook_answer_goes_through_openapi(stack: Stack, user:
     assert (reply["via"], reply["content"]) == ("openapi", texts.HELP_TEXT)
     assert session_posts(stack, early) == {"posts": 1, "refused": 1}
 
+    # A webhook refusal with a code nothing documents sent nothing: the OpenAPI still answers (it was a dead letter).
+    third = "e" + secrets.token_hex(4)
+    dead_before = stack.dead_letters()
+    fault = {"endpoint": "send", "errcode": 88888, "errmsg": "an undocumented refusal", "times": 1}
+    httpx.post(f"{stack.sim_url}/__sim__/dingtalk/faults", json=fault, timeout=5).raise_for_status()
+    send(stack, "ding-http", third, "/help")
+    (reply,) = replies_to(stack, third, 1)
+    assert (reply["via"], reply["content"]) == ("openapi", texts.HELP_TEXT)
+    assert stack.dead_letters() == dead_before
+
 
 def test_a_throttled_conversation_is_answered_once_the_throttle_ends(stack: Stack, user: str) -> None:
     """Someone else used up the conversation's 20 messages a minute: DingTalk then refuses every send to it for
@@ -410,6 +420,37 @@ def test_ai_card_streams_full_text_at_most_three_updates_a_second(stack: Stack, 
     assert busiest_second <= 4, f"{busiest_second} card updates within one second (the cap is 3 a second)"
     final = events[-1]["content"]
     assert final == texts[-1] == engine_answer(live_engine, "Explain AI cards", 120)
+
+
+def test_ai_cards_past_the_apps_api_limit_still_finish_once(stack: Stack, user: str) -> None:
+    """DingTalk's OpenAPI limit is per app (403 QpsLimitForApi; two or three people's streamed cards reach it): with
+    the simulator's limit at 2 calls a second, updates are refused, and every card still ends finished with its whole
+    answer, created and delivered once, with no dead letter."""
+    sim = f"{stack.sim_url}/__sim__/dingtalk"
+    before = set(httpx.get(f"{sim}/cards", timeout=5).json())
+    refused_before = httpx.post(f"{sim}/qps", json={"qps": 2}, timeout=5).json()["refused"]
+    dead_before = stack.dead_letters()
+    try:
+        for i in range(3):
+            send(stack, "ding-card", f"{user}-{i}", "Explain AI cards")
+
+        def finished() -> dict[str, list[dict]]:
+            cards = httpx.get(f"{sim}/cards", timeout=5).json()
+            return {track: events for track, events in cards.items() if track not in before}
+
+        wait_for(lambda: len(done := finished()) == 3 and all(
+            any(e["op"] == "status" and e["flowStatus"] == "3" for e in events) for events in done.values()
+        ), 120, "three finished cards")  # fmt: skip
+        refused = httpx.post(f"{sim}/qps", json={}, timeout=5).json()["refused"]
+    finally:
+        httpx.post(f"{sim}/qps", json={"qps": 40}, timeout=5)
+    assert refused > refused_before, "the limit was never reached: the test shows nothing"
+    for events in finished().values():
+        ops = [e["op"] for e in events]
+        assert ops.count("create") == 1 and ops.count("deliver") == 1
+        final = [e for e in events if e["op"] == "stream" and e["finalize"]]
+        assert final and final[-1]["content"] and events[-1]["content"] == final[-1]["content"]
+    assert stack.dead_letters() == dead_before
 
 
 # -- hostile callbacks -------------------------------------------------------------------------
