@@ -46,6 +46,10 @@ class AIBotReplyError(Exception):
     """The gateway's reply was not a valid, correctly signed envelope."""
 
 
+ANSWER_WITHIN_S = 5.0  # WeCom waits this long for a callback's answer, then drops the connection (§B [S5])
+CALLBACK_RESENDS = 3  # and sends the same callback again, at most this many times
+
+
 class WeComAIBotUser:
     """Talks to botgw as WeCom does on behalf of users of one AI bot."""
 
@@ -57,6 +61,7 @@ class WeComAIBotUser:
         self._gateways = itertools.cycle([url.rstrip("/") for url in gateways])
         self._simulator = simulator_url.rstrip("/")
         self._http = http
+        self.resent = 0  # callbacks WeCom sent again: not answered within ANSWER_WITHIN_S, or answered 5xx
 
     def signed(self, payload: dict[str, Any], timestamp: int | None = None) -> tuple[dict[str, str], bytes]:
         """Query and body of one callback carrying `payload`."""
@@ -94,9 +99,23 @@ class WeComAIBotUser:
         return reply
 
     async def post(self, payload: dict[str, Any], gateway: str | None = None) -> dict[str, Any]:
+        """Deliver one callback as WeCom does (platform-protocols.md §B [S5]): "企业微信服务器在五秒内收不到响应会断掉
+        连接，并且重新发起请求，总共重试三次". An answer slower than ANSWER_WITHIN_S is dropped and the same
+        callback sent again (counted in `resent`); so is one answered 5xx (UNCONFIRMED: the harsher reading)."""
         params, body = self.signed(payload)
         url = f"{gateway or next(self._gateways)}/callback/{self.bot.id}"
-        return self.open_reply(await self._http.post(url, params=params, content=body), nonce=params["nonce"])
+        for attempt in range(1 + CALLBACK_RESENDS):
+            try:
+                response = await self._http.post(url, params=params, content=body, timeout=ANSWER_WITHIN_S)
+            except httpx.TransportError:  # no answer in time (a timeout), or none at all: sent again
+                if attempt == CALLBACK_RESENDS:
+                    raise
+                self.resent += 1
+                continue
+            if response.status_code < 500 or attempt == CALLBACK_RESENDS:
+                return self.open_reply(response, nonce=params["nonce"])
+            self.resent += 1
+        raise AssertionError("unreachable")
 
     async def new_response_url(self, ttl_s: float | None = None) -> str:
         """A response_url as WeCom issues one with each message (valid an hour; `ttl_s` to test its expiry)."""
@@ -181,7 +200,7 @@ class WeComAIBotUser:
         user: str,
         text: str,
         *,
-        interval_s: float = 0.5,
+        interval_s: float = 0.5,  # WeCom's refresh interval is UNCONFIRMED (platform-protocols.md §E); a guess
         chat_id: str = "",
         on_update: Callable[[str], Awaitable[None]] | None = None,
         content: dict[str, Any] | None = None,

@@ -106,9 +106,14 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
             # Another app's token: UNCONFIRMED which errcode WeCom gives; refused as an invalid token (the harsher
             # reading: nothing is delivered, and a client that mixes up its apps' tokens keeps failing).
             return _error(40014, "invalid access_token for this agentid")
-        if str(body["touser"]) in state.unknown_users:
-            # errcode 0, the user listed as invalid, nothing delivered (message/send's documented answer shape).
-            return JSONResponse({"errcode": 0, "errmsg": "ok", "invaliduser": str(body["touser"]), "msgid": ""})
+        listed = str(body["touser"]).split("|")
+        invalid = [user for user in listed if user in state.unknown_users]
+        if invalid:
+            # Doc 90236 (message/send): some recipients invalid, the send goes on and answers them in invaliduser;
+            # all of them ("全部接收人无权限或不存在"), the call fails with errcode 81013. botgw sends to one member,
+            # so a non-member is 81013; the partial answer is played for a list, delivering nothing here either.
+            code, message = (81013, "user & party & tag all invalid") if len(invalid) == len(listed) else (0, "ok")
+            return JSONResponse({"errcode": code, "errmsg": message, "invaliduser": "|".join(invalid), "msgid": ""})
         if msgtype == "template_card":
             return _send_card(state, body)
         content = str(body[msgtype].get("content", ""))
@@ -119,7 +124,11 @@ def wecom_api_router(state: WeComApiState) -> APIRouter:
         if truncated:
             content = encoded[:TEXT_CUT_BYTES].decode("utf-8", errors="ignore")
         if body.get("enable_duplicate_check"):
+            # The option and its interval (default 1800 s, at most 4 h) are doc 90236's; the answer to a repeat (errcode
+            # 0 with the earlier msgid, nothing delivered) and what counts as the same message are UNCONFIRMED.
             window = float(body.get("duplicate_check_interval", 1800))
+            if not 0 < window <= 14400:
+                return _error(40058, "invalid duplicate_check_interval")  # UNCONFIRMED code; refused, not clamped
             for earlier in state.delivered:
                 same = earlier.touser == body["touser"] and earlier.content == content and earlier.msgtype == msgtype
                 if same and earlier.agentid == body.get("agentid") and time.time() - earlier.at < window:

@@ -62,6 +62,9 @@ def robots_router(state: RobotState) -> APIRouter:
 
     @router.post("/cgi-bin/webhook/send")
     async def webhook_send(request: Request, key: str = "") -> JSONResponse:
+        # The limits are platform-protocols.md §D's (20 a minute per robot, the byte caps); the errcodes here (93000,
+        # 40008, 40058, 45009) are UNCONFIRMED for the robot webhook: botgw reads any non-zero errcode as refused,
+        # and paces itself to 20 a minute so as never to learn what WeCom does past it (drops: bots/wecom/webhook.py).
         if not key:
             return _error(93000, "invalid webhook url")
         body = await request.json()

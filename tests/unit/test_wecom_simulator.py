@@ -1,4 +1,4 @@
-"""The simulated WeCom app API is never kinder than WeCom: a token is one app's, a non-member is `invaliduser`."""
+"""The simulated WeCom app API is never kinder than WeCom: a token is one app's, a non-member is refused (81013)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,14 @@ async def test_a_token_of_one_app_is_refused_by_another() -> None:
         assert len((await http.get("/__sim__/wecom/messages")).json()) == 1
 
 
-async def test_a_user_who_is_not_a_member_is_invaliduser_and_gets_nothing() -> None:
+async def test_a_user_who_is_not_a_member_is_refused_and_gets_nothing() -> None:
+    """Doc 90236: when every recipient is invalid the call fails with errcode 81013 (not errcode 0 + invaliduser,
+    which is the answer when only some of a list are)."""
     async with client() as http:
         await http.post("/__sim__/wecom/unknown-user", json={"userid": "left-the-company"})
         a = await token(http, APP_A)
         answer = await http.post("/cgi-bin/message/send", params={"access_token": a}, json=text(1, "left-the-company"))
-        assert answer.json()["errcode"] == 0 and answer.json()["invaliduser"] == "left-the-company"
+        assert answer.json()["errcode"] == 81013 and answer.json()["invaliduser"] == "left-the-company"
         assert (await http.get("/__sim__/wecom/messages")).json() == []
 
 
