@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway import texts
 from gateway.pipeline.job import Composed, Job, Services
 from gateway.pipeline.stage import Next
+from gateway.state.reply_record import FencedValues
 
 
 def parse_command(text: str) -> str | None:
@@ -21,6 +22,7 @@ class AdoptMemory:
 
     def __init__(self, services: Services) -> None:
         self._services = services
+        self._values = FencedValues(services.redis)
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message = job.message
@@ -35,6 +37,7 @@ class Commands:
 
     def __init__(self, services: Services) -> None:
         self._services = services
+        self._values = FencedValues(services.redis)
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message = job.message
@@ -42,6 +45,7 @@ class Commands:
         if command == "help":
             return await self._services.commit(job, texts.HELP_TEXT)
         if command == "reset":
-            await self._services.redis.delete(self._services.keys.attachments(job.scope.lane))  # the files too
+            # the files too, under the lease: a stale worker's /reset wiped files sent after the real one (a review)
+            await self._values.set(job.record.fence, self._services.keys.attachments(job.scope.lane), "")
             return await self._services.commit(job, texts.RESET_TEXT, clear_memory=True)
         return await next(job)

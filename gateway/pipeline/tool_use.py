@@ -298,6 +298,10 @@ class ToolRounds:
             round=slot.round, index=slot.index, expires_at=time.time() + tools.confirm_ttl_s,
             asked_at=message.received_at, asked_by=message.dedup_key, shown_at=time.time(),
         )
+        # Under the lease, checked right before: a worker that stalled and lost the message replaced its successor's
+        # waiting call with its own (other arguments, never shown), which the asker's 确认 would then run (found by
+        # a review). The waiting call's key is not in the lease's cluster slot, so the check comes just before.
+        await job.record.mark(question_id=pending.id)
         await self._kit.confirmations.ask(services.keys.tool_confirmation(job.scope.lane), pending, tools.confirm_ttl_s)
         metrics.TOOL_CONFIRMATIONS.labels("asked").inc()
         await self._kit.audit.record(AuditRecord(time.time(), message.bot_id, message.person, spec.qualified,

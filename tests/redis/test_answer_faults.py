@@ -31,6 +31,7 @@ from gateway import texts
 from gateway.config import MemorySettings, Settings, WorkerSettings
 from gateway.delivery.base import HandedBack
 from gateway.delivery.presenters import PiecesPresenter, StreamPresenter
+from gateway.pipeline.commands import Commands
 from gateway.pipeline.generate import Generate
 from gateway.pipeline.job import Job, PromptPlan
 from gateway.queue.entry import QueueEntry
@@ -178,6 +179,19 @@ async def test_a_stale_reset_wipes_nothing_its_successor_wrote(world: World) -> 
     with pytest.raises(LeaseLost):
         await stale.commit(texts.RESET_TEXT, "2", memory_key, None, 3600, 0, clear_memory=True)
     assert await world.redis.llen(memory_key) == 2, "a stale worker's /reset wiped the successor's memory"
+
+    # nor the files sent since: the /reset stage clears them under the lease too (it deleted them unfenced)
+    lane = Scope.of(message, "per_user").lane
+    await world.redis.hset(world.keys.attachments(lane), "m2", "a file sent after the real /reset")
+    services = SimpleNamespace(redis=world.redis, keys=world.keys)
+    job = SimpleNamespace(message=message, record=stale, scope=Scope.of(message, "per_user"))
+
+    async def never(job: object) -> None:
+        raise AssertionError("/reset is a command")
+
+    with pytest.raises(LeaseLost):
+        await Commands(services)(job, never)  # type: ignore[arg-type]
+    assert await world.redis.hlen(world.keys.attachments(lane)) == 1, "a stale /reset wiped the files"
 
 
 async def test_a_stale_worker_cannot_set_the_holder_or_the_quota(world: World) -> None:
@@ -401,6 +415,11 @@ async def test_a_send_reported_failed_later_is_recorded_on_its_reply_refunded_an
     assert await world.conversations.quota_left(message, QUOTA) == 4, "the slot the platform did not count"
     letters = await world.redis.xrange(world.keys.dead_letters)
     assert any(b"msg_send_fail" in fields[b"entry"] for _, fields in letters)
+    # The event run again (a retry, a takeover): the slot is not given back twice (botgw could then send past
+    # WeCom's 5), nor is a second letter kept (found by a review).
+    assert await pulled.event(adapter, message, {}, event_record) == "msg_send_fail:10"
+    assert await world.conversations.quota_left(message, QUOTA) == 4, "the slot was given back twice"
+    assert len(await world.redis.xrange(world.keys.dead_letters)) == len(letters)
 
 
 async def test_a_welcome_reported_failed_later_makes_no_letter_that_a_replay_would_answer_as_a_chat(

@@ -199,3 +199,30 @@ def test_a_verdict_is_never_merged_into_a_burst() -> None:
 
     alone = Worker._answered_alone(SimpleNamespace(sessions=None))  # type: ignore[arg-type]
     assert alone("确认") and alone("取消") and alone("/help") and not alone("谢谢")
+
+
+async def test_a_worker_that_lost_the_message_replaces_no_waiting_call(redis: Redis) -> None:
+    """A stale worker's question (other arguments, never shown: its sends are fenced) replaced its successor's
+    waiting call, which the asker's 确认 would then have run (found by a review): the lease is checked first."""
+    from types import SimpleNamespace
+
+    from gateway.pipeline.tool_use import ToolRounds
+    from gateway.state.keys import Keys
+    from gateway.state.reply_record import Fence, LeaseLost, ReplyRecords
+
+    keys = Keys("t" + secrets.token_hex(3))
+    kit = SimpleNamespace(confirmations=Confirmations(redis))
+    successor = PendingCall("q-new", "wecom:ww1:zs", "app", "hr.delete_employee", {"id": "E1"}, "set", 0, 0,
+                            time.time() + 300)  # fmt: skip
+    await kit.confirmations.ask(keys.tool_confirmation("lane-zs"), successor, 300)
+    await redis.hset(keys.lease("lane-zs"), "epoch", "2")  # the successor's lease; the stale worker held epoch 1
+    stale = ReplyRecords(redis, keys, 3600).open("wecom:app:m1", Fence(keys.lease("lane-zs"), "1"))
+    message = SimpleNamespace(person="wecom:ww1:zs", bot_id="app", received_at=time.time(), dedup_key="wecom:app:m1")
+    job = SimpleNamespace(message=message, scope=SimpleNamespace(lane="lane-zs"), record=stale)
+    tools = BotTools(use=["hr"], confirm=["hr.delete_employee"])
+    rounds = ToolRounds(SimpleNamespace(keys=keys), kit, tools)  # type: ignore[arg-type]
+    spec = ToolSpec("hr", "delete_employee", "", {}, read_only=False)
+    with pytest.raises(LeaseLost):
+        await rounds._ask_confirmation(job, None, CallSlot(0, 0), spec, {"id": "E2"})  # type: ignore[arg-type]
+    waiting = await kit.confirmations.get(keys.tool_confirmation("lane-zs"))
+    assert waiting is not None and waiting.id == "q-new" and waiting.arguments == {"id": "E1"}
