@@ -53,10 +53,9 @@ class Queued:
 
 @dataclass(frozen=True)
 class StreamPoll:
-    """A polled-stream platform asks for the current state of one answer's stream (for `user`, when it says)."""
+    """A polled-stream platform asks for the current state of one answer's stream."""
 
     stream_id: str
-    user: str = ""
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,10 @@ def _worker_port(argv: list[str]) -> str:
     value = worker.get("metrics_port") if isinstance(worker, dict) else None
     if value is None:
         return ""
-    return str(value).strip() if str(value).strip().isdigit() else "9101"  # "${PORT}": the environment's, unset
+    text = str(value).strip()
+    if text.startswith("${") and text.endswith("}"):  # as botgw reads it: from the environment
+        text = os.environ.get(text[2:-1], "").strip()
+    return text if text.isdigit() else "9101"
 
 
 def main() -> int:

@@ -92,6 +92,12 @@ class DingTalkStreamConnection:
         self._late: set[asyncio.Task[None]] = set()  # robot messages still being queued after their ack
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._connect_until(stop)
+        finally:  # stopped, or cancelled: what is still being queued is said, not left running unseen
+            await self._end_late()
+
+    async def _connect_until(self, stop: asyncio.Event) -> None:
         backoff = 1.0
         while not stop.is_set():
             try:
@@ -128,7 +134,6 @@ class DingTalkStreamConnection:
                 break
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(MAX_BACKOFF_S, backoff * 2)
-        await self._end_late()
 
     async def _end_late(self) -> None:
         """At shutdown: what is still being queued is lost with the process (DingTalk will not resend it): said."""

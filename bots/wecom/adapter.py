@@ -47,7 +47,7 @@ def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
         sent_at = int(timestamp)
     except ValueError as exc:
         raise CallbackRejected("bad_timestamp", 400, "timestamp is not an integer") from exc
-    if window_s and abs(int(now) - sent_at) > window_s:
+    if abs(int(now) - sent_at) > window_s:
         raise CallbackRejected("stale_timestamp", 403, "timestamp outside the replay window")
 
 

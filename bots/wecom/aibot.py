@@ -111,7 +111,7 @@ class WeComAIBotAdapter(ChannelDefaults):
             stream_id = str(object_field(payload, "stream").get("id", ""))
             if not stream_id:
                 raise CallbackRejected("missing_fields", 400, "stream refresh without stream.id")
-            return StreamPoll(stream_id, str(object_field(payload, "from").get("userid", "")))
+            return StreamPoll(stream_id)
         if msg_type == "event":
             event = object_field(payload, "event")
             event_type = str(event.get("eventtype", ""))
@@ -161,12 +161,16 @@ class WeComAIBotAdapter(ChannelDefaults):
         answered through the callback's response_url where the stream cannot carry it: what a message and a tap
         share, so that a tap lands in the lane its question waits in."""
         group = str(payload.get("chatid", "")) if payload.get("chattype") == "group" else ""
+        identity = self._identity(payload)
+        # An outsider is named with their corporation wherever a user is a key (memory, lanes, stream limits,
+        # allow/deny lists): their "alice" named plainly shared the member alice's per-bot memory (a review).
+        who = sender if identity.tenant == self.config.identity.tenant else f"{identity.tenant}/{sender}"
         message = InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             msg_id=msg_id,
-            conversation_id=group or sender,
-            sender_id=sender,
+            conversation_id=group or who,
+            sender_id=who,
             text=text,
             msg_type=msg_type,
             parts=parts,
@@ -181,7 +185,7 @@ class WeComAIBotAdapter(ChannelDefaults):
             ),
             tap=tap,
         )
-        return self._identity(payload).stamp(message)
+        return identity.stamp(message)
 
     def _identity(self, payload: dict[str, Any]) -> Identity:
         """Who the sender is: a member of the bot's corporation, or of the one `from.corpid` names. WeCom sends

@@ -30,12 +30,13 @@ class _CallbackSecrets(BotSettings):
     encoding_aes_key: SecretStr
     replay_window_s: int = Field(default=3600, description="how far a callback's timestamp may be from now")
 
-    @field_validator("replay_window_s", mode="before")
+    @field_validator("replay_window_s")
     @classmethod
-    def _window_on(cls, value: object) -> object:
+    def _window_on(cls, value: int) -> int:
         """A window that is off (0) let a callback captured once be answered again once its deduplication
-        (dedup_ttl_s) had passed, and a timestamp days old pass (found by a review): at least 1 s."""
-        if isinstance(value, int | str) and str(value).strip().lstrip("-").isdigit() and int(value) < 1:
+        (dedup_ttl_s) had passed, and a timestamp days old pass (found by a review): at least 1 s, judged on the
+        number read (0.0, false and "+0" are 0 too)."""
+        if value < 1:
             raise ValueError(
                 "must be at least 1: without the window a callback captured once would be answered again "
                 "once its deduplication (dedup_ttl_s) has passed"

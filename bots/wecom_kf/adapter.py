@@ -261,8 +261,12 @@ class WeComKfAdapter(ChannelDefaults):
             # the simulator's own choice, found by a review): the same pull without the cursor tells. Answered, it is
             # the cursor that was refused; refused too, it is something else (the token, the IP), raised as it is.
             if cursor and await self._answers_without_cursor(channel, hint):
-                raise CursorRefused(f"the saved cursor was refused ({exc.code})", code=exc.code) from exc
-            raise
+                try:  # once more with it: a one-off refusal is no reason to drop a cursor (what is past it is lost)
+                    data = await self.api.sync_msg(channel, cursor, hint)
+                except PermanentSendError:
+                    raise CursorRefused(f"the saved cursor was refused ({exc.code})", code=exc.code) from exc
+            else:
+                raise
         raw_items = [raw for raw in data.get("msg_list") or [] if isinstance(raw, dict)]
         identity = self.config.identity
         items = [

@@ -111,16 +111,16 @@ class PolledStreamHandler:
         return self.adapter.stream_payload(stream_id, content, finished), outcome
 
     async def _refresh(self, poll: StreamPoll, now: float) -> tuple[dict, str]:
-        """The stream's state for a refresh. Only the bot's own stream, asked for by the user it answers: stream ids
-        are derived from message ids, and any stream was shown (and, past the time limit, ended) to whoever could
-        sign a refresh for any bot (found by a review). The user is compared when the refresh names one: doc
-        100719's refresh carries `from` like a message (that it always names the asker is UNCONFIRMED)."""
+        """The stream's state for a refresh, only of the bot's own streams: stream ids are derived from message ids,
+        and any bot's stream was shown (and, past the time limit, ended) to whoever could sign a refresh for any
+        other bot (found by a review). Who asks is not compared: whether a group's refresh names the asker is
+        UNCONFIRMED, and a refresh refused by mistake ends the asker's answer."""
         stream_id = poll.stream_id
         state = await self._streams.get(stream_id)
         if state is None:
             return self.adapter.stream_payload(stream_id, "", True), "refresh"
-        if not self._streams.belongs(state, self.adapter.bot_id, poll.user):
-            log.warning("a refresh asked for another bot's or user's stream", extra={"bot_id": self.adapter.bot_id})
+        if not self._streams.belongs(state, self.adapter.bot_id):
+            log.warning("a refresh asked for another bot's stream", extra={"bot_id": self.adapter.bot_id})
             return self.adapter.stream_payload(stream_id, "", True), "foreign_refresh"
         if not state.finished and now - state.created > self.adapter.stream_limit_s:
             apology = texts.STREAM_TIMEOUT_TEXT

@@ -22,7 +22,7 @@ class AdoptMemory:
 
     def __init__(self, services: Services) -> None:
         self._services = services
-        self._values = FencedValues(services.redis)
+        self._values: FencedValues | None = None  # made at the first /reset: the pipeline is built without Redis
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message = job.message
@@ -37,7 +37,7 @@ class Commands:
 
     def __init__(self, services: Services) -> None:
         self._services = services
-        self._values = FencedValues(services.redis)
+        self._values: FencedValues | None = None  # made at the first /reset: the pipeline is built without Redis
 
     async def __call__(self, job: Job, next: Next) -> Composed:
         message = job.message
@@ -46,6 +46,7 @@ class Commands:
             return await self._services.commit(job, texts.HELP_TEXT)
         if command == "reset":
             # the files too, under the lease: a stale worker's /reset wiped files sent after the real one (a review)
+            self._values = self._values or FencedValues(self._services.redis)
             await self._values.set(job.record.fence, self._services.keys.attachments(job.scope.lane), "")
             return await self._services.commit(job, texts.RESET_TEXT, clear_memory=True)
         return await next(job)

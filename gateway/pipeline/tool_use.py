@@ -25,6 +25,7 @@ from engine.client import Completion, ToolCall
 from gateway import metrics, texts
 from gateway.pipeline.job import Composed, Job, PromptPlan, Services
 from gateway.pipeline.stage import Next
+from gateway.state.redis_text import as_text
 from tools.audit import AuditRecord
 from tools.config import BotTools
 from tools.confirmations import PendingCall, reply_verdict
@@ -88,7 +89,8 @@ class ToolConfirmations:
                 metrics.TOOL_CONFIRMATIONS.labels("refused").inc()
                 return await services.commit(job, "")
         elif (pending is None or pending.asker != message.person or pending.bot != message.bot_id
-                or message.received_at < pending.asked_at):  # an older 确认 (a replay) is not to this question
+                or message.received_at < pending.asked_at  # an older 确认 (a replay) is not to this question
+                or not await self._was_asked(pending)):
             return await next(job)
         settled = await kit.confirmations.settle(key, message.dedup_key, "expired" if pending.expired() else verdict)
         if tap is not None:
@@ -125,6 +127,16 @@ class ToolConfirmations:
             await self._audit(kit, pending, "confirmed", "")
         job.tool_resume = pending
         return await next(job)
+
+    async def _was_asked(self, pending: PendingCall) -> bool:
+        """Whether the waiting call is the one its asking message asked (that message's record names it, under its
+        lease): a worker that lost the message could still replace its successor's waiting call with its own, never
+        shown, in the moment between its lease check and the write (the two keys share no cluster slot). A button
+        names its question itself; a record from before the id was kept names none, and is taken at its word."""
+        if not pending.asked_by:
+            return True
+        asked = await self._services.redis.hget(self._services.keys.reply(pending.asked_by), "question_id")
+        return not asked or as_text(asked) == pending.id
 
     async def _supersede(self, job: Job) -> None:
         """A message of the asker's that is no verdict moves the conversation on: the call waiting for their yes is

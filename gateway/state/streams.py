@@ -31,7 +31,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HSETNX', KEYS[1], 'created', ARGV[2])
 redis.call('HSETNX', KEYS[1], 'content', '')
 redis.call('HSETNX', KEYS[1], 'finish', '0')
-redis.call('HSET', KEYS[1], 'active', KEYS[2])
+redis.call('HSETNX', KEYS[1], 'active', KEYS[2])  -- its opener's for good: a forged first callback re-pointed it
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
@@ -115,10 +115,8 @@ class StreamStore:
             fields.get("active", ""),
         )
 
-    def belongs(self, state: StreamState, bot_id: str, user: str) -> bool:
-        """Whether `state` is the answer of `bot_id` to `user` (to some user of the bot's, when `user` is empty)."""
-        if user:
-            return state.owner == self._keys.active_streams(bot_id, user)
+    def belongs(self, state: StreamState, bot_id: str) -> bool:
+        """Whether `state` is an answer of `bot_id`'s (the opener's set of streams names the bot)."""
         return state.owner.startswith(self._keys.active_streams(bot_id, ""))
 
     async def update(

@@ -124,12 +124,12 @@ async def give_up(services: Services, job: Job, reason: str) -> bool:
     (a stall, a Redis blip in between), the next owner took the record's "failed" for done and dropped the message
     with no dead letter and no alert (found by a review). The record then outlives the usual dedup_ttl_s by
     DEAD_RECORD_TTL_S, so that a replay weeks later still resumes the answer it holds rather than composing one
-    anew after the pieces already sent."""
-    if job.presenter.always_answers:
-        try:
-            await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await job.record.load())
-        except Exception as exc:  # the notice is a courtesy: the record still says failed (a replay resets it)
-            log.warning("the failure notice could not be shown", extra={"error": str(exc)[:300]})
+    anew after the pieces already sent.
+
+    The failure is shown (a stream, a card, the page) only after that release held: shown before it, a worker that
+    then stalled and lost the message left its successor a finished stream, and the successor's answer was
+    dropped behind "unavailable" (found by a review). The message is nobody's then: the notice is written unfenced,
+    and the record keeps its 30 days."""
     job.record.mark_at_release(state="failed", reason=reason[:300])
     marks = job.record.release_marks()
     assert marks is not None
@@ -138,11 +138,23 @@ async def give_up(services: Services, job: Job, reason: str) -> bool:
     if not await while_redis_returns(lambda: scheduler.release(job.lease, "done", dead_letter=dead, record=marks)):
         _lost(job)
         return False
+    if job.presenter.always_answers:
+        await _show_failure(job)
     metrics.REPLIES.labels(job.message.platform, "failed").inc()
     PULSE.failed(job.message.bot_id)
     log.error("a message could not be answered", extra={"lane": job.lease.lane, "reason": reason[:300]})
     await alert_operators(services, job.message, reason)
     return True
+
+
+async def _show_failure(job: Job) -> None:
+    """Give the stream, card or page the user watches its failed end, once the message is a dead letter."""
+    job.presenter.fence = job.record.fence = None  # released: no lease left to hold, and nobody else answers it
+    job.record.ttl_s = max(job.record.ttl_s, DEAD_RECORD_TTL_S)
+    try:
+        await job.presenter.fail(texts.ENGINE_UNAVAILABLE_TEXT, await job.record.load())
+    except Exception as exc:  # the notice is a courtesy: the record still says failed (a replay resets it)
+        log.warning("the failure notice could not be shown", extra={"error": str(exc)[:300]})
 
 
 async def _count(services: Services, key: str) -> None:

@@ -256,13 +256,24 @@ async def test_a_give_up_whose_lease_passes_on_before_its_release_leaves_the_rec
         owners.append(await take(world, "new-owner"))
         return await release(*args, **kwargs)  # type: ignore[arg-type]
 
+    shown: list[str] = []
+
+    async def fail(text: str, state: object) -> None:  # the stream, card or page the user watches
+        shown.append(text)
+
     owners: list[Lease] = []
+    job.presenter = SimpleNamespace(always_answers=True, fail=fail)  # type: ignore[assignment]
     world.scheduler.release = stall_then_release  # type: ignore[method-assign]
     await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
     world.scheduler.release = release  # type: ignore[method-assign]
     assert owners, "the message was not taken over"
     assert (await job_of(world, owners[0]).record.load()).state != "failed", "the new owner would drop it"
     assert await dead_letters(world) == 0 and await alerts(world) == []
+    assert shown == [], "the failure was shown on a stream the new owner is answering into"
+    held = job_of(world, owners[0])
+    held.presenter = SimpleNamespace(always_answers=True, fail=fail)  # type: ignore[assignment]
+    await failed(kit, held, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    assert len(shown) == 1 and await dead_letters(world) == 1  # the holder's give-up shows it, after its release
 
 
 async def test_a_dead_letters_record_outlives_the_dedup_window(world: World) -> None:

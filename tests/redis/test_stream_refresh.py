@@ -1,6 +1,6 @@
-"""A WeCom AI bot's refresh is answered from the stream store only for the bot that opened the stream and the user
-it answers (a review found any stream readable, and endable past the time limit, by whoever could sign a refresh
-for any bot: stream ids are derived from message ids)."""
+"""A WeCom AI bot's refresh is answered from the stream store only for the bot that opened the stream (a review found
+any stream readable, and endable past the time limit, by whoever could sign a refresh for any bot: stream ids are
+derived from message ids); a first callback opened again under another sender does not take the stream over."""
 
 from __future__ import annotations
 
@@ -52,14 +52,18 @@ async def test_a_refresh_reads_only_its_own_bots_stream_for_its_user(world: Worl
 
     assert (await shown(ours, refresh("s1", "alice")))["content"] == "alice's answer"
     assert (await shown(ours, refresh("s1", None)))["content"] == "alice's answer"  # names nobody: the bot's own
-    for handler, user in ((ours, "bob"), (theirs, "alice"), (theirs, None)):
+    assert await streams.open("ai", "mallory", "s1", limit=3, max_age_s=400)  # a forged first callback of it
+    assert (await shown(ours, refresh("s1", "alice")))["content"] == "alice's answer", "taken over"
+    state = await streams.get("s1")
+    assert state is not None and state.owner == world.keys.active_streams("ai", "alice")
+    for handler, user in ((theirs, "alice"), (theirs, None)):
         stream = await shown(handler, refresh("s1", user))
         assert stream["content"] == "" and stream["finish"] is True
 
-    # past the time limit a foreign refresh does not end alice's stream either
-    stale = refresh("s1", "bob")
+    # past the time limit another bot's refresh does not end alice's stream either
+    stale = refresh("s1", "alice")
     late = CallbackRequest(stale.query, stale.headers, stale.body, time.time() + 1000)
-    await shown(ours, late)
+    await shown(theirs, late)
     state = await streams.get("s1")
     assert state is not None and not state.finished and state.content == "alice's answer"
     await http.aclose()

@@ -403,8 +403,9 @@ def test_wecom_refuses_a_replay_window_of_zero(tmp_path: Path, monkeypatch: pyte
     """A WeCom window that is off let a callback captured once be answered again after its dedup had passed (a
     review): refused at start, saying why."""
     monkeypatch.setenv("TEST_WECOM_SECRET", "s3cr3t-value")
-    with pytest.raises(ConfigError, match=r"bots\.app\.replay_window_s.*answered again"):
-        load_settings(write(tmp_path, BOT + "    replay_window_s: 0\n"))
+    for zero in ("0", "0.0", "false", '"+0"', "-1"):  # the number read, however written (a review)
+        with pytest.raises(ConfigError, match=r"bots\.app\.replay_window_s.*answered again"):
+            load_settings(write(tmp_path, BOT + f"    replay_window_s: {zero}\n"))
     assert load_settings(write(tmp_path, BOT + "    replay_window_s: 60\n")).bot("app").replay_window_s == 60
 
 
@@ -443,3 +444,26 @@ bots:
     with pytest.raises(ConfigError, match=r"bots\.ding\.replay_window_s.*signs only the timestamp"):
         load_settings(write(tmp_path, ding))
     assert load_settings(write(tmp_path, ding.replace("replay_window_s: 0", "replay_window_s: 60"))).bots
+
+
+def test_an_example_files_placeholder_is_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botgw.env.example's admin token is 29 characters: it passed the length check, and opened /admin/* on the
+    public port to anyone who had read the repository (found by a review). Named, never shown."""
+    monkeypatch.setenv("TEST_WECOM_SECRET", "change-me")
+    with pytest.raises(ConfigError, match=r"bots\.app\.secret is still the example's placeholder"):
+        load_settings(write(tmp_path, BOT))
+    monkeypatch.setenv("TEST_WECOM_SECRET", "s3cr3t-value")
+    with pytest.raises(ConfigError, match=r"admin\.token is still the example's placeholder"):
+        load_settings(write(tmp_path, "admin:\n  token: change-me-openssl-rand-hex-24\n" + BOT))
+
+
+def test_a_redis_url_whose_port_cannot_be_read_is_a_configuration_error_without_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A password holding '/' made the port unreadable: redis-py failed on it later, as an "unexpected" error whose
+    --debug traceback showed part of the password (found by a review)."""
+    monkeypatch.setenv("TEST_WECOM_SECRET", "s3cr3t-value")
+    with pytest.raises(ConfigError, match="percent-encoded") as refused:
+        load_settings(write(tmp_path, "redis_url: redis://:top/secret@h:1/0\n" + BOT))
+    assert "top" not in str(refused.value) and "secret@" not in str(refused.value)
+    assert load_settings(write(tmp_path, "redis_url: redis://:top%2Fsecret@h:1/0\n" + BOT)).redis_url

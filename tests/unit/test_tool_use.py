@@ -4,6 +4,7 @@ confirmations (against the session's real redis-server), arguments in words, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -201,7 +202,9 @@ def test_a_verdict_is_never_merged_into_a_burst() -> None:
     assert alone("确认") and alone("取消") and alone("/help") and not alone("谢谢")
 
 
-async def test_a_worker_that_lost_the_message_replaces_no_waiting_call(redis: Redis) -> None:
+async def test_a_worker_that_lost_the_message_replaces_no_waiting_call(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stale worker's question (other arguments, never shown: its sends are fenced) replaced its successor's
     waiting call, which the asker's 确认 would then have run (found by a review): the lease is checked first."""
     from types import SimpleNamespace
@@ -226,3 +229,26 @@ async def test_a_worker_that_lost_the_message_replaces_no_waiting_call(redis: Re
         await rounds._ask_confirmation(job, None, CallSlot(0, 0), spec, {"id": "E2"})  # type: ignore[arg-type]
     waiting = await kit.confirmations.get(keys.tool_confirmation("lane-zs"))
     assert waiting is not None and waiting.id == "q-new" and waiting.arguments == {"id": "E1"}
+
+    # Had it written anyway (it passed the check, then stalled), a typed 确认 does not run what nobody was shown:
+    # the asking message's record names the call its holder asked.
+    from bots.base import InboundMessage, ReplyTarget
+    from gateway.pipeline.tool_use import ToolConfirmations
+
+    unseen = dataclasses.replace(successor, id="q-stale", arguments={"id": "E2"}, asked_by="wecom:app:m1")
+    await kit.confirmations.ask(keys.tool_confirmation("lane-zs"), unseen, 300)
+    await redis.hset(keys.reply("wecom:app:m1"), "question_id", "q-new")  # what the holder asked, fenced
+    stage = ToolConfirmations(SimpleNamespace(tools=kit, keys=keys, redis=redis, settings=None))  # type: ignore[arg-type]
+    yes = InboundMessage(platform="wecom", bot_id="app", msg_id="m2", conversation_id="zs", sender_id="zs",
+                         text="确认", reply_to=ReplyTarget(user_id="zs"), family="wecom", tenant="ww1")  # fmt: skip
+    passed: list[object] = []
+
+    async def next_stage(job: object) -> None:
+        passed.append(job)
+
+    stage_job = SimpleNamespace(message=yes, scope=SimpleNamespace(lane="lane-zs"), images=[], tool_resume=None)
+    monkeypatch.setattr("gateway.pipeline.tool_use.bot_tools", lambda services, job: tools)
+    await stage(stage_job, next_stage)  # type: ignore[arg-type]
+    assert passed == [stage_job] and stage_job.tool_resume is None, "the unseen call was confirmed"
+    _, settled = await kit.confirmations.waiting(keys.tool_confirmation("lane-zs"))
+    assert settled is None

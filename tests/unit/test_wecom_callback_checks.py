@@ -87,9 +87,17 @@ def test_a_user_of_another_corporation_is_not_the_member_of_the_same_userid() ->
                  "text": {"content": "hi"}}  # fmt: skip
     theirs, ours, ours_named = (bot.parse(*aibot_callback(p), time.time()) for p in (outsider, member, named_own))
     assert ours.person == ours_named.person == "wecom:wwMINE:alice"
-    assert theirs.person == "wecom:wwOTHER:alice"
-    # nor does the outsider read the member's memory (the member's is kept by person, across the corporation's bots)
-    assert theirs.session_key != ours.session_key and ours.session_key == "dm:wecom:wwMINE:alice"
+    assert theirs.person == "wecom:wwOTHER:wwOTHER/alice" and theirs.reply_to.user_id == "alice"
+    # nor does the outsider read the member's memory, by person or by the bot's own name for it (which a member's
+    # first read adopts), nor share her lane
+    assert ours.session_key == "dm:wecom:wwMINE:alice"
+    assert theirs.session_key not in (ours.session_key, ours.bot_session_key)
+    assert theirs.bot_session_key != ours.bot_session_key and theirs.conversation_key != ours.conversation_key
+    in_group = {"chattype": "group", "chatid": "g1", "msgtype": "text", "text": {"content": "hi"}}
+    senders = ({"corpid": "wwOTHER", "userid": "alice"}, {"userid": "alice"})
+    theirs, ours = (bot.parse(*aibot_callback({**in_group, "msgid": f"g{i}", "from": who}), time.time())
+                    for i, who in enumerate(senders))  # fmt: skip
+    assert theirs.bot_session_key != ours.bot_session_key and theirs.person != ours.person
 
 
 async def test_media_is_fetched_only_from_wecoms_media_host() -> None:
