@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -148,6 +149,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", {given}"
             )
+        if scheme.lower() in ("redis", "rediss"):  # one host: its port must read (the others list several)
+            try:
+                _ = urlsplit(value).port
+            except ValueError:  # redis-py failed on it later, an "unexpected" error whose --debug showed the password
+                raise ValueError(
+                    "redis_url's host:port cannot be read: a password holding '/', '?', '#' or '@' must be "
+                    "percent-encoded (%2F, %3F, %23, %40)"
+                ) from None
         return value
 
     @model_validator(mode="after")
@@ -297,6 +306,9 @@ def _found_in(model: BaseModel, kind: type[T], where: str = "") -> Iterator[tupl
                 yield from _found_in(item, kind, f"{key}.{label}.")
 
 
+PLACEHOLDER = "change-me"  # what botgw.env.example and the other example files hold where a secret goes
+
+
 def check_secrets(model: BaseModel, bots: Sequence[BaseModel]) -> None:
     """No empty credential anywhere in `model`, and no page's session-signing secret too short to keep its
     sessions (company members' identities among them) from being forged. The gateway's settings and the page's
@@ -304,6 +316,9 @@ def check_secrets(model: BaseModel, bots: Sequence[BaseModel]) -> None:
     for where, secret in _secrets(model):
         if not secret.get_secret_value().strip():
             raise ValueError(f"{where} is empty: set it, or remove the key to turn its feature off")
+        if PLACEHOLDER in secret.get_secret_value().lower():  # the example env files' values (found by a review:
+            # a 29-character admin token anyone who read the repository knew opened /admin/* on the public port)
+            raise ValueError(f"{where} is still the example's placeholder ({PLACEHOLDER}…): set a real value")
     for bot in bots:
         signing = getattr(bot, "auth_secret", None)
         if signing is not None and len(signing.get_secret_value().strip()) < MIN_SIGNING_SECRET_CHARS:

@@ -15,8 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
     dlq_list = dlq_sub.add_parser("list", help="the newest dead letters, one line each")
     dlq_list.add_argument("--count", type=positive_int, default=100)
-    dlq_show = dlq_sub.add_parser("show", help="one dead letter in full")
+    dlq_list.add_argument("--before", type=letter_id, default=None, help="only letters older than this id (next page)")
+    dlq_show = dlq_sub.add_parser("show", help="one dead letter in full (reply URLs hidden)")
     dlq_show.add_argument("id", type=letter_id)
+    dlq_show.add_argument("--with-urls", action="store_true",
+                          help="show the reply target's URLs too (a sessionWebhook posts into the conversation)")
     dlq_replay = dlq_sub.add_parser("replay", help="queue again with the original dedup key (never answered twice)")
     dlq_replay.add_argument("ids", nargs="+", type=letter_id)
     dlq_purge = dlq_sub.add_parser("purge", help="drop dead letters")
@@ -36,27 +39,41 @@ def _dlq(args: argparse.Namespace) -> int:
     from gateway.state.keys import Keys
 
     settings = load_settings(args.config)
+    if args.dlq_command == "purge" and bool(args.ids) == bool(args.all):
+        raise UsageError("purge takes dead-letter ids, or --all (not both)")
+    failed = False  # some id named no letter, or one that cannot be replayed: exit 1, after every id was tried
 
     async def main() -> object:
+        nonlocal failed
         keys = Keys(settings.namespace)
         async with redis_for(settings) as redis:
             letters = DeadLetters(redis, keys, Scheduler(redis, keys), settings)
             if args.dlq_command == "list":
-                return [letter.summary() for letter in await letters.list(args.count)]
+                return [letter.summary() for letter in await letters.list(args.count, args.before or "")]
             if args.dlq_command == "show":
-                return (await letters.get(args.id)).shown()
-            if args.dlq_command == "replay":
-                return {letter_id: await letters.replay(letter_id) for letter_id in args.ids}
-            if not args.ids and not args.all:
-                raise UsageError("purge needs dead-letter ids, or --all")
-            return {"purged": await letters.purge(args.ids)}
+                return (await letters.get(args.id)).shown(with_urls=args.with_urls)
+            if args.dlq_command == "purge" and args.all:
+                return {"purged": await letters.purge([])}
+            results = {}
+            for letter in args.ids:  # each on its own: one bad id stopped the rest, and hid what was done before it
+                try:
+                    if args.dlq_command == "replay":
+                        results[letter] = await letters.replay(letter)
+                    else:
+                        results[letter] = "purged" if await letters.purge([letter]) else "no such dead letter"
+                except (NoSuchDeadLetter, UnreadableLetter) as exc:
+                    results[letter] = "no such dead letter" if isinstance(exc, NoSuchDeadLetter) else str(exc)
+                failed = failed or (results[letter] not in ("purged", "queued") and not results[letter].startswith(
+                    "already delivered"))
+            return results
 
     try:
         print(json.dumps(asyncio.run(main()), ensure_ascii=False, indent=2))
     except NoSuchDeadLetter as exc:
         print(f"botgw dlq {args.dlq_command}: no dead letter {exc} (`botgw dlq list` shows them)", file=sys.stderr)
         return 1
-    except UnreadableLetter as exc:
-        print(f"botgw dlq {args.dlq_command}: {exc}", file=sys.stderr)
+    if failed:
+        print(f"botgw dlq {args.dlq_command}: not every id named a letter it could act on (`botgw dlq list`)",
+              file=sys.stderr)
         return 1
     return 0

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseException | None]:
     """Run the command: its exit code, the one line that explains a failure, and the failure itself."""
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     from engine.launcher import EngineUnavailable
     from gateway.state.redis_client import RedisConfigError, RedisUnavailable
@@ -90,7 +90,7 @@ def outcome(args: argparse.Namespace, command: str) -> tuple[int, str, BaseExcep
             return 2, f"botgw {command}: {exc}", exc
         if isinstance(exc, (RedisUnavailable, KnowledgeError, EngineUnavailable)):
             return 3, f"botgw {command}: {exc}", exc
-        if isinstance(exc, RedisError):
+        if isinstance(exc, (RedisError, RedisClusterException)):  # the cluster client's own are no RedisError
             return 3, f"botgw {command}: Redis failed during the command ({type(exc).__name__}): run it again", exc
         if isinstance(exc, httpx.HTTPError):
             return 3, f"botgw {command}: {_request_host(exc)} did not answer ({type(exc).__name__}): is it up?", exc

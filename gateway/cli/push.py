@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from gateway.cli.common import redis_for
+from gateway.cli.common import UsageError, redis_for
 from gateway.config import ConfigError, load_settings
 
 
@@ -24,6 +24,8 @@ def _push(args: argparse.Namespace) -> int:
     from gateway.queue.scheduler import Scheduler
     from gateway.state.keys import Keys
 
+    if not args.text.strip():  # it was queued, then refused by WeCom: a dead letter and an alert for nothing
+        raise UsageError("the text is empty")
     settings = load_settings(args.config)
     if settings.bot(args.bot).platform != "wecom-webhook":
         robots = ", ".join(bot.id for bot in settings.bots if bot.platform == "wecom-webhook") or "none configured"

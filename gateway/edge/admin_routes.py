@@ -76,7 +76,7 @@ def tool_audit(runtime: Runtime) -> ToolAudit:
     return ToolAudit(runtime.redis, runtime.keys, runtime.settings.tools)
 
 
-@router.get("/limits/{who}")
+@router.get("/limits/{who:path}")  # an id may hold "/" (a DingTalk senderId is base64)
 async def show_limits(who: str, request: Request) -> JSONResponse:
     """A user's or group's usage against its limits (as `botgw limits show`)."""
     refusal = refused(request)
@@ -86,7 +86,7 @@ async def show_limits(who: str, request: Request) -> JSONResponse:
     return identity if isinstance(identity, JSONResponse) else JSONResponse(await _budgets(request).show(identity))
 
 
-@router.delete("/limits/{who}")
+@router.delete("/limits/{who:path}")
 async def reset_limits(who: str, request: Request) -> JSONResponse:
     """Clear a user's or group's windows and budgets (as `botgw limits reset`)."""
     refusal = refused(request) or _not_an_id(who)

@@ -24,6 +24,9 @@ from gateway.state.redis_text import as_text, older_than
 from gateway.state.reply_record import ReplyState
 
 PREVIEW_CHARS = 40
+PURGE_BATCH = 500
+# Where a reply goes (a DingTalk sessionWebhook posts into the conversation, a response_url answers it): never shown.
+REPLY_URL_FIELDS = ("webhook_url", "response_url")
 
 # A failed card was finished showing the failure and cannot carry the answer any more: a replay opens a new one.
 _FAILED_CARD_FIELDS = ("card_track", "card_created", "card_deliver_started", "card_sent", "card_delivered")
@@ -78,9 +81,15 @@ class DeadLetter:
             raise UnreadableLetter(self.letter_id)
         return self.entry.message
 
-    def shown(self) -> dict:
-        """The letter as `dlq show` prints it."""
+    def shown(self, with_urls: bool = False) -> dict:
+        """The letter as `dlq show` prints it: without the reply target's URLs (anyone who reads them can post into
+        the conversation), as the console shows it, unless `with_urls`."""
         entry = self.entry.wire() if self.entry is not None else {"raw": self.raw}
+        if not with_urls and isinstance(entry.get("msg"), dict) and isinstance(entry["msg"].get("reply_to"), dict):
+            reply_to = entry["msg"]["reply_to"]
+            entry["msg"]["reply_to"] = {
+                key: "(hidden)" if key in REPLY_URL_FIELDS and value else value for key, value in reply_to.items()
+            }
         return {"id": self.letter_id, "reason": self.reason, "entry": entry}
 
     def summary(self) -> dict:
@@ -121,7 +130,16 @@ class DeadLetters:
 
     @staticmethod
     def _letter(letter_id: bytes | str, fields: dict) -> DeadLetter:
-        body = json.loads(as_text(fields[b"entry"]))
+        """A stream item as a letter; one that is not what botgw writes (no `entry`, not JSON, not an object: by hand,
+        or a broken client) is an unreadable letter, never an error that hides the whole list (found by a review)."""
+        try:
+            body = json.loads(as_text(fields[b"entry"]))
+        except (KeyError, ValueError):
+            raw = json.dumps({as_text(key): as_text(value) for key, value in fields.items()}, ensure_ascii=False)
+            return DeadLetter(as_text(letter_id), "not a letter botgw wrote", None, raw)
+        if not isinstance(body, dict):
+            raw = json.dumps(body, ensure_ascii=False)
+            return DeadLetter(as_text(letter_id), "not a letter botgw wrote", None, raw)
         reason = str(body.get("reason", ""))
         try:
             # A letter of a platform's later delivery failure, as the release before the entry model wrote it, has
@@ -159,6 +177,14 @@ class DeadLetters:
         left as it is, and the entry queued behind finds the answer done and sends nothing."""
         letter = await self.get(letter_id)
         message = letter.message
+        state = await self.reply_state(letter)
+        if state.send_failed and state.state == "done":
+            # 微信客服's msg_send_fail: sent, then reported undelivered (the session expired or closed, the customer
+            # refused). A replay queued an entry that sent nothing and said "already delivered" (found by a review):
+            # the letter stays, for an operator to deal with and purge.
+            fail_type, _, piece = state.send_failed.partition(":")
+            return (f"not replayed: the platform reported piece {piece} undelivered (fail_type {fail_type}); "
+                    "reach the customer another way, then purge the letter")
         scope = Scope.of(message, self._settings.memory.group)
         assert letter.entry is not None  # `message` said so
         entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,
@@ -172,9 +198,14 @@ class DeadLetters:
         return "already delivered: will not be sent again" if as_text(state) == "done" else "queued"
 
     async def purge(self, letter_ids: list[str]) -> int:
-        """Drop these dead letters (all of them when the list is empty)."""
+        """Drop these dead letters (all of them when the list is empty: those there now, never one that arrives
+        meanwhile, which XLEN then DEL dropped unseen and uncounted)."""
         if letter_ids:
             return int(await self._redis.xdel(self._keys.dead_letters, *letter_ids))
-        count = int(await self._redis.xlen(self._keys.dead_letters))
-        await self._redis.delete(self._keys.dead_letters)
-        return count
+        purged, start = 0, "-"
+        while items := await self._redis.xrange(self._keys.dead_letters, min=start, max="+", count=PURGE_BATCH):
+            purged += int(await self._redis.xdel(self._keys.dead_letters, *(letter for letter, _ in items)))
+            if len(items) < PURGE_BATCH:
+                break
+            start = "(" + as_text(items[-1][0])
+        return purged

@@ -444,8 +444,7 @@ class Budgets:
         """Clear the windows, token counters and notice marks of a user and a group with this id."""
         cleared = 0
         for key, _, _ in self._message_windows(who_id, who_id):
-            await self._redis.delete(key)
-            cleared += 1
+            cleared += int(await self._redis.delete(key))  # what was there: an empty identity cleared "1"
         for who, _ in self._parties(who_id, who_id):
             # the id taken literally, and only its own buckets (d20261201, m202612011200): an id that is the start
             # of another's (`dingtalk:c1:$` of `dingtalk:c1:$:LWCP…`) clears nothing of that other

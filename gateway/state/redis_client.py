@@ -25,8 +25,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 
 from bots.urls import redact_url
 from gateway.state import redis_wire
@@ -176,7 +176,12 @@ async def _wait_for_redis(redis: Redis, url: str, wait_s: float) -> None:
             if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
                 raise RedisUnavailable(f"Redis at {where} asks for a password: put it in redis_url") from None
             return  # it answers; what it refuses surfaces on the next call, in Redis's own words
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:  # the cluster client's own errors are no RedisError
+            if isinstance(exc, MasterNotFoundError) and " : " not in str(exc):  # every sentinel answered, none
+                # knows the name: a configuration error no wait mends (it read as "timed out": a review)
+                raise RedisUnavailable(
+                    f"the sentinels at {where} know no primary by the service name in redis_url: correct the name"
+                ) from None
             if time.monotonic() + delay > deadline:
                 waited = f" for {wait_s:g} s" if wait_s >= 1 else ""
                 raise RedisUnavailable(

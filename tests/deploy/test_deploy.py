@@ -22,6 +22,7 @@ tool fails these tests, it does not skip them):
 from __future__ import annotations
 
 import functools
+import hashlib
 import ipaddress
 import json
 import os
@@ -179,9 +180,15 @@ ENV_EXAMPLE = ROOT / ".env.example"
 BOTGW_ENV_EXAMPLE = ROOT / "botgw.env.example"
 
 
+def filled(key: str, value: str) -> str:
+    """An example file's value as an operator fills it in: a `change-me…` placeholder becomes a real secret (botgw
+    refuses the placeholders at start, as it should)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:48] if value.startswith("change-me") else value
+
+
 def _example_env(drop: tuple[str, ...] = (), file: Path = ENV_EXAMPLE) -> dict[str, str]:
-    """An example env file's values as an operator fills them in: the web user's hash made by `botgw web-password`
-    (botgw refuses the example's placeholder at start, as it should)."""
+    """An example env file's values as an operator fills them in: secrets for the placeholders, the web user's
+    hash made by `botgw web-password` (botgw refuses the examples' placeholders at start, as it should)."""
     from bots.web.config import hash_password
 
     env = {}
@@ -189,7 +196,7 @@ def _example_env(drop: tuple[str, ...] = (), file: Path = ENV_EXAMPLE) -> dict[s
         if line and not line.lstrip().startswith("#"):
             key, value = line.split("=", 1)
             if not key.startswith(drop):
-                env[key] = value
+                env[key] = filled(key, value)
     if "WEB_USER_PASSWORD_HASH" in env:
         env["WEB_USER_PASSWORD_HASH"] = f"'{hash_password('a password')}'"
     return env
@@ -991,8 +998,9 @@ def test_k8s_vllm_runs_the_launcher_profiles(rendered_k8s: dict[str, list[dict]]
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from bots.web.config import hash_password
 
-    secrets = dict(line.split("=", 1) for line in (K8S / "base" / "secrets.env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    secrets = {key: filled(key, value) for key, value in (
+        line.split("=", 1) for line in (K8S / "base" / "secrets.env.example").read_text().splitlines()
+        if line and not line.startswith("#"))}  # fmt: skip
     secrets["WEB_USER_PASSWORD_HASH"] = hash_password("a password")  # as the operator fills it in (the example's
     # placeholder is refused at start, as it should be)
     for overlay, docs in rendered_k8s.items():

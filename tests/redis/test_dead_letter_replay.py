@@ -140,3 +140,49 @@ async def test_a_page_before_the_first_stream_id_is_empty_not_a_redis_error(lett
     assert [letter.letter_id for letter in await letters.list(10)] == [newest]
     assert await letters.list(10, before) == []
     assert [letter.letter_id for letter in await letters.list(10, "9999999999999-0")] == [newest]
+
+
+async def test_an_item_botgw_did_not_write_is_an_unreadable_letter_not_a_broken_list(letters: DeadLetters) -> None:
+    """No `entry`, not JSON, not an object: `dlq list` and the console's page failed whole on one such item (a
+    review). Each is an unreadable letter: listed, shown, purged; never replayed."""
+    good = await dead_letter(letters, message())
+    stream = letters._keys.dead_letters
+    odd = [(await letters._redis.xadd(stream, fields)).decode()
+           for fields in ({"other": "x"}, {"entry": "not json"}, {"entry": "[1, 2]"})]  # fmt: skip
+    listed = await letters.list()
+    assert [letter.letter_id for letter in listed] == [*reversed(odd), good]
+    assert all(letter.entry is None for letter in listed[:3]) and listed[3].entry is not None
+    assert all("raw" in letter.summary() for letter in listed[:3])
+    assert (await letters.get(odd[1])).shown()["entry"]["raw"]
+    assert await letters.purge(odd) == 3
+
+
+async def test_a_shown_letter_hides_where_the_reply_goes(letters: DeadLetters) -> None:
+    """A DingTalk sessionWebhook posts into the conversation: `dlq show` hides it, as the console does, unless asked."""
+    secret_url = "https://oapi.dingtalk.com/robot/sendBySession?session=s3cr3t"
+    webhooked = message().model_copy(update={"reply_to": ReplyTarget(user_id="wm1", webhook_url=secret_url)})
+    letter = await letters.get(await dead_letter(letters, webhooked))
+    assert "s3cr3t" not in json.dumps(letter.shown())
+    assert letter.shown()["entry"]["msg"]["reply_to"]["webhook_url"] == "(hidden)"
+    assert letter.shown(with_urls=True)["entry"]["msg"]["reply_to"]["webhook_url"] == secret_url
+
+
+async def test_purging_all_drops_the_letters_there_and_counts_them(letters: DeadLetters) -> None:
+    ids = [await dead_letter(letters, message(f"m{i}")) for i in range(3)]
+    assert await letters.purge([]) == 3
+    assert await letters.list() == [] and await letters.purge(ids[:1]) == 0
+
+
+async def test_a_letter_of_a_reply_the_platform_reported_undelivered_is_not_replayed_as_delivered(
+    letters: DeadLetters,
+) -> None:
+    """微信客服's msg_send_fail: the answer was sent, then reported undelivered. Its replay queued an entry that sent
+    nothing and answered "already delivered", and dropped the letter (found by a review): it says why, and stays."""
+    of = message()
+    letter_id = await dead_letter(letters, of)
+    reported = {"text": "答", "state": "done", "sent": "1", "send_failed": "10:0"}
+    await letters._redis.hset(letters._keys.reply(of.dedup_key), mapping=reported)
+    said = await letters.replay(letter_id)
+    assert said.startswith("not replayed") and "fail_type 10" in said
+    assert [letter.letter_id for letter in await letters.list()] == [letter_id]
+    assert await letters._redis.llen(letters._keys.lane(Scope.of(of, "per_user").lane)) == 0

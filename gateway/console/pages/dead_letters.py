@@ -134,7 +134,7 @@ async def _chosen(request: Request) -> tuple[list[str], bool] | None:
     if request.headers.get("content-type", "").startswith("application/json"):
         body = await small_json(request)
         ids = body.get("ids", []) if isinstance(body, dict) else None
-        everything = bool(body.get("all")) if isinstance(body, dict) else False
+        everything = body.get("all") is True if isinstance(body, dict) else False  # "false" is no yes (a review)
         if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
             return None
     else:

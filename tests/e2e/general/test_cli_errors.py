@@ -241,3 +241,41 @@ def test_a_reader_that_goes_away_is_no_error(capfd: pytest.CaptureFixture[str]) 
 
     code, line, error = outcome(argparse.Namespace(run=run), "sim wecom")  # fd 1 is capfd's, restored after
     assert (code, line, error) == (141, "", None)
+
+
+def test_dead_letter_ids_are_each_tried_and_any_failure_is_exit_1(
+    guarded_redis: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`dlq replay A B C` stopped at the first id that named no letter, after acting on those before it, and said
+    only that (found by a review): every id is tried, each result printed, exit 1 when one failed. A purge of no
+    letter is exit 1 too, an empty push text exit 2."""
+    import json as json_
+
+    from bots.base import InboundMessage, ReplyTarget
+    from gateway.queue.entry import QueueEntry
+    from gateway.state.keys import Keys
+
+    config = _config(tmp_path, f"redis://:{PASSWORD}@127.0.0.1:{guarded_redis}/0")
+    client = redis_py.Redis(port=guarded_redis, password=PASSWORD)
+    message = InboundMessage(platform="wecom", bot_id="app", msg_id="m-cli", conversation_id="zs", sender_id="zs",
+                             text="hi", reply_to=ReplyTarget(user_id="zs"))  # fmt: skip
+    letter = json_.dumps({"reason": "test", "entry": QueueEntry(owner="zs", message=message).wire()})
+    good = client.xadd(Keys("botgw").dead_letters, {"entry": letter}).decode()
+    code, text = _run(capfd, "dlq replay", config, good)  # the call's own id, which names nothing, comes first
+    assert code == 1 and f'"{good}": "queued"' in text and '"1712345678901-0": "no such dead letter"' in text, text
+    code, text = _run(capfd, "dlq replay", config, good)
+    assert code == 1 and f'"{good}": "no such dead letter"' in text, text
+    assert main(["dlq", "purge", "--config", str(config), "--all", good]) == 2
+    assert "not both" in "".join(capfd.readouterr())
+    assert main(["dlq", "purge", "--config", str(config), good]) == 1
+    assert main(["push", "--config", str(config), "--bot", "robot", "   "]) == 2
+    _clean("".join(capfd.readouterr()))
+
+
+def test_a_cluster_that_is_not_there_is_exit_3(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The cluster client's errors are no RedisError: an unreachable Redis Cluster was "failed unexpectedly, report
+    it", exit 1, and a worker started beside a cluster still coming up exited at once (found by a review)."""
+    port = free_port()
+    code, text = _run(capfd, "dlq list", _config(tmp_path, f"redis+cluster://:{PASSWORD}@127.0.0.1:{port}"))
+    assert code == 3 and "did not answer" in text and "unexpectedly" not in text, text
+    _clean(text)
