@@ -96,6 +96,7 @@ BotConfig = Annotated[Union[tuple(p.config for p in PLATFORMS.values())], Field(
 
 # What gateway/state/redis_client.py opens: one server, a Redis Cluster, a Sentinel-watched primary.
 REDIS_SCHEMES = redis_client.SCHEMES
+PLACEHOLDER = "change-me"  # what botgw.env.example and the other example files hold where a secret goes
 
 
 class Settings(BaseSettings):
@@ -149,6 +150,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 "redis_url must start with one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES) + f", {given}"
             )
+        if PLACEHOLDER in value.lower():  # REDIS_PASSWORD=change-me of the example files (no SecretStr to check)
+            raise ValueError(f"redis_url's password is still the example's placeholder ({PLACEHOLDER}…)")
         if scheme.lower() in ("redis", "rediss"):  # one host: its port must read (the others list several)
             try:
                 _ = urlsplit(value).port
@@ -304,9 +307,6 @@ def _found_in(model: BaseModel, kind: type[T], where: str = "") -> Iterator[tupl
             if isinstance(item, BaseModel):
                 label = getattr(item, "id", None) or getattr(item, "name", None) or index
                 yield from _found_in(item, kind, f"{key}.{label}.")
-
-
-PLACEHOLDER = "change-me"  # what botgw.env.example and the other example files hold where a secret goes
 
 
 def check_secrets(model: BaseModel, bots: Sequence[BaseModel]) -> None:

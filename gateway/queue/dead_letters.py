@@ -9,6 +9,7 @@ are kept), or is composed afresh when it failed before it was composed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ PREVIEW_CHARS = 40
 PURGE_BATCH = 500
 # Where a reply goes (a DingTalk sessionWebhook posts into the conversation, a response_url answers it): never shown.
 REPLY_URL_FIELDS = ("webhook_url", "response_url")
+URL = re.compile(r"https?://\S+", re.IGNORECASE)
 
 # A failed card was finished showing the failure and cannot carry the answer any more: a replay opens a new one.
 _FAILED_CARD_FIELDS = ("card_track", "card_created", "card_deliver_started", "card_sent", "card_delivered")
@@ -84,7 +86,8 @@ class DeadLetter:
     def shown(self, with_urls: bool = False) -> dict:
         """The letter as `dlq show` prints it: without the reply target's URLs (anyone who reads them can post into
         the conversation), as the console shows it, unless `with_urls`."""
-        entry = self.entry.wire() if self.entry is not None else {"raw": self.raw}
+        raw = self.raw if with_urls else URL.sub("[URL]", self.raw)  # an unreadable letter's text may name them too
+        entry = self.entry.wire() if self.entry is not None else {"raw": raw}
         if not with_urls and isinstance(entry.get("msg"), dict) and isinstance(entry["msg"].get("reply_to"), dict):
             reply_to = entry["msg"]["reply_to"]
             entry["msg"]["reply_to"] = {
@@ -198,8 +201,8 @@ class DeadLetters:
         return "already delivered: will not be sent again" if as_text(state) == "done" else "queued"
 
     async def purge(self, letter_ids: list[str]) -> int:
-        """Drop these dead letters (all of them when the list is empty: those there now, never one that arrives
-        meanwhile, which XLEN then DEL dropped unseen and uncounted)."""
+        """Drop these dead letters (all of them when the list is empty, counted: XLEN then DEL dropped one that
+        arrived between the two uncounted)."""
         if letter_ids:
             return int(await self._redis.xdel(self._keys.dead_letters, *letter_ids))
         purged, start = 0, "-"

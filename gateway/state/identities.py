@@ -4,7 +4,8 @@ Every per-person key (message windows, token budgets, notices, limit overrides) 
 qualified (InboundMessage.person), so that the page's `zhangsan`, WeCom's `zhangsan` and another
 corporation's `zhangsan` never share a limit. Operators write the same form in `limits.users`,
 `limits.groups`, `botgw limits` and `/admin/limits/{id}`; the tenant may be left out when the family has
-one (`wecom:zhangsan`). A bare id is refused with the qualified forms it could mean.
+one (`wecom:zhangsan`). A WeCom AI bot's user of another corporation is `wecom:<corp>:<corp>/<userid>`, or
+`wecom:<corp>/<userid>` for short. A bare id is refused with the qualified forms it could mean.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from bots.base import qualified
+
+OUTSIDERS_FAMILY = "wecom"  # whose users may belong to a corporation no bot is configured for
 
 
 class IdentityError(ValueError):
@@ -47,6 +50,12 @@ def qualify(written: str, tenants: dict[str, list[str]]) -> str:
     tenant, _, user = rest.partition(":")
     if user and tenant in tenants[family]:
         return written
+    if family == OUTSIDERS_FAMILY:  # another corporation's user of an AI bot: `<corp>/<userid>` (bots/wecom/aibot.py)
+        if user and user.startswith(f"{tenant}/"):
+            return written
+        corp, slash, userid = rest.partition("/")
+        if slash and corp and userid and not user:
+            return qualified(family, corp, f"{corp}/{userid}")
     if user:  # a mistyped corp id is likelier than an id with ':' written without its tenant
         raise IdentityError(
             f"{written!r}: no {family} bot of tenant {tenant!r} is configured (tenants: {', '.join(tenants[family])}; "

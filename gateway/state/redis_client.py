@@ -177,12 +177,13 @@ async def _wait_for_redis(redis: Redis, url: str, wait_s: float) -> None:
                 raise RedisUnavailable(f"Redis at {where} asks for a password: put it in redis_url") from None
             return  # it answers; what it refuses surfaces on the next call, in Redis's own words
         except (RedisError, RedisClusterException) as exc:  # the cluster client's own errors are no RedisError
-            if isinstance(exc, MasterNotFoundError) and " : " not in str(exc):  # every sentinel answered, none
-                # knows the name: a configuration error no wait mends (it read as "timed out": a review)
-                raise RedisUnavailable(
-                    f"the sentinels at {where} know no primary by the service name in redis_url: correct the name"
-                ) from None
             if time.monotonic() + delay > deadline:
+                if isinstance(exc, MasterNotFoundError) and " : " not in str(exc):  # the sentinels answered: it read
+                    # as "timed out" (a review); a primary down or failing over reads the same as a wrong name
+                    raise RedisUnavailable(
+                        f"the sentinels at {where} gave no primary for the service name in redis_url for {wait_s:g} s "
+                        "(a wrong name, or the primary is down): check the name, then the primary"
+                    ) from None
                 waited = f" for {wait_s:g} s" if wait_s >= 1 else ""
                 raise RedisUnavailable(
                     f"Redis at {where} did not answer{waited} ({_why(exc)}): start it, or correct redis_url"

@@ -199,6 +199,7 @@ class ReplyState:
     overflow_sent: str = ""
     experts: str = ""
     reason: str = ""  # why the answer failed, when state is failed
+    failed_by: str = ""  # the lease epoch whose release wrote `failed` (with its dead letter)
     no_answer: str = ""  # the knowledge bases had nothing above the threshold (微信客服 hands over)
     knowledge: str = ""  # which chunks the answer used (JSON), for an operator asking why it said that
     quota_pieces: str = ""  # how many pieces the person's reply allowance let this answer have

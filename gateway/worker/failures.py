@@ -130,14 +130,18 @@ async def give_up(services: Services, job: Job, reason: str) -> bool:
     then stalled and lost the message left its successor a finished stream, and the successor's answer was
     dropped behind "unavailable" (found by a review). The message is nobody's then: the notice is written unfenced,
     and the record keeps its 30 days."""
-    job.record.mark_at_release(state="failed", reason=reason[:300])
+    # with the epoch that wrote it: a release that ran but whose answer was lost is retried, finds the lease gone,
+    # and is then known for its own by the record (else nobody was told, and the notice was never shown)
+    job.record.mark_at_release(state="failed", reason=reason[:300], failed_by=job.lease.epoch)
     marks = job.record.release_marks()
     assert marks is not None
     marks = dataclasses.replace(marks, ttl_s=max(marks.ttl_s, DEAD_RECORD_TTL_S))
     scheduler, dead = services.scheduler, {"reason": reason[:500]}
     if not await while_redis_returns(lambda: scheduler.release(job.lease, "done", dead_letter=dead, record=marks)):
-        _lost(job)
-        return False
+        state = await job.record.load()
+        if not (state.state == "failed" and state.failed_by == job.lease.epoch):
+            _lost(job)
+            return False
     if job.presenter.always_answers:
         await _show_failure(job)
     metrics.REPLIES.labels(job.message.platform, "failed").inc()

@@ -165,6 +165,8 @@ async def test_a_shown_letter_hides_where_the_reply_goes(letters: DeadLetters) -
     assert "s3cr3t" not in json.dumps(letter.shown())
     assert letter.shown()["entry"]["msg"]["reply_to"]["webhook_url"] == "(hidden)"
     assert letter.shown(with_urls=True)["entry"]["msg"]["reply_to"]["webhook_url"] == secret_url
+    odd = (await letters._redis.xadd(letters._keys.dead_letters, {"entry": f'{{"raw": "{secret_url}"}}'})).decode()
+    assert "s3cr3t" not in json.dumps((await letters.get(odd)).shown())  # an unreadable letter's text too
 
 
 async def test_purging_all_drops_the_letters_there_and_counts_them(letters: DeadLetters) -> None:

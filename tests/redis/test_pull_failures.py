@@ -287,3 +287,31 @@ async def test_a_dead_letters_record_outlives_the_dedup_window(world: World) -> 
     state = await job.record.load()
     assert state.state == "failed" and state.text == "an answer" and state.sent == 1
     assert await world.redis.ttl(job.record.key) > 29 * 86400
+
+
+async def test_a_give_up_whose_release_ran_but_whose_answer_was_lost_still_tells(world: World) -> None:
+    """The release ran (letter kept, record failed) and its answer was lost: the retry found the lease gone, and the
+    give-up took the message for its new owner's, which nobody was: no alert, no notice (found by a review)."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    kit = services(world)
+    await queue(world, chat_message(), EntryKind.CHAT)
+    job = job_of(world, await take(world))
+    shown: list[str] = []
+
+    async def fail(text: str, state: object) -> None:
+        shown.append(text)
+
+    job.presenter = SimpleNamespace(always_answers=True, fail=fail)  # type: ignore[assignment]
+    release, lost = world.scheduler.release, [True]
+
+    async def answer_lost(*args: object, **kwargs: object) -> bool:
+        held = await release(*args, **kwargs)  # type: ignore[arg-type]
+        if lost.pop() if lost else False:
+            raise RedisTimeoutError("the answer did not come back")
+        return held
+
+    world.scheduler.release = answer_lost  # type: ignore[method-assign]
+    await failed(kit, job, PermanentSendError("WeCom errcode 40001", code=40001))  # type: ignore[arg-type]
+    world.scheduler.release = release  # type: ignore[method-assign]
+    assert await dead_letters(world) == 1 and len(await alerts(world)) == 1 and len(shown) == 1

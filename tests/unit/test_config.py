@@ -455,6 +455,9 @@ def test_an_example_files_placeholder_is_no_secret(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("TEST_WECOM_SECRET", "s3cr3t-value")
     with pytest.raises(ConfigError, match=r"admin\.token is still the example's placeholder"):
         load_settings(write(tmp_path, "admin:\n  token: change-me-openssl-rand-hex-24\n" + BOT))
+    with pytest.raises(ConfigError, match=r"redis_url's password is still the example's placeholder") as refused:
+        load_settings(write(tmp_path, "redis_url: redis://:change-me-openssl-rand-hex-24@redis:6379/0\n" + BOT))
+    assert "rand-hex" not in str(refused.value)
 
 
 def test_a_redis_url_whose_port_cannot_be_read_is_a_configuration_error_without_its_password(
@@ -467,3 +470,17 @@ def test_a_redis_url_whose_port_cannot_be_read_is_a_configuration_error_without_
         load_settings(write(tmp_path, "redis_url: redis://:top/secret@h:1/0\n" + BOT))
     assert "top" not in str(refused.value) and "secret@" not in str(refused.value)
     assert load_settings(write(tmp_path, "redis_url: redis://:top%2Fsecret@h:1/0\n" + BOT)).redis_url
+
+
+def test_an_outside_corporations_ai_bot_user_can_be_named() -> None:
+    """An AI bot's user of another corporation is `<corp>/<userid>` there (bots/wecom/aibot.py): operators could not
+    name them (no bot of that tenant), and the short form named someone of the bot's own corporation (a review)."""
+    from gateway.state.identities import IdentityError, qualify
+
+    tenants = {"wecom": ["wwMINE"], "web": ["web"]}
+    assert qualify("wecom:wwOTHER:wwOTHER/alice", tenants) == "wecom:wwOTHER:wwOTHER/alice"
+    assert qualify("wecom:wwOTHER/alice", tenants) == "wecom:wwOTHER:wwOTHER/alice"
+    assert qualify("wecom:alice", tenants) == "wecom:wwMINE:alice"
+    with pytest.raises(IdentityError, match="no wecom bot of tenant 'wwOTHER'"):
+        qualify("wecom:wwOTHER:alice", tenants)  # an outsider is only ever named with their corporation
+    assert qualify("web:a/b", tenants) == "web:web:a/b"  # other families' ids are read as they were

@@ -9,7 +9,6 @@ refuses the whole request (400) before anything changed.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlencode
@@ -30,7 +29,7 @@ from gateway.console.web import (
     small_json,
     wants_json,
 )
-from gateway.queue.dead_letters import DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
+from gateway.queue.dead_letters import URL, DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
 from gateway.state.redis_text import is_stream_id
 
 router = APIRouter(prefix="/console")
@@ -51,7 +50,6 @@ def _valid(text: str) -> bool:
     return is_stream_id(text)
 
 
-URL = re.compile(r"https?://\S+", re.IGNORECASE)
 
 
 def _without_urls(raw: str) -> str:
