@@ -147,6 +147,8 @@ class PulledWork:
     async def _page(self, adapter: PulledChannel, channel: str, cursor: str, token: str) -> PulledPage:
         try:
             return await adapter.pull_page(channel, cursor, token)
+        except CursorRefused:
+            raise  # the cursor, not the token (the adapter asked the platform with the token): never an untokened retry
         except PermanentSendError:
             if not token:
                 raise
