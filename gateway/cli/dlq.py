@@ -34,7 +34,7 @@ def _dlq(args: argparse.Namespace) -> int:
     """`botgw dlq list|show|replay|purge`: the messages that could not be answered."""
     import json
 
-    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter, UnreadableLetter
+    from gateway.queue.dead_letters import DeadLetters, NoSuchDeadLetter, ReportedUndelivered, UnreadableLetter
     from gateway.queue.scheduler import Scheduler
     from gateway.state.keys import Keys
 
@@ -59,12 +59,13 @@ def _dlq(args: argparse.Namespace) -> int:
                 try:
                     if args.dlq_command == "replay":
                         results[letter] = await letters.replay(letter)
+                    elif await letters.purge([letter]):
+                        results[letter] = "purged"
                     else:
-                        results[letter] = "purged" if await letters.purge([letter]) else "no such dead letter"
-                except (NoSuchDeadLetter, UnreadableLetter) as exc:
+                        raise NoSuchDeadLetter(letter)
+                except (NoSuchDeadLetter, UnreadableLetter, ReportedUndelivered) as exc:
                     results[letter] = "no such dead letter" if isinstance(exc, NoSuchDeadLetter) else str(exc)
-                failed = failed or (results[letter] not in ("purged", "queued") and not results[letter].startswith(
-                    "already delivered"))
+                    failed = True
             return results
 
     try:

@@ -123,6 +123,16 @@ class UnreadableLetter(ValueError):
         return f"{self.args[0]} holds an unreadable queue entry; it cannot be replayed (`botgw dlq purge` it)"
 
 
+class ReportedUndelivered(ValueError):
+    """A dead letter of an answer the platform accepted and later reported undelivered (微信客服 msg_send_fail): not
+    replayed (its pieces' msgids are used; the customer refused, or the session ended), only purged."""
+
+    def __str__(self) -> str:
+        letter_id, piece, fail_type = self.args
+        return (f"{letter_id}: the platform reported piece {piece} undelivered (fail_type {fail_type}); not replayed: "
+                "reach the customer another way, then purge the letter")
+
+
 class DeadLetters:
     def __init__(self, redis: Redis, keys: Keys, scheduler: Scheduler, settings: Settings) -> None:
         self._redis = redis
@@ -186,8 +196,7 @@ class DeadLetters:
             # refused). A replay queued an entry that sent nothing and said "already delivered" (found by a review):
             # the letter stays, for an operator to deal with and purge.
             fail_type, _, piece = state.send_failed.partition(":")
-            return (f"not replayed: the platform reported piece {piece} undelivered (fail_type {fail_type}); "
-                    "reach the customer another way, then purge the letter")
+            raise ReportedUndelivered(letter_id, piece, fail_type)
         scope = Scope.of(message, self._settings.memory.group)
         assert letter.entry is not None  # `message` said so
         entry = QueueEntry(owner=scope.owner, kind=letter.entry.kind, message=message, notice=letter.entry.notice,

@@ -29,7 +29,14 @@ from gateway.console.web import (
     small_json,
     wants_json,
 )
-from gateway.queue.dead_letters import URL, DeadLetter, DeadLetters, NoSuchDeadLetter, UnreadableLetter
+from gateway.queue.dead_letters import (
+    URL,
+    DeadLetter,
+    DeadLetters,
+    NoSuchDeadLetter,
+    ReportedUndelivered,
+    UnreadableLetter,
+)
 from gateway.state.redis_text import is_stream_id
 
 router = APIRouter(prefix="/console")
@@ -37,7 +44,7 @@ PAGE = 50
 PAGE_MAX = 200
 IDS_MAX = 200  # ids one replay or purge takes
 # what happened to one id, as the page's notice names it (the redirect carries these words only)
-OUTCOMES = ("queued", "delivered", "missing", "unreadable", "purged")
+OUTCOMES = ("queued", "delivered", "missing", "unreadable", "undelivered", "purged")
 
 
 def _letters(request: Request) -> DeadLetters:
@@ -179,6 +186,8 @@ async def replay(request: Request, operator: Admin) -> Response:
             results[letter] = "missing"
         except UnreadableLetter:
             results[letter] = "unreadable"
+        except ReportedUndelivered:
+            results[letter] = "undelivered"
     await record(request, operator, "dead-letter.replay", ",".join(results), results)
     return _answer(request, operator, results)
 
