@@ -22,6 +22,11 @@ from bots.http import cached_token, token_name
 from bots.parts import MediaError
 
 log = logging.getLogger(__name__)
+# 附录B：如何处理钉钉服务端API限流
+# (open.dingtalk.com/document/development/how-to-process-api-throttling-on-the-dingtalk-server):
+# an app's calls of one API past its QPS (20 on the standard plan) answer QpsLimitForAppkeyAndApi, every app's
+# together past the API's QpsLimitForApi; "sleep 1秒，然后继续执行". A rate limit sends nothing.
+QPS_LIMIT_CODES = frozenset({"Forbidden.AccessDenied.QpsLimitForAppkeyAndApi", "Forbidden.AccessDenied.QpsLimitForApi"})
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 FLOW_PROCESSING, FLOW_INPUTTING, FLOW_FINISHED, FLOW_FAILED = 1, 2, 3, 5
@@ -175,7 +180,7 @@ class DingTalkApiClient:
             raise RetryableSendError(f"DingTalk API answered HTTP {status}", code=status, not_sent=status == 429)
         if response.status_code != 200:
             code = str(data.get("code", response.status_code))
-            if code == "Forbidden.AccessDenied.QpsLimitForApi":
+            if code in QPS_LIMIT_CODES:
                 raise RetryableSendError("DingTalk API rate limit", code=code, retry_after=1.0, not_sent=True)
             raise PermanentSendError(f"DingTalk API {path}: {code} {data.get('message', '')}".strip(), code=code)
         if int(data.get("errcode", 0) or 0):

@@ -7,6 +7,7 @@ from bots.base import PermanentSendError, RetryableSendError, SendError, Throttl
 SEND_TOO_FAST = 130101  # "send too fast": DingTalk throttles the robot (for 10 minutes)
 THROTTLE_PROBE_S = 15.0  # how often a throttled conversation is tried again (the throttle's end is not told)
 SESSION_EXPIRED_CODES = frozenset({300001, 310000})
+OLD_API_QPS_CODES = frozenset({90018, 90002})  # 附录B：如何处理钉钉服务端API限流, as QPS_LIMIT_CODES in client.py
 
 
 class SessionWebhookExpired(SendError):
@@ -22,4 +23,6 @@ def error_for(errcode: int, errmsg: str) -> SendError:
         return SessionWebhookExpired(f"sessionWebhook refused ({errcode}): {errmsg}", code=errcode)
     if errcode == -1:
         return RetryableSendError("DingTalk is busy (-1)", code=errcode)
+    if errcode in OLD_API_QPS_CODES:  # the old API's QpsLimitForAppkeyAndApi and QpsLimitForApi (client.py)
+        return RetryableSendError(f"DingTalk rate limit ({errcode})", code=errcode, retry_after=1.0, not_sent=True)
     return PermanentSendError(f"DingTalk errcode {errcode}: {errmsg}", code=errcode)

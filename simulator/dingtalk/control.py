@@ -160,7 +160,7 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
 
     @router.post("/__sim__/dingtalk/qps")
     async def set_qps(request: Request) -> dict[str, int]:
-        """The OpenAPI calls an app may make a second (DingTalkState.qps); how many were refused so far."""
+        """The calls an app may make of one OpenAPI a second (DingTalkState.qps); how many were refused so far."""
         body = await request.json()
         if "qps" in body:
             state.qps = max(1, int(body["qps"]))

@@ -79,13 +79,12 @@ class DingTalkState:
     media: dict[str, StoredMedia] = field(default_factory=dict)  # downloadCode -> what it stands for
     media_links: dict[str, tuple[str, float]] = field(default_factory=dict)  # downloadUrl token -> (code, expiry)
     media_downloads: int = 0  # bytes served through a downloadUrl
-    # OpenAPI calls an app may make a second (every call with its token: cards, sends, files), past which DingTalk
-    # answers HTTP 403 Forbidden.AccessDenied.QpsLimitForApi. The figure is UNCONFIRMED: public reports give 40 on
-    # a paid plan (DingTalk-Real-AI/dingtalk-openclaw-connector#444), 60 at most (#450), 50 for AI cards per robot
-    # (the DingTalk team in NousResearch/hermes-agent#17365), and two or three people's streamed cards exceeded an
-    # ordinary plan's (#461): 40 is played, changeable on /__sim__/dingtalk/qps.
-    qps: int = 40
-    qps_calls: dict[str, list[float]] = field(default_factory=dict)  # appKey -> its calls' times in the last second
+    # Calls an app may make of one OpenAPI a second, past which DingTalk answers Forbidden.AccessDenied.
+    # QpsLimitForAppkeyAndApi: 20 on the standard plan (附录B：如何处理钉钉服务端API限流, "每个应用，调用每个接口").
+    # The HTTP status is UNCONFIRMED (public reports show 403: DingTalk-Real-AI/dingtalk-openclaw-connector#410).
+    # Changeable on /__sim__/dingtalk/qps.
+    qps: int = 20
+    qps_calls: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (appKey, path) -> last second's
     qps_refused: int = 0
 
 
@@ -96,22 +95,22 @@ def error(errcode: int, errmsg: str) -> JSONResponse:
 TOKEN_REFUSED = {"code": "InvalidAuthentication", "message": "不合法的access_token"}
 
 
-QPS_REFUSED = {"code": "Forbidden.AccessDenied.QpsLimitForApi", "message": "api qps limit"}
+QPS_REFUSED = {"code": "Forbidden.AccessDenied.QpsLimitForAppkeyAndApi", "message": "api qps limit"}
 
 
 def token_refusal(state: DingTalkState, request: Request) -> JSONResponse | None:
     """HTTP 400 InvalidAuthentication for a token DingTalk never issued, that expired or was revoked; HTTP 403
-    QpsLimitForApi for a call past its app's calls in the last second (`DingTalkState.qps`; the calls let through
-    count, UNCONFIRMED whether refused ones do)."""
+    QpsLimitForAppkeyAndApi for a call past its app's calls of that API in the last second (`DingTalkState.qps`; the
+    calls let through count, UNCONFIRMED whether refused ones do)."""
     token = request.headers.get("x-acs-dingtalk-access-token", "")
     expires = state.tokens.get(token)
     if not expires or expires <= time.time():
         return JSONResponse(TOKEN_REFUSED, 400)
-    app, now = state.token_apps.get(token, ""), time.monotonic()
-    calls = [at for at in state.qps_calls.get(app, []) if now - at < 1.0]
+    api, now = (state.token_apps.get(token, ""), request.url.path), time.monotonic()
+    calls = [at for at in state.qps_calls.get(api, []) if now - at < 1.0]
     if len(calls) >= state.qps:
-        state.qps_calls[app] = calls
+        state.qps_calls[api] = calls
         state.qps_refused += 1
         return JSONResponse(QPS_REFUSED, 403)
-    state.qps_calls[app] = [*calls, now]
+    state.qps_calls[api] = [*calls, now]
     return None

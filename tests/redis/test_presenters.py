@@ -101,8 +101,9 @@ async def test_a_final_text_that_does_not_extend_the_card_is_added_after_it(deli
 async def test_a_card_update_refused_for_now_is_skipped_and_the_finish_carries_the_whole_text(
     delivery: Delivery,
 ) -> None:
-    """DingTalk's OpenAPI limit is per app (403 QpsLimitForApi, retryable): an update on the way that it refuses is
-    skipped, not raised (which failed the whole answer, to be generated again); a permanent refusal still raises."""
+    """DingTalk's OpenAPI limit is per app and API (QpsLimitForAppkeyAndApi, retryable): an update on the way that it
+    refuses is skipped, not raised (which failed the whole answer, to be generated again); a permanent refusal still
+    raises."""
     api, message = CardApi(), card_message()
     presenter = card_presenter(delivery, api, message)
     state = await presenter.record.load()
@@ -111,7 +112,7 @@ async def test_a_card_update_refused_for_now_is_skipped_and_the_finish_carries_t
 
     async def limited(track_id: str, content: str, *, final: bool = False) -> None:
         if not final:
-            raise RetryableSendError("DingTalk API rate limit", code="Forbidden.AccessDenied.QpsLimitForApi")
+            raise RetryableSendError("DingTalk API rate limit", code="Forbidden.AccessDenied.QpsLimitForAppkeyAndApi")
         await stream_card(track_id, content, final=final)
 
     api.stream_card = limited  # type: ignore[method-assign]

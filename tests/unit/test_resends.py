@@ -61,6 +61,7 @@ def test_a_send_whose_earlier_try_is_unknown_is_a_resend_from_the_start() -> Non
         (wecom_error(45009, "api freq out of limit"), True),
         (wecom_error(-1, "system busy"), False),
         (dingtalk_error(130101, "send too fast"), True),
+        (dingtalk_error(90018, "qps limit for appkey and api"), True),
         (dingtalk_error(-1, "busy"), False),
     ],
 )

@@ -423,9 +423,9 @@ def test_ai_card_streams_full_text_at_most_three_updates_a_second(stack: Stack, 
 
 
 def test_ai_cards_past_the_apps_api_limit_still_finish_once(stack: Stack, user: str) -> None:
-    """DingTalk's OpenAPI limit is per app (403 QpsLimitForApi; two or three people's streamed cards reach it): with
-    the simulator's limit at 2 calls a second, updates are refused, and every card still ends finished with its whole
-    answer, created and delivered once, with no dead letter."""
+    """DingTalk's OpenAPI limit is per app and API (QpsLimitForAppkeyAndApi, 20 a second on the standard plan; two or
+    three people's streamed cards reach it): with the simulator's limit at 2 calls a second, updates are refused,
+    and every card still ends finished with its whole answer, created and delivered once, with no dead letter."""
     sim = f"{stack.sim_url}/__sim__/dingtalk"
     before = set(httpx.get(f"{sim}/cards", timeout=5).json())
     refused_before = httpx.post(f"{sim}/qps", json={"qps": 2}, timeout=5).json()["refused"]
@@ -443,7 +443,7 @@ def test_ai_cards_past_the_apps_api_limit_still_finish_once(stack: Stack, user: 
         ), 120, "three finished cards")  # fmt: skip
         refused = httpx.post(f"{sim}/qps", json={}, timeout=5).json()["refused"]
     finally:
-        httpx.post(f"{sim}/qps", json={"qps": 40}, timeout=5)
+        httpx.post(f"{sim}/qps", json={"qps": 20}, timeout=5)
     assert refused > refused_before, "the limit was never reached: the test shows nothing"
     for events in finished().values():
         ops = [e["op"] for e in events]
