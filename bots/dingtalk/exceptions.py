@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bots.base import PermanentSendError, RetryableSendError, SendError, Throttled
 
-SEND_TOO_FAST = 130101  # "send too fast": DingTalk throttles the robot (for 10 minutes)
+SEND_TOO_FAST = 130101  # "send too fast, exceed 20 times per minute": the robot throttled 10 minutes (seen in public)
 THROTTLE_PROBE_S = 15.0  # how often a throttled conversation is tried again (the throttle's end is not told)
 SESSION_EXPIRED_CODES = frozenset({300001, 310000})
 OLD_API_QPS_CODES = frozenset({90018, 90002})  # 附录B：如何处理钉钉服务端API限流, as QPS_LIMIT_CODES in client.py

@@ -80,7 +80,11 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
         return False
 
     def throttle(conversation: tuple[str, str]) -> JSONResponse | None:
-        """130101 while the conversation is throttled (sessionWebhook, group messages)."""
+        """130101 while the conversation is throttled (sessionWebhook, group messages). The code is the custom
+        robot's as seen in public ({"errcode": 130101, "errmsg": "send too fast, exceed 20 times per minute"},
+        blog.csdn.net/jialiuyang/article/details/118615052); that the v1.0 OpenAPI sends answer a throttle in the
+        same errcode shape (under HTTP 200) is UNCONFIRMED: they also meet the documented per-API QPS limit
+        (state.py)."""
         return error(130101, "send too fast") if over_rate(conversation) else None
 
     def record(**fields: Any) -> None:
