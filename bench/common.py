@@ -128,17 +128,21 @@ class RoundTrips:
     """Redis round trips of botgw processes between two samples, counted in the processes themselves by
     bench/trips_hook/sitecustomize.py (redis-py's asyncio sends), which answers on a Unix socket per process.
 
-    `env(name, root)` is the environment of a child to count; `commands` also names the commands sent (some CPU)."""
+    `env(name, root)` is the environment of a child to count; `commands` also names the commands sent (some CPU);
+    `parts` also times the parts of an answer (the hook's PARTS) in the process's event-loop thread."""
 
-    def __init__(self, directory: Path, commands: bool = False) -> None:
+    def __init__(self, directory: Path, commands: bool = False, parts: bool = False) -> None:
         self._directory = directory
         self._commands = commands
+        self._parts = parts
         self.names: list[str] = []
 
     def env(self, name: str, root: Path) -> dict[str, str]:
         """For the child `name` running botgw from `root`: the hook first on its path, then the tree."""
         self.names.append(name)
         env = {"PYTHONPATH": f"{TRIPS_HOOK}{os.pathsep}{root}", "BENCH_TRIPS_SOCKET": str(self._socket(name))}
+        if self._parts:
+            env["BENCH_PARTS"] = "1"
         return {**env, "BENCH_TRIPS_COMMANDS": "1"} if self._commands else env
 
     def _socket(self, name: str) -> Path:
@@ -155,7 +159,8 @@ class RoundTrips:
         return counts
 
     async def since(self, before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Round trips (and commands) of each process since `before`; a process missing in either sample is left out."""
+        """Round trips (and commands) of each process since `before`; a process missing in either sample is left out.
+        With `parts`: "parts" {label: (CPU seconds, calls)} and "loop_s" (the event loop thread's CPU seconds)."""
         after = await self.sample()
         used = {}
         for name, then in before.items():
@@ -164,6 +169,13 @@ class RoundTrips:
                 commands = Counter(now["commands"])
                 commands.subtract(then["commands"])
                 used[name] = {"sends": now["sends"] - then["sends"], "commands": +commands}
+                if "parts" in now:
+                    earlier = then.get("parts", {})
+                    used[name]["parts"] = {
+                        label: (seconds - earlier.get(label, (0.0, 0))[0], calls - earlier.get(label, (0.0, 0))[1])
+                        for label, (seconds, calls) in now["parts"].items()
+                    }
+                    used[name]["loop_s"] = now["loop_s"] - then.get("loop_s", 0.0)
         return used
 
 

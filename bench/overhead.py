@@ -35,6 +35,7 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,8 @@ class Run:
     tree_cpu: dict[str, float] = field(default_factory=dict)  # user+sys of each process and its children
     trips: dict[str, int] = field(default_factory=dict)  # Redis round trips of each botgw process
     commands: Counter[str] = field(default_factory=Counter)  # what they sent (--trips-commands)
+    parts: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)  # process -> part -> (s, calls)
+    loop_s: dict[str, float] = field(default_factory=dict)  # process -> CPU of its event loop's thread (--parts)
     vllm_e2e: tuple[float, float] = (0.0, 0.0)  # sum of seconds, count
 
     def error(self, text: str) -> None:
@@ -494,6 +497,17 @@ async def idle_background(meter: CpuMeter) -> dict[str, float]:
     return rates
 
 
+def _profile_window(stack: Stack, sent: int) -> bool:
+    """With BENCH_PROFILE and BENCH_PROFILE_WINDOW=1, open (SIGUSR1) or close (SIGUSR2) the gateway's and the
+    worker's profile around a timed run (bench/trips_hook/sitecustomize.py), so start-up and warm-up stay out."""
+    if not (os.environ.get("BENCH_PROFILE") and os.environ.get("BENCH_PROFILE_WINDOW") == "1"):
+        return False
+    for name in ("gateway", "worker"):
+        if name in stack.procs:
+            os.kill(stack.procs[name].pid, sent)
+    return True
+
+
 async def measured(
     run: Run,
     body: Awaitable[None],
@@ -510,13 +524,18 @@ async def measured(
     trips_before = await trips.sample() if trips else {}
     cpu_before = meter.sample()
     tree_before = tree.sample()
+    profiled = _profile_window(stack, signal.SIGUSR1)
     await body
+    if profiled:
+        _profile_window(stack, signal.SIGUSR2)
     run.tree_cpu = tree.since(tree_before)
     run.cpu = meter.since(cpu_before)
     if trips:
         for name, used in (await trips.since(trips_before)).items():
             run.trips[name] = used["sends"]
             run.commands.update(used["commands"])
+            if "parts" in used:
+                run.parts[name], run.loop_s[name] = used["parts"], used["loop_s"]
     e2e_after = await vllm_e2e(http, engine_url)
     tokens_after = await vllm_histograms(http, engine_url, "request_generation_tokens")
     run.vllm_e2e = (e2e_after[0] - e2e_before[0], e2e_after[1] - e2e_before[1])
@@ -734,6 +753,7 @@ def report(
               f" -> {verdict}")
     print("(for reference: LiteLLM documents 3.25 ms of added latency for itself, Bifrost 0.44 ms)")
     print_trips(args, results)
+    print_parts(results)
 
     print()
     errors = [
@@ -812,6 +832,55 @@ def print_trips(args: argparse.Namespace, results: dict[int, dict[str, Totals]])
         print(f"commands sent most (gateway + worker, all levels), per answered message of {answered}:")
         for name, count in commands.most_common(args.trips_commands):
             print(f"  {count / max(1, answered):7.2f}  {name}")
+
+
+# (process, label, parent label or "" for the process's whole loop): the hook's PARTS, as nested in the code
+PART_ROWS = [
+    ("gateway", "callback", ""),
+    ("gateway", "enqueue", "callback"),
+    ("worker", "answer", ""),
+    ("worker", "record + memory load", "answer"),
+    ("worker", "engine call", "answer"),
+    ("worker", "piece begin mark", "answer"),
+    ("worker", "platform API calls", "answer"),
+    ("worker", "release", "answer"),
+]
+
+
+def print_parts(results: dict[int, dict[str, Totals]]) -> None:
+    """--parts: where the CPU of an answer goes at concurrency 1 (bench/trips_hook/sitecustomize.py's PARTS)."""
+    if 1 not in results or not any(run.parts for run in results[1]["botgw"].runs):
+        return
+    runs = [run for run in results[1]["botgw"].runs if run.parts]
+    answered = sum(run.answered for run in runs)
+
+    def per_answer(process: str, label: str) -> tuple[float, float]:
+        seconds = sum(run.parts.get(process, {}).get(label, (0.0, 0))[0] for run in runs)
+        calls = sum(run.parts.get(process, {}).get(label, (0.0, 0))[1] for run in runs)
+        return seconds * 1000 / max(1, answered), calls / max(1, answered)
+
+    print()
+    print(
+        "CPU per answer by part at concurrency 1 (--parts): ms of each process's event-loop thread while the part ran, "
+        "its waits included (at concurrency 1 only the background runs meanwhile); 'rest' is the parent's CPU outside "
+        "the parts named under it"
+    )
+    rows = []
+    for process in BOTGW_PROCS:
+        whole = sum(run.loop_s.get(process, 0.0) for run in runs) * 1000 / max(1, answered)
+        named = {label: per_answer(process, label) for proc, label, _ in PART_ROWS if proc == process}
+        rows.append([process, "whole event-loop thread", f"{whole:.3f}", ""])
+        for proc, label, parent in PART_ROWS:
+            if proc != process:
+                continue
+            indent = "  " if parent else ""
+            rows.append([process, f"{indent}{label}", f"{named[label][0]:.3f}", f"{named[label][1]:.2f}"])
+        for parent in {parent for proc, _, parent in PART_ROWS if proc == process} - {""}:
+            inner = sum(named[label][0] for proc, label, up in PART_ROWS if proc == process and up == parent)
+            rows.append([process, f"  rest of {parent}", f"{named[parent][0] - inner:.3f}", ""])
+        top = sum(named[label][0] for proc, label, up in PART_ROWS if proc == process and not up)
+        rows.append([process, "outside the parts (HTTP server or take; background)", f"{whole - top:.3f}", ""])
+    print(table(["process", "part", "ms/answer", "calls/answer"], rows))
 
 
 def affinities(stack: Stack) -> str:
@@ -918,7 +987,7 @@ async def _benchmark(
     tree = {"PYTHONPATH": str(stack.root)}  # botgw from the stack's tree (another revision's, with --compare)
     stack.start("simulator", simulator_args(path, ports["simulator"]), tree)
     serve, admin_url = gateway_args(path, ports["gateway"])
-    round_trips = RoundTrips(stack.log_dir, commands=args.trips_commands > 0)
+    round_trips = RoundTrips(stack.log_dir, commands=args.trips_commands > 0, parts=args.parts)
     for name, command in (("gateway", serve), ("worker", worker_args(path, "bench-worker"))):
         stack.start(name, command, round_trips.env(name, stack.root) if args.trips else tree)
 
@@ -1007,6 +1076,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="trips",
         action="store_false",
         help="do not count Redis round trips in the gateway and the worker (bench/trips_hook/sitecustomize.py)",
+    )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="also time the parts of an answer in the gateway and the worker, printed for concurrency 1 (with trips)",
     )
     parser.add_argument(
         "--trips-commands", type=int, default=0, metavar="N", help="also print the N commands sent most (some CPU)"

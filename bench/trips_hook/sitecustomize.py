@@ -9,7 +9,13 @@ block, each one round trip) and answers on the socket, to whoever connects, the 
 which costs some CPU in the process measured.
 Without BENCH_TRIPS_SOCKET it does nothing. With BENCH_PROFILE naming a directory, the process also runs under
 cProfile and writes <directory>/<pid>.prof when it exits (for finding where the CPU per answer goes); with
-BENCH_PROFILE_WINDOW=1 as well, only from a SIGUSR1 to a SIGUSR2, which writes the file."""
+BENCH_PROFILE_WINDOW=1 as well, only from a SIGUSR1 to a SIGUSR2, which writes the file.
+
+With BENCH_PARTS=1 it also times named parts of the answer (PARTS: the engine call, the platform's API calls, each
+Redis step) in CPU seconds of the event loop's thread, and the answer shows them ({"parts": {label: [seconds,
+calls]}, "loop_s": the loop thread's CPU so far}). A part's CPU includes whatever else the loop ran while the part
+waited: only at concurrency 1, where that is the background alone (leases, probes, the pulse), does it tell
+where an answer's CPU goes."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import socket
 import threading
 
 SOCKET = os.environ.get("BENCH_TRIPS_SOCKET", "")
+PARTS_ON = os.environ.get("BENCH_PARTS") == "1"
 NAMES = os.environ.get("BENCH_TRIPS_COMMANDS") == "1"
 sends = 0
 commands: collections.Counter[str] = collections.Counter()
@@ -84,6 +91,57 @@ def _install() -> None:
     AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
 
 
+# label -> (module, class or None for a module's function, coroutine function); labels are bench/overhead.py's
+PARTS = {
+    "answer": ("gateway.worker.loop", "Worker", "_handle"),
+    "engine call": ("engine.pool", "EnginePool", "chat"),
+    "platform API calls": ("bots.http", None, "request_json"),
+    "record + memory load": ("gateway.state.reply_record", "ReplyRecord", "load"),
+    "piece begin mark": ("gateway.state.reply_record", "ReplyRecord", "begin_send"),
+    "release": ("gateway.queue.scheduler", "Scheduler", "release"),
+    "callback": ("gateway.edge.callbacks", "QueueingHandler", "handle"),
+    "enqueue": ("gateway.edge.batching", "RedisBatcher", "_flush"),
+}
+parts: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+
+
+def _time_parts() -> None:
+    """Wrap each part's coroutine function where it is defined, before anything imports it by name."""
+    import functools
+    import importlib
+    import time
+
+    def timed(label: str, function):  # type: ignore[no-untyped-def]
+        @functools.wraps(function)
+        async def part(*args, **kwargs):  # type: ignore[no-untyped-def]
+            started = time.thread_time()
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                used = parts[label]
+                used[0] += time.thread_time() - started
+                used[1] += 1
+
+        return part
+
+    # A module's function first: a module imported for a class below may import the function by name.
+    for label, (module_name, class_name, name) in sorted(PARTS.items(), key=lambda item: item[1][1] is not None):
+        try:  # another revision (--compare) may not have it: that part is left out
+            module = importlib.import_module(module_name)
+            owner = getattr(module, class_name) if class_name else module
+            setattr(owner, name, timed(label, getattr(owner, name)))
+        except (ImportError, AttributeError):
+            continue
+
+
+def _loop_cpu_s() -> float:
+    """CPU seconds of the main thread (the event loop's), read from another thread."""
+    import threading
+    import time
+
+    return time.clock_gettime(time.pthread_getcpuclockid(threading.main_thread().ident or 0))
+
+
 def _serve() -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCKET)
@@ -93,11 +151,16 @@ def _serve() -> None:
     while True:
         conn, _ = server.accept()
         with conn, contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"sends": sends, "commands": dict(commands)}).encode())
+            answer = {"sends": sends, "commands": dict(commands)}
+            if PARTS_ON:
+                answer |= {"parts": dict(parts), "loop_s": _loop_cpu_s()}
+            conn.sendall(json.dumps(answer).encode())
 
 
 if SOCKET:
     _install()
+    if PARTS_ON:
+        _time_parts()
     threading.Thread(target=_serve, name="bench-trips", daemon=True).start()
 
 
