@@ -45,7 +45,12 @@ async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
 
 
 async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict]:
-    """The JSON chunks of an OpenAI-style stream, up to its `data: [DONE]`."""
+    """The JSON chunks of an OpenAI-style stream, up to its `data: [DONE]`.
+
+    A generation that fails once the stream began still ends with HTTP 200: vLLM sends `data: {"error": {...}}` and
+    then `[DONE]` (vllm/entrypoints/openai/chat_completion/serving.py). That chunk, and a stream cut before both
+    `[DONE]` and a finish_reason, raise a retryable EngineError: taken as an end, they made a cut answer final."""
+    finished = False
     async for line in sse_lines(response):
         if not line.startswith("data:"):
             continue
@@ -56,8 +61,25 @@ async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict]:
             chunk = json.loads(data)
         except ValueError as exc:  # a proxy's page, a cut line: the engine's failure, which may pass
             raise EngineError("engine streamed a chunk that is not JSON") from exc
-        if isinstance(chunk, dict):
-            yield chunk
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("error"):
+            raise _streamed_error(chunk["error"])
+        finished = finished or any(
+            isinstance(choice, dict) and choice.get("finish_reason") for choice in chunk.get("choices") or []
+        )
+        yield chunk
+    if not finished:
+        raise EngineError("engine stream ended before the answer did (no [DONE], no finish_reason)")
+
+
+def _streamed_error(error: object) -> EngineError:
+    """The EngineError for an error chunk in a stream: its message (cut short) and its HTTP-like code."""
+    detail = error if isinstance(error, dict) else {"message": str(error)}
+    code = detail.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    message = str(detail.get("message") or detail.get("type") or "an error")[:300]
+    return EngineError(f"engine failed mid-answer: {message}", retryable=status >= 500 or status == 429, status=status)
 
 
 class EngineError(Exception):

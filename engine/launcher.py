@@ -17,6 +17,7 @@ Containers run the image's ``vllm serve`` with ``serve_args`` (the same tail).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -32,7 +33,11 @@ CHAT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "ernie45.jinja"
 TINY_MODEL = "botgw:tiny"  # placeholder resolved to the locally built tiny model directory
 DEFAULT_TINY_MODEL_DIR = "~/.cache/botgw/models/ernie-tiny"
 DEFAULT_ENGINE_PYTHON = "~/.cache/botgw/engine-venv/bin/python"
-EPLB_CONFIG = '{"window_size":1000,"step_interval":3000,"num_redundant_experts":2,"log_balancedness":true}'
+# ERNIE-4.5-21B-A3B's shape (its config.json; shared/reference/engine-notes.md): what vLLM divides among the GPUs.
+ERNIE_21B_ROUTED_EXPERTS = 64
+ERNIE_21B_ATTENTION_HEADS = 20
+ERNIE_21B_KV_HEADS = 4
+MIN_REDUNDANT_EXPERTS = 2  # the EPLB example in vLLM's docs (engine-notes.md): a hot expert gets a second copy
 # Function calling for the ERNIE-4.5 text profiles: vLLM lets the model choose a tool (tool_choice "auto") and its
 # ernie45 parser turns the model's `<tool_call>{"name": ..., "arguments": ...}</tool_call>` into OpenAI tool_calls.
 # A request without `tools` is untouched (its tool_choice is "none": the text passes as written).
@@ -64,6 +69,34 @@ class EngineProfile:
                      tuple(sorted(self.env.items())), self.chat, self.own_template))
 
 
+def eplb_config(expert_parallel_size: int) -> str:
+    """vLLM's --eplb-config for an expert-parallel group of this size. vLLM refuses to load when the experts with
+    their redundant copies do not divide evenly among the ranks ("EPLB currently only supports even distribution of
+    experts across ranks", vllm/model_executor/layers/fused_moe/layer.py): the fewest copies, at least
+    MIN_REDUNDANT_EXPERTS, that make them divide (2 for 2 ranks, 4 for 4, 16 for 16)."""
+    redundant = MIN_REDUNDANT_EXPERTS
+    while (ERNIE_21B_ROUTED_EXPERTS + redundant) % expert_parallel_size:
+        redundant += 1
+    return json.dumps(
+        {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": redundant, "log_balancedness": True},
+        separators=(",", ":"),
+    )
+
+
+def check_tensor_parallel_size(tensor_parallel_size: int) -> None:
+    """vLLM splits the attention heads among the tensor-parallel ranks (their number must divide by the size,
+    vllm/config/model.py) and the KV heads too, or copies them when the ranks are more (then the size must divide
+    by their number): for ERNIE-4.5-21B-A3B's 20 heads and 4 KV heads, 1, 2, 4 or 20."""
+    heads, kv_heads = ERNIE_21B_ATTENTION_HEADS, ERNIE_21B_KV_HEADS
+    if tensor_parallel_size < 1 or heads % tensor_parallel_size or (
+        kv_heads % tensor_parallel_size and tensor_parallel_size % kv_heads
+    ):
+        raise ValueError(
+            f"tensor parallel size {tensor_parallel_size} cannot run ERNIE-4.5-21B-A3B: vLLM needs it to divide the "
+            f"model's {heads} attention heads and to divide or be a multiple of its {kv_heads} KV heads (1, 2 or 4)"
+        )
+
+
 def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int = 2) -> EngineProfile:
     """ERNIE-4.5-21B-A3B (MoE) on GPUs with expert parallelism and EPLB.
 
@@ -71,6 +104,7 @@ def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int
     """
     if tensor_parallel_size < 1 or data_parallel_size < 1:
         raise ValueError("parallel sizes must be >= 1")
+    check_tensor_parallel_size(tensor_parallel_size)
     return EngineProfile(
         name="ernie-21b-a3b",
         description=(f"baidu/ERNIE-4.5-21B-A3B-PT (MoE, 64 experts top-6) on GPU, "
@@ -86,36 +120,49 @@ def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int
             "--data-parallel-size", str(data_parallel_size),
             "--enable-expert-parallel",
             "--enable-eplb",
-            "--eplb-config", EPLB_CONFIG,
+            "--eplb-config", eplb_config(tensor_parallel_size * data_parallel_size),
             *TOOL_CALLING,
         ),
     )
 
 
+def multinode_tensor_parallel_size(gpus_per_node: int) -> int:
+    """The largest tensor-parallel size ERNIE-4.5-21B-A3B can run that fills a node with whole groups: the 8 GPUs
+    of a node are 2 groups of 4, not one of 8 (20 attention heads do not divide by 8)."""
+    return next(size for size in (4, 2, 1) if gpus_per_node % size == 0)
+
+
 def ernie_21b_a3b_multinode_profile(nodes: int = 2, gpus_per_node: int = 8) -> EngineProfile:
-    """ERNIE-4.5-21B-A3B across several nodes with Ray: TP inside a node, DP across nodes, EP over all GPUs.
+    """ERNIE-4.5-21B-A3B across several nodes with Ray: tensor-parallel groups inside a node, data-parallel ranks
+    over all nodes (`--data-parallel-size-local` of them per node: without it vLLM places every rank on the head and
+    finds too few GPUs there), expert parallelism over all GPUs.
 
     Start Ray first (see `multinode_ray_commands`), then run the serve command on the head node only.
     """
     if nodes < 2 or gpus_per_node < 1:
         raise ValueError("a multi-node deployment needs nodes >= 2 and gpus_per_node >= 1")
+    tensor_parallel = multinode_tensor_parallel_size(gpus_per_node)
+    local_ranks = gpus_per_node // tensor_parallel
+    data_parallel = nodes * local_ranks
     return EngineProfile(
         name="ernie-21b-a3b-multinode",
         description=(f"baidu/ERNIE-4.5-21B-A3B-PT on {nodes} nodes x {gpus_per_node} GPUs with Ray: "
-                     f"TP={gpus_per_node} per node, DP={nodes} across nodes, expert parallelism + EPLB"),
+                     f"TP={tensor_parallel} x DP={data_parallel} ({local_ranks} per node), "
+                     f"expert parallelism over all {nodes * gpus_per_node} GPUs + EPLB"),
         model="baidu/ERNIE-4.5-21B-A3B-PT",
         served_model_name="ernie-4.5-21b-a3b",
         device="gpu",
         args=(
             "--dtype", "bfloat16",
             "--max-model-len", "32768",
-            "--max-num-seqs", "256",
-            "--tensor-parallel-size", str(gpus_per_node),
-            "--data-parallel-size", str(nodes),
+            "--max-num-seqs", "128",
+            "--tensor-parallel-size", str(tensor_parallel),
+            "--data-parallel-size", str(data_parallel),
+            "--data-parallel-size-local", str(local_ranks),
             "--data-parallel-backend", "ray",
             "--enable-expert-parallel",
             "--enable-eplb",
-            "--eplb-config", EPLB_CONFIG,
+            "--eplb-config", eplb_config(tensor_parallel * data_parallel),
             *TOOL_CALLING,
         ),
     )

@@ -39,9 +39,9 @@ class EngineSettings(BaseModel):
     api_key: SecretStr | None = None
     max_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=0.3, ge=0.0, le=2.0)
-    connect_timeout_s: float = 5.0
-    first_token_timeout_s: float = 60.0
-    request_timeout_s: float = 180.0
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    first_token_timeout_s: float = Field(default=60.0, gt=0, description="shorter than request_timeout_s")
+    request_timeout_s: float = Field(default=180.0, gt=0)
     max_in_flight: int = Field(default=16, ge=1, description="per engine; match vLLM's --max-num-seqs")
     poll_interval_s: float = Field(default=1.0, gt=0, description="how often /health and /metrics are read")
     warmup: bool = True
@@ -66,6 +66,17 @@ class EngineSettings(BaseModel):
             sees = self.vision if endpoint.vision is None else endpoint.vision
             out.append((engine_root(endpoint.url), sees))
         return out
+
+    @model_validator(mode="after")
+    def _first_token_comes_first(self) -> EngineSettings:
+        """A first-token limit at or past the whole request's could never fire: the request's would, saying "did not
+        finish in time" of an engine that never began."""
+        if self.first_token_timeout_s >= self.request_timeout_s:
+            raise ValueError(
+                f"first_token_timeout_s ({self.first_token_timeout_s:g}) must be shorter than request_timeout_s "
+                f"({self.request_timeout_s:g})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _urls_reachable(self) -> EngineSettings:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from gateway.cli.common import UsageError
+
 HUB_PROBE = (
     "import sys\nfrom huggingface_hub import model_info\n"
     "try:\n    model_info(sys.argv[1], timeout=5)\nexcept Exception:\n    sys.exit(1)\n"
@@ -67,13 +69,16 @@ def _engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
                 "random-weight ERNIE-4.5 MoE instead (its answers are gibberish, the pipeline is real)",
                 file=sys.stderr,
             )
-    profile = launcher.resolve_profile(
-        name,
-        tensor_parallel_size=args.tensor_parallel_size,
-        data_parallel_size=args.data_parallel_size,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-    )
+    try:
+        profile = launcher.resolve_profile(
+            name,
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+        )
+    except ValueError as exc:  # parallel sizes the model cannot run: said before vLLM loads for minutes and fails
+        raise UsageError(str(exc)) from exc
     overrides = list(args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides)
     if args.served_model_name:
         overrides += ["--served-model-name", args.served_model_name]

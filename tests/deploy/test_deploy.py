@@ -1011,7 +1011,7 @@ def test_k8s_vllm_runs_the_launcher_profiles(rendered_k8s: dict[str, list[dict]]
             int(flag(args, "--data-parallel-size") if "--data-parallel-size" in args else 1)
         if nodes > 1:
             profile = launcher.ernie_21b_a3b_multinode_profile(nodes=nodes, gpus_per_node=gpus)
-            assert tp == gpus and dp == nodes
+            assert tp * dp == gpus * nodes and int(flag(args, "--data-parallel-size-local")) * nodes == dp
         elif "21B" in serve_model(args):
             profile = launcher.ernie_21b_a3b_profile(tensor_parallel_size=tp, data_parallel_size=dp)
             assert gpus == tp * dp

@@ -159,3 +159,76 @@ async def test_an_engine_failing_every_request_while_healthy_is_taken_out_after_
             assert a.status == "down" and b.status == "ready"
         finally:
             await pool.aclose()
+
+
+def sse(*events: str) -> httpx.Response:
+    return httpx.Response(200, text="".join(f"data: {event}\n\n" for event in events),
+                          headers={"content-type": "text/event-stream"})  # fmt: skip
+
+
+def delta(text: str, finish: str | None = None) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        # vLLM's answer when generation fails once the stream began: an error chunk, then [DONE], all in a 200
+        (sse(delta("The answer is "), delta("partly"), json.dumps({"error": {"message": "CUDA error: out of memory",
+                                                                             "type": "InternalServerError",
+                                                                             "code": 500}}), "[DONE]"),
+         "out of memory"),
+        (sse(delta("The answer is "), delta("partly")), "ended before"),  # cut: no [DONE], no finish_reason
+    ],
+    ids=["error-chunk", "cut-stream"],
+)
+async def test_a_stream_that_fails_midway_is_an_engine_error_not_a_short_answer(answer: httpx.Response,
+                                                                                said: str) -> None:
+    chat: Counter[str] = Counter()
+    shown: list[str] = []
+
+    async def on_delta(text: str) -> None:
+        shown.append(text)
+
+    async with httpx.AsyncClient(transport=engine(chat, answer)) as http:
+        pool = EnginePool(settings("http://a:8000"), http)
+        await pool.start()
+        try:
+            assert await pool.wait_ready(5)
+            with pytest.raises(EngineError, match=said) as raised:
+                await pool.endpoints[0].client.chat([{"role": "user", "content": "x"}], on_delta=on_delta)
+            assert raised.value.retryable
+            assert shown == ["The answer is ", "partly"]  # what the user saw: generate resumes from it
+        finally:
+            await pool.aclose()
+
+
+async def test_a_whole_stream_with_its_finish_reason_is_an_answer_even_without_done() -> None:
+    chat: Counter[str] = Counter()
+    answer = sse(delta("Hello"), delta(" there", "stop"))
+    async with httpx.AsyncClient(transport=engine(chat, answer)) as http:
+        pool = EnginePool(settings("http://a:8000"), http)
+        await pool.start()
+        try:
+            assert await pool.wait_ready(5)
+
+            async def ignore(text: str) -> None:
+                return None
+
+            completion = await pool.endpoints[0].client.chat([{"role": "user", "content": "x"}], on_delta=ignore)
+            assert completion.text == "Hello there" and completion.finish_reason == "stop"
+        finally:
+            await pool.aclose()
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"first_token_timeout_s": 200, "request_timeout_s": 180}, "first_token_timeout_s"),
+        ({"request_timeout_s": 0}, "request_timeout_s"),
+        ({"connect_timeout_s": -1}, "connect_timeout_s"),
+    ],
+)
+def test_engine_timeouts_that_could_never_work_fail_at_start(fields: dict, said: str) -> None:
+    with pytest.raises(ValidationError, match=said):
+        EngineSettings(**fields)

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -71,6 +72,45 @@ def test_moe_profiles_carry_expert_parallelism_and_eplb() -> None:
     assert multinode[multinode.index("--data-parallel-backend") + 1] == "ray"
     ray = launcher.multinode_ray_commands("10.1.2.3", 3)
     assert ray["head"][:3] == ["ray", "start", "--head"] and len(ray) == 3
+
+
+def test_moe_profiles_divide_the_model_as_vllm_requires() -> None:
+    """vLLM refuses to load when the experts with their EPLB copies do not divide among the TP x DP ranks, or when
+    the tensor-parallel size does not divide the 20 attention heads: every MoE command must pass both."""
+
+    def flag(argv: list[str], name: str) -> int:
+        return int(argv[argv.index(name) + 1])
+
+    commands = all_profile_commands()
+    commands["ernie-21b-a3b tp4 dp2"] = launcher.build_command(
+        launcher.ernie_21b_a3b_profile(4, 2), python="python", host="h", port=1
+    )[0][4:]
+    commands["multinode 2x8"] = launcher.build_command(
+        launcher.ernie_21b_a3b_multinode_profile(2, 8), python="python", host="h", port=1
+    )[0][4:]
+    for name, argv in commands.items():
+        if "--enable-eplb" not in argv:
+            continue
+        ranks = flag(argv, "--tensor-parallel-size") * flag(argv, "--data-parallel-size")
+        redundant = json.loads(argv[argv.index("--eplb-config") + 1])["num_redundant_experts"]
+        assert (launcher.ERNIE_21B_ROUTED_EXPERTS + redundant) % ranks == 0, name
+        assert redundant >= 2 and launcher.ERNIE_21B_ATTENTION_HEADS % flag(argv, "--tensor-parallel-size") == 0, name
+    two_by_eight = commands["multinode 2x8"]  # the documented deployment: 16 GPUs, groups of 4, 2 ranks a node
+    assert [flag(two_by_eight, f) for f in ("--tensor-parallel-size", "--data-parallel-size",
+                                            "--data-parallel-size-local")] == [4, 4, 2]  # fmt: skip
+    for refused in (8, 3, 5):
+        with pytest.raises(ValueError, match="20 attention heads"):
+            launcher.ernie_21b_a3b_profile(refused, 1)
+
+
+def test_engine_plan_refuses_parallel_sizes_the_model_cannot_run() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "engine", "plan", "--profile", "ernie-21b-a3b",
+         "--tensor-parallel-size", "8", "--data-parallel-size", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "20 attention heads" in result.stderr and "unexpectedly" not in result.stderr
 
 
 def test_eplb_log_line_becomes_gauges() -> None:
