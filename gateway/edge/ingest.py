@@ -50,7 +50,8 @@ class Ingest:
         worker does with it: answer it ("chat"), or pull a channel's log ("pull", the message names it).
 
         `signature` names a signature that covers less than the body (DingTalk HTTP signs only a timestamp):
-        it is bound to the first message it came with, and a reuse with another message is "replayed".
+        it is bound to the messages it came with when first seen (gateway/queue/scheduler.py: DingTalk pushes in the
+        same millisecond share a pair), and a later reuse with another message is "replayed".
         A message its bot does not answer (bots.audience) is "ignored": nothing is queued, but its signature is
         bound all the same (else a pair captured from a message the bot ignores would carry any other).
         """

@@ -138,11 +138,32 @@ end
 # ARGV: core prefix, dedup ttl, lane, entry json, weight, message id, binding ttl.
 # Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
 # 0 for a duplicate delivery, else the lane's length after the append.
-_BIND_LUA = """
+# A signature that covers less than the body (DingTalk HTTP signs the timestamp alone) is bound to the messages it
+# came with: a hash of their ids, and '@' the first one's arrival (Redis's clock, the same for every gateway).
+# Another message may join for SHARE_SIGNATURE_MS after the first, up to SHARE_SIGNATURE_MAX in all: DingTalk's
+# pushes in the same millisecond carry the same pair (a busy bot's second one was refused as a replay); a captured
+# pair reused later carries nothing. A string key is a binding of an earlier release: its one message.
+SHARE_SIGNATURE_MS = 2000
+SHARE_SIGNATURE_MAX = 8
+_BIND_LUA = f"""
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
 local function bind(key, message_id, ttl)
-  local bound = redis.call('GET', key)
-  if bound and bound ~= message_id then return false end
-  if not bound then redis.call('SET', key, message_id, 'EX', ttl) end
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'string' then return redis.call('GET', key) == message_id end
+  if kind == 'none' then
+    redis.call('HSET', key, '@', now_ms(), message_id, 1)
+    redis.call('EXPIRE', key, ttl)
+    return true
+  end
+  if redis.call('HEXISTS', key, message_id) == 1 then return true end
+  local first = tonumber(redis.call('HGET', key, '@')) or 0
+  if now_ms() - first > {SHARE_SIGNATURE_MS} or redis.call('HLEN', key) - 1 >= {SHARE_SIGNATURE_MAX} then
+    return false
+  end
+  redis.call('HSET', key, message_id, 1)
   return true
 end
 """
@@ -349,7 +370,8 @@ return 1
 
 @dataclass(frozen=True)
 class Binding:
-    """A signature that may carry only one message: the first message id seen with it, kept `ttl_s`."""
+    """A signature that covers less than the body, and the message it comes with: the messages it first came with
+    within SHARE_SIGNATURE_MS (at most SHARE_SIGNATURE_MAX) may carry it, kept `ttl_s`; any other is a replay."""
 
     key: str
     message_id: str

@@ -84,7 +84,7 @@ class Keys:
         return f"{self.core}:dedup:{dedup_key}"
 
     def signature_binding(self, bot_id: str, signature: str) -> str:
-        """The message a (timestamp, sign) pair first came with: a reuse with another one is a replay."""
+        """The messages a (timestamp, sign) pair came with when first seen: a reuse with another one is a replay."""
         digest = hashlib.sha1(signature.encode()).hexdigest()[:24]
         return f"{self.core}:sigbind:{bot_id}:{digest}"
 

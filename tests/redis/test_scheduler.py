@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from bots.base import InboundMessage
 from gateway.queue.entry import QueueEntry
-from gateway.queue.scheduler import Lease, Scheduler
+from gateway.queue.scheduler import SHARE_SIGNATURE_MAX, SHARE_SIGNATURE_MS, Binding, Lease, Scheduler
 from gateway.state.keys import Keys
 from gateway.state.reply_record import Fence, LeaseLost, RecordMarks, ReplyRecords
 from gateway.state.streams import StreamStore
@@ -440,3 +440,28 @@ async def test_a_head_counts_its_takeovers_and_only_the_deaths_it_ran_alone(sche
     assert await scheduler.release(following, "done")
     suspects = [f"{scheduler._ns}:sched:suspect:{lane}" for lane in ("poison", "companion")]
     assert not await scheduler._redis.exists(*suspects)
+
+
+async def test_a_signature_carries_the_messages_of_its_moment_and_no_later_one(scheduler: Scheduler) -> None:
+    """DingTalk HTTP signs the timestamp alone: its pushes in one millisecond share a pair (a second one was refused
+    as a replay), and a pair reused later with another message is a replay; a binding of an earlier release (a
+    string key) keeps its one message."""
+    redis = scheduler._redis
+    keys = Keys("b" + secrets.token_hex(4))
+
+    async def bind(signature: str, message_id: str) -> int:
+        async with redis.pipeline(transaction=False) as pipe:
+            scheduler.queue_bind(pipe, Binding(keys.signature_binding("bot", signature), message_id, 3600))
+            return int((await pipe.execute())[0])
+
+    assert [await bind("t1:s1", m) for m in ("m1", "m1", "m2", "m1")] == [1, 1, 1, 1]
+    assert await bind("t1:s1", "m3") == 1
+    key = keys.signature_binding("bot", "t1:s1")
+    await redis.hset(key, "@", int(time.time() * 1000) - SHARE_SIGNATURE_MS - 500)  # the moment has passed
+    assert await bind("t1:s1", "m4") == -1, "a pair reused after its moment carried another message"
+    assert await bind("t1:s1", "m2") == 1, "a message the pair came with is still its own (a platform's retry)"
+    assert 0 < await redis.ttl(key) <= 3600
+    many = [await bind("t2:s2", f"n{i}") for i in range(SHARE_SIGNATURE_MAX + 2)]
+    assert many == [1] * SHARE_SIGNATURE_MAX + [-1, -1], "more pushes than one millisecond carries"
+    await redis.set(keys.signature_binding("bot", "t3:s3"), "old", ex=60)  # bound by the release before
+    assert [await bind("t3:s3", "old"), await bind("t3:s3", "other")] == [1, -1]

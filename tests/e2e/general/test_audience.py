@@ -10,6 +10,7 @@ import time
 import httpx
 
 from bots.dingtalk.config import DingTalkBotConfig
+from gateway.queue.scheduler import SHARE_SIGNATURE_MS
 from simulator.dingtalk.user import DingTalkUser, robot_payload
 from testkit.configs import write_config
 from testkit.probes import metric
@@ -88,6 +89,7 @@ def test_denied_users_and_unprefixed_group_messages_get_nothing(stack: Stack, cl
     captured = int(time.time() * 1000)
     replay_group = f"cid-replay-{user}"
     assert dingtalk_post(front, user, "no prefix: ignored", replay_group, captured).status_code == 200
+    time.sleep(SHARE_SIGNATURE_MS / 1000 + 0.2)  # past the moment a pair's own pushes share it
     refused = dingtalk_post(front, user, "/ask /help", replay_group, captured)
     assert refused.status_code == 403 and "another message" in refused.text, refused.text
     time.sleep(1.5)
