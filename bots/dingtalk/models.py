@@ -28,6 +28,12 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
     """Normalize: what the sender typed in `text`, pictures, voice, files and a quote in `parts`."""
     msg_id = str(payload.get("msgId", ""))
     sender = str(payload.get("senderStaffId") or payload.get("senderId") or "")
+    # A member of another organisation (a group shared across organisations) is named with it wherever a user is a
+    # key (memory, lanes, limits, allow_users): their staffId "alice" is not the robot's organisation's alice. Replies
+    # still address the staffId DingTalk gave. Whether DingTalk sends such a sender is UNCONFIRMED: the harsher case.
+    sender_corp, robot_corp = str(payload.get("senderCorpId") or ""), str(payload.get("chatbotCorpId") or "")
+    outsider = sender and sender_corp and robot_corp and sender_corp != robot_corp
+    person = f"{sender_corp}/{sender}" if outsider else sender
     conversation = str(payload.get("conversationId", ""))
     if not msg_id or not sender or not conversation:
         raise CallbackRejected("missing_fields", 400, "msgId, sender or conversationId missing")
@@ -39,7 +45,7 @@ def parse_robot_message(bot_id: str, payload: dict[str, Any], now: float) -> Inb
         bot_id=bot_id,
         msg_id=msg_id,
         conversation_id=conversation,
-        sender_id=sender,
+        sender_id=person,
         text=text,
         msg_type=msg_type or "unknown",
         parts=parts,

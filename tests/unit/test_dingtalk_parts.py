@@ -63,3 +63,15 @@ def test_title_is_the_first_line_as_plain_text() -> None:
     long = title_of("字" * 100)
     assert len(long) == TITLE_MAX_CHARS and long.endswith("…")
     assert title_of("   \n") == "…"
+
+
+def test_a_member_of_another_organisation_is_not_the_member_with_the_same_staff_id() -> None:
+    """A group shared across organisations: another one's "alice" keys her own memory, lanes and limits, and is
+    not in allow_users as the robot organisation's alice; replies still address the staffId DingTalk gave."""
+    own = robot_payload(BOT, "alice", "hi", conversation="cid", group=True, webhook=WEBHOOK)
+    outsider = {**own, "senderCorpId": "corpEVIL"}
+    ours, theirs = (BOT.identity.stamp(parse_robot_message("d", p, time.time())) for p in (own, outsider))
+    assert ours.sender_id == "alice" and theirs.sender_id == "corpEVIL/alice"
+    assert ours.person != theirs.person and theirs.reply_to.user_id == "alice"
+    without_corps = {key: value for key, value in own.items() if key not in ("senderCorpId", "chatbotCorpId")}
+    assert parse_robot_message("d", without_corps, time.time()).sender_id == "alice"
