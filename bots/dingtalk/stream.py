@@ -7,11 +7,18 @@ a missing pong (a silently dead connection is never replaced), retries at a fixe
 and reads its endpoint from a process-wide environment variable. So the connection loop
 is ours: async connections/open, websockets' ping/pong timeout to detect a silent link,
 reconnects with jittered backoff, and an ack only after the message is safely queued.
+
+A SYSTEM `disconnect` is a hand-over, not a loss: DingTalk goes silent on that connection and closes it 10 s later
+(S12 protocol.md: "disconnect: 用于网络连接优雅断开，避免直接断连接影响业务连续性"; "服务端在静默10s之后会主动断开
+tcp 连接"), time to open the next connection first. The next one is opened at once (no backoff, not logged as a loss),
+while the old one is still read until DingTalk closes it or its grace is over, so that the acks of the frames in hand
+on it still go out. A robot message pushed while no connection is open is lost: DingTalk does not push it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -44,6 +51,10 @@ LATE_QUEUE_FOR_S = 900.0
 LATE_FIRST_DELAY_S = 1.0
 MAX_LATE_MESSAGES = 1000
 USER_AGENT = "botgw-dingtalk-stream/1"
+# How long a connection DingTalk asked to reconnect is still read, at most: DingTalk closes it itself "10s" after its
+# SYSTEM disconnect (S12 protocol.md, disconnect 请求处理; the module doc).
+HANDOVER_GRACE_S = 10.0
+FRAMES_IN_HAND_S = 5.0  # how long a connection being closed waits for the frames it read to be queued and acked
 
 
 def _frame(raw: str | bytes) -> dict[str, Any] | None:
@@ -53,6 +64,13 @@ def _frame(raw: str | bytes) -> dict[str, Any] | None:
     except CallbackRejected as exc:
         log.warning("skipped a dingtalk stream frame", extra={"size": len(raw), "reason": exc.reason})
         return None
+
+
+def _asks_to_reconnect(frame: dict[str, Any]) -> bool:
+    """Whether the frame is DingTalk's SYSTEM disconnect (the module doc: a hand-over; no ack is wanted)."""
+    headers = frame.get("headers")
+    return (frame.get("type") == SystemMessage.TYPE and isinstance(headers, dict)
+            and headers.get("topic") == SystemMessage.TOPIC_DISCONNECT)  # fmt: skip
 
 
 def _frame_data(data: Any) -> dict[str, Any]:
@@ -88,8 +106,14 @@ class DingTalkStreamConnection:
         self._sink = sink
         self._tracks = TrackIds(config.app_secret.get_secret_value())  # the question cards' (buttons.py)
         self.connections = 0
-        self.connected = False  # a socket is open and its pings are answered (exported by the Stream process)
+        self._readers: set[asyncio.Task[None]] = set()  # the open connections' readers (one, two in a hand-over)
         self._late: set[asyncio.Task[None]] = set()  # robot messages still being queued after their ack
+
+    @property
+    def connected(self) -> bool:
+        """A socket is open and its pings are answered (exported by the Stream process). In a hand-over the old one
+        counts until it is closed: DingTalk closes it 10 s after its disconnect, the next one being open by then."""
+        return bool(self._readers)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -99,41 +123,83 @@ class DingTalkStreamConnection:
 
     async def _connect_until(self, stop: asyncio.Event) -> None:
         backoff = 1.0
-        while not stop.is_set():
-            try:
-                endpoint, ticket = await self._open()
-                uri = f"{endpoint}?ticket={quote_plus(ticket)}"
-                async with websockets.connect(
-                    uri,
-                    ping_interval=self.config.stream_ping_interval_s,
-                    ping_timeout=self.config.stream_ping_timeout_s,
-                    open_timeout=10,
-                    close_timeout=2,
-                ) as socket:
+        draining: set[asyncio.Task[None]] = set()  # connections handed over, read until closed (module doc)
+        try:
+            while not stop.is_set():
+                try:
+                    endpoint, ticket = await self._open()
+                    uri = f"{endpoint}?ticket={quote_plus(ticket)}"
+                    socket = await websockets.connect(
+                        uri,
+                        ping_interval=self.config.stream_ping_interval_s,
+                        ping_timeout=self.config.stream_ping_timeout_s,
+                        open_timeout=10,
+                        close_timeout=2,
+                    )
                     self.connections += 1
-                    self.connected = True
                     backoff = 1.0
                     log.info("dingtalk stream connected", extra={"bot_id": self.config.id})
-                    try:
-                        await self._serve(socket, stop)
-                    finally:
-                        self.connected = False
-            except (OSError, TimeoutError, httpx.HTTPError, websockets.WebSocketException, StreamOpenError) as exc:
-                log.warning(
-                    "dingtalk stream lost; reconnecting",
-                    extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}", "retry_in_s": backoff},
-                )
-            except Exception as exc:  # anything else must not end the process: DingTalk does not resend what it
-                # pushed while no connection was open (its type and where it came from: its text may carry the ticket)
-                log.error(
-                    "dingtalk stream failed unexpectedly; reconnecting",
-                    extra={"bot_id": self.config.id, "error": type(exc).__name__, "retry_in_s": backoff,
-                           "where": "".join(traceback.format_tb(exc.__traceback__))},
-                )
-            if stop.is_set():
-                break
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-            backoff = min(MAX_BACKOFF_S, backoff * 2)
+                    if await self._serve_until_handed_over(socket, stop, draining):
+                        continue  # DingTalk asked for a new connection: opened now, the old one drains meanwhile
+                except (OSError, TimeoutError, httpx.HTTPError, websockets.WebSocketException, StreamOpenError) as exc:
+                    log.warning(
+                        "dingtalk stream lost; reconnecting",
+                        extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}",
+                               "retry_in_s": backoff},
+                    )
+                except Exception as exc:  # anything else must not end the process: DingTalk does not resend what it
+                    # pushed while no connection was open (its type and where it came from: its text may carry the
+                    # ticket)
+                    log.error(
+                        "dingtalk stream failed unexpectedly; reconnecting",
+                        extra={"bot_id": self.config.id, "error": type(exc).__name__, "retry_in_s": backoff,
+                               "where": "".join(traceback.format_tb(exc.__traceback__))},
+                    )
+                if stop.is_set():
+                    break
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+        finally:  # stopped: each drained connection ends with its frames in hand; cancelled: they are cancelled too
+            if draining and not stop.is_set():
+                for task in draining:
+                    task.cancel()
+            await asyncio.gather(*draining, return_exceptions=True)
+
+    async def _serve_until_handed_over(
+        self, socket: websockets.ClientConnection, stop: asyncio.Event, draining: set[asyncio.Task[None]]
+    ) -> bool:
+        """Serve `socket` (which it then owns and closes) until stopped (False), the link is lost (raised), or DingTalk
+        asks for a new connection (True): the socket's reader is then left in `draining`, to end on its own."""
+        told = asyncio.Event()
+        reader = asyncio.create_task(self._serve(socket, stop, told))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        asked = asyncio.create_task(told.wait())
+        try:
+            await asyncio.wait({reader, asked}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await socket.close()  # a reader cancelled before it ran never closed it
+            raise
+        finally:
+            asked.cancel()
+        if not told.is_set():
+            reader.result()  # what ended it: a lost link raises
+            return False
+        if reader.done():
+            self._handed_over(reader)
+        else:
+            draining.add(reader)
+            reader.add_done_callback(draining.discard)
+            reader.add_done_callback(self._handed_over)
+        return True
+
+    def _handed_over(self, reader: asyncio.Task[None]) -> None:
+        """A connection DingTalk asked to replace has ended: how, if not as it should."""
+        if not reader.cancelled() and (exc := reader.exception()) is not None:
+            log.warning("a dingtalk stream connection being replaced failed",
+                        extra={"bot_id": self.config.id, "error": type(exc).__name__})  # fmt: skip
 
     async def _end_late(self) -> None:
         """At shutdown: what is still being queued is lost with the process (DingTalk will not resend it): said."""
@@ -168,48 +234,66 @@ class DingTalkStreamConnection:
             raise StreamOpenError("connections/open gave no endpoint or ticket")
         return str(data["endpoint"]), str(data["ticket"])
 
-    async def _serve(self, socket: websockets.ClientConnection, stop: asyncio.Event) -> None:
-        """Read frames until stopped or told to reconnect; each frame is handled (and acked) in its own task,
-        so that a burst of messages shares Redis round trips instead of waiting in line."""
+    async def _serve(self, socket: websockets.ClientConnection, stop: asyncio.Event, told: asyncio.Event) -> None:
+        """Read frames until stopped, or the link is lost (raised); after DingTalk's SYSTEM disconnect (`told` is then
+        set), until DingTalk closes the connection or HANDOVER_GRACE_S is over. Each frame is handled (and acked) in
+        its own task, so that a burst of messages shares Redis round trips instead of waiting in line; a frame read in
+        the same pass as the stop is still handled (DingTalk never pushes a robot message again). Then the frames in
+        hand are given FRAMES_IN_HAND_S, and the socket is closed."""
+        loop = asyncio.get_running_loop()
         stopping = asyncio.create_task(stop.wait())
         handling: set[asyncio.Task[None]] = set()
+        receiving: asyncio.Task[str | bytes] | None = None
+        grace_ends: float | None = None  # the loop's time when a handed-over connection is closed
 
         async def handle(frame: dict[str, Any]) -> None:
             reply = await self._route(frame)
-            if reply == "disconnect":
-                await socket.close()
-            elif reply:
-                await socket.send(reply)
+            if reply:
+                with contextlib.suppress(websockets.ConnectionClosed):  # its ack is lost with the link: nothing to do
+                    await socket.send(reply)
 
         try:
             while True:
                 receiving = asyncio.create_task(socket.recv())
-                done, _ = await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if stopping in done:
-                    receiving.cancel()
+                timeout = None if grace_ends is None else max(0.0, grace_ends - loop.time())
+                done, _ = await asyncio.wait({receiving, stopping}, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if receiving not in done:  # stopped, or the hand-over's grace is over
                     break
-                frame = _frame(receiving.result())
-                if frame is None:
-                    continue
-                task = asyncio.create_task(handle(frame))
-                handling.add(task)
-                task.add_done_callback(handling.discard)
+                try:
+                    frame = _frame(receiving.result())
+                except websockets.ConnectionClosed:
+                    if grace_ends is None:
+                        raise
+                    break  # DingTalk closed the connection it had replaced, as it said it would
+                if frame is not None and _asks_to_reconnect(frame):
+                    if grace_ends is None:
+                        log.info("dingtalk asked to reconnect", extra={"bot_id": self.config.id})
+                        grace_ends = loop.time() + HANDOVER_GRACE_S
+                        told.set()
+                elif frame is not None:
+                    task = asyncio.create_task(handle(frame))
+                    handling.add(task)
+                    task.add_done_callback(handling.discard)
+                if stopping in done:
+                    break
         finally:
             stopping.cancel()
+            if receiving is not None and not receiving.done():
+                receiving.cancel()  # safe: websockets loses no data on a cancelled recv
             if handling:
-                await asyncio.wait(handling, timeout=5)
+                await asyncio.wait(handling, timeout=FRAMES_IN_HAND_S)
             await socket.close()
 
     async def _route(self, frame: dict[str, Any]) -> str | None:
-        """The frame's ack (or "disconnect"); a robot message is acked only once it is queued."""
+        """The frame's ack, if any; a robot message is acked only once it is queued."""
         frame_type = frame.get("type")
         headers = frame.get("headers")
         headers = headers if isinstance(headers, dict) else {}
         message_id = str(headers.get("messageId", ""))
         if frame_type == SystemMessage.TYPE:
             if headers.get("topic") == SystemMessage.TOPIC_DISCONNECT:
-                log.info("dingtalk asked to reconnect", extra={"bot_id": self.config.id})
-                return "disconnect"
+                return None  # read by _serve: a hand-over, which wants no ack (S12 protocol.md)
             try:  # ping: echo the opaque data decoded, as the SDK does (to_dict encodes it once)
                 data = frame.get("data")
                 opaque = parse_json_object(data, "ping data") if isinstance(data, str) and data else {}

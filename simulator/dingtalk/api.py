@@ -133,6 +133,12 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
     async def access_token(request: Request) -> JSONResponse:
         body = await request.json()
         if (body.get("appKey"), body.get("appSecret")) not in state.apps:
+            # UNCONFIRMED: no error of this endpoint is in the reference. Public evidence points to HTTP 400
+            # {"code": "invalidClientIdOrSecret", "message": "无效的clientId或者clientSecret"}: the error table of its
+            # sibling /v1.0/oauth2/ssoAccessToken in DingTalk's docs, and clients of this one that test for that code.
+            # InvalidAuthentication (the code of a refused token, state.py) is kept until a source says otherwise:
+            # botgw takes any non-200 from here as a refusal whatever its code (bots/dingtalk/client.py), so neither
+            # answer is kinder to it.
             return JSONResponse({"code": "InvalidAuthentication", "message": "bad appKey/appSecret"}, 400)
         token = secrets.token_hex(16)
         state.tokens[token] = time.time() + TOKEN_LIFETIME_S
@@ -148,7 +154,11 @@ def dingtalk_api_router(state: DingTalkState) -> APIRouter:
             posts[1] += 1
             if info is not None and info.get("expired_status"):
                 return JSONResponse({"code": "ServiceUnavailable", "message": "simulated"}, info["expired_status"])
-            return error(300001, "session expired")
+            # 300001 is in no DingTalk doc (UNCONFIRMED); it is what an ended sessionWebhook answers in public logs:
+            # {"errcode":300001,"errmsg":"session 不存在"} (agentscope-ai/agentscope#1318, agentscope-ai/QwenPaw#2221),
+            # its HTTP status not shown there (200 played, UNCONFIRMED). Played because it is the
+            # only answer seen; the harsher one, a 5xx that says nothing, is control.py's session/expire http_status.
+            return error(300001, "session 不存在")
         if refusal := await refuse_send(request, needs_token=False):
             return refusal
         body = await request.json()

@@ -3,21 +3,20 @@ sessionWebhooks, tokens, staff, the throttle, what was sent and shown, and fault
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import secrets
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request, WebSocket
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import model_validator
 
 from simulator.dingtalk.card_taps import TapRefused, push_tap
 from simulator.dingtalk.media import DOWNLOAD_CODE_TTL_S, store_media
 from simulator.dingtalk.state import BOT_TOPIC, THROTTLE_S, DingTalkState, PendingFrame
-from simulator.dingtalk.stream import FreezableRelay, send_system
+from simulator.dingtalk.stream import FreezableRelay, hand_over
 from simulator.faults import Fault, faults_route
 
 
@@ -60,20 +59,13 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
 
     @router.post("/__sim__/dingtalk/stream/disconnect")
     async def disconnect(request: Request) -> dict[str, int]:
-        """SYSTEM disconnect to every live connection; each is closed `grace_s` later (DingTalk: 10 s)."""
+        """SYSTEM disconnect to every live connection: each goes silent at once (no push, no ping) and is closed
+        `grace_s` later (DingTalk: 10 s; stream.py's module doc)."""
         grace_s = float((await request.json()).get("grace_s", 10.0))
         sockets = [s for group in state.connections.values() for s in group]
         for socket in sockets:
-            await send_system(socket, "disconnect", {"reason": "simulator"})
+            await hand_over(state, socket, grace_s)
             state.disconnects_sent += 1
-
-        async def close_later(socket: WebSocket) -> None:
-            await asyncio.sleep(grace_s)
-            with contextlib.suppress(Exception):
-                await socket.close(code=1000)
-
-        for socket in sockets:
-            asyncio.get_running_loop().create_task(close_later(socket))
         return {"disconnected": len(sockets)}
 
     @router.post("/__sim__/dingtalk/stream/system-ping")
@@ -83,7 +75,7 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
 
     @router.post("/__sim__/dingtalk/stream/drop")
     async def drop() -> dict[str, int]:
-        sockets = [s for group in state.connections.values() for s in group]
+        sockets = [s for group in state.connections.values() for s in group] + list(state.draining)
         for socket in sockets:
             with contextlib.suppress(Exception):
                 await socket.close(code=1011)
@@ -105,6 +97,8 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
             "pings_sent": state.pings_sent,
             "pings_acked": state.pings_acked,
             "disconnects_sent": state.disconnects_sent,
+            "draining": len(state.draining),  # told to disconnect, not yet closed: no longer in `live`
+            "acks_after_disconnect": state.acks_after_disconnect,
         }
 
     # -- playground and test controls ---------------------------------------------------------
@@ -122,7 +116,8 @@ def dingtalk_control_router(state: DingTalkState, relay: FreezableRelay) -> APIR
 
     @router.post("/__sim__/dingtalk/session/expire")
     async def expire_session(request: Request) -> dict[str, bool]:
-        """End a session before its sessionWebhookExpiredTime (DingTalk may: the webhook then answers 300001).
+        """End a session before its sessionWebhookExpiredTime (DingTalk may: the webhook then answers 300001, a code
+        no DingTalk doc lists, UNCONFIRMED: the only answer to an ended session seen in public, api.py).
         With `http_status` the ended webhook answers that (a 5xx) instead: whether DingTalk ever does is
         UNCONFIRMED, and it is the harsher answer (nothing in it says the webhook is gone)."""
         body = await request.json()

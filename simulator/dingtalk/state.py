@@ -52,7 +52,11 @@ class DingTalkState:
     cards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     faults: FaultQueue = field(default_factory=FaultQueue)  # endpoints: send, card.<op>
     tickets: dict[str, tuple[str, float]] = field(default_factory=dict)
-    connections: dict[str, list[WebSocket]] = field(default_factory=dict)
+    connections: dict[str, list[WebSocket]] = field(default_factory=dict)  # app -> its live connections
+    # Connections sent a SYSTEM disconnect, until they are closed: out of `connections`, so that they get no push and
+    # no ping (stream.py: DingTalk goes silent on them).
+    draining: set[Any] = field(default_factory=set)
+    acks_after_disconnect: int = 0  # acks that came in on a connection after its disconnect: not honoured
     pending: dict[str, PendingFrame] = field(default_factory=dict)
     acked: list[str] = field(default_factory=list)
     opened: int = 0

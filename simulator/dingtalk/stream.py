@@ -10,8 +10,14 @@ UNCONFIRMED: the harsher reading). Connections go through a TCP relay that can b
 demand: a "silent" connection, open but passing nothing, which only a keepalive that notices
 the missing pong can detect. The gateway sends SYSTEM frames as DingTalk does: a `ping` every
 `system_ping_s` (its real interval is UNCONFIRMED), which must be acked with its data echoed,
-and, on demand, a `disconnect`, after which the connection is closed `grace_s` later (10 s at
-DingTalk) whatever the client does. A push can also be made to reach every live connection of
+and, on demand, a `disconnect`. DingTalk's protocol doc (S12 protocol.md, "disconnect 请求处理":
+"客户端不需要对此推送信息做任何响应， 服务端在静默10s之后会主动断开 tcp 连接") has the server go
+silent on that connection and close it 10 s later: from the disconnect on, the connection gets
+no push and no ping (a push goes to another live connection of the app, or is dropped as offline
+when there is none), and it is closed `grace_s` later (10 s at DingTalk) whatever the client does.
+Whether DingTalk still honours an ack that comes in on it meanwhile is UNCONFIRMED: the harsher
+reading, it is read and not honoured (counted in `acks_after_disconnect`; a card callback's
+response in it changes no card). A push can also be made to reach every live connection of
 the app (`to_all`), each copy under its own frame id: what a client's dedup must survive.
 (The pushes, disconnects, drops and silences a test orders: control.py.)
 """
@@ -33,6 +39,7 @@ from simulator.dingtalk.cards import apply_callback_response
 from simulator.dingtalk.state import DingTalkState
 
 TICKET_LIFETIME_S = 90
+_CLOSING: set[asyncio.Task[None]] = set()  # connections told to disconnect, waiting out their grace
 
 
 class FreezableRelay:
@@ -86,9 +93,10 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
     async def open_connection(request: Request) -> JSONResponse:
         body = await request.json()
         if (body.get("clientId"), body.get("clientSecret")) not in state.apps:
-            # UNCONFIRMED for connections/open itself: DingTalk's OpenAPI refuses bad credentials with HTTP 400
-            # {"code": "InvalidAuthentication"} (simulator/dingtalk/api.py), never 401; the same is played here.
-            return JSONResponse({"code": "InvalidAuthentication", "message": "bad clientId/clientSecret"}, 400)
+            # Undocumented (UNCONFIRMED); what DingTalk answers in public logs of dingtalk-stream's
+            # open_connection: HTTP 401 {"code":"authFailed","message":"鉴权失败"} (zfanswer/dify-on-dingtalk#28,
+            # agentscope-ai/QwenPaw#1027). Played as seen (not the token endpoint's answer, api.py).
+            return JSONResponse({"code": "authFailed", "message": "鉴权失败"}, 401)
         ticket = secrets.token_urlsafe(24)
         state.tickets[ticket] = (body["clientId"], time.time() + TICKET_LIFETIME_S)
         subscriptions = body.get("subscriptions") if isinstance(body.get("subscriptions"), list) else []
@@ -114,7 +122,9 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
             while True:
                 ack = json.loads(await socket.receive_text())
                 message_id = str((ack.get("headers") or {}).get("messageId", ""))
-                if message_id in state.pings:
+                if socket in state.draining:  # told to disconnect: the ack is not honoured (UNCONFIRMED, module doc)
+                    state.acks_after_disconnect += 1
+                elif message_id in state.pings:
                     sent = state.pings.pop(message_id)
                     if ack.get("code") == 200 and json.loads(ack.get("data") or "null") == json.loads(sent):
                         state.pings_acked += 1
@@ -125,10 +135,31 @@ def stream_router(state: DingTalkState, relay: FreezableRelay) -> APIRouter:
         except (WebSocketDisconnect, RuntimeError, ValueError):
             pass
         finally:
-            state.connections[client_id].remove(socket)
+            if socket in state.connections[client_id]:
+                state.connections[client_id].remove(socket)
+            state.draining.discard(socket)
             state.socket_topics.pop(socket, None)
 
     return router
+
+
+async def hand_over(state: DingTalkState, socket: WebSocket, grace_s: float) -> None:
+    """Hand a live connection over as DingTalk does (module doc): out of the app's live connections first, so that
+    nothing is pushed on it after the SYSTEM disconnect frame, then the frame; closed `grace_s` later."""
+    for group in state.connections.values():
+        if socket in group:
+            group.remove(socket)
+    state.draining.add(socket)
+    await send_system(socket, "disconnect", {"reason": "connection is expired"})  # protocol.md's example reason
+
+    async def close_later() -> None:
+        await asyncio.sleep(grace_s)
+        with contextlib.suppress(Exception):
+            await socket.close(code=1000)
+
+    closing = asyncio.get_running_loop().create_task(close_later())
+    _CLOSING.add(closing)  # held until done: the loop keeps only a weak reference to a task
+    closing.add_done_callback(_CLOSING.discard)
 
 
 async def send_system(socket: WebSocket, topic: str, data: dict[str, Any]) -> str:
@@ -148,7 +179,8 @@ async def send_system(socket: WebSocket, topic: str, data: dict[str, Any]) -> st
 
 async def deliver_stream_frames(state: DingTalkState) -> None:
     """Push each new frame once to a random live connection of its app (or its own one); never push it again.
-    Every `system_ping_s`, ping every live connection with a SYSTEM frame."""
+    Every `system_ping_s`, ping every live connection with a SYSTEM frame. A connection told to disconnect is no
+    longer live (`state.draining`): it gets neither (module doc)."""
     last_ping = time.monotonic()
     while True:
         await asyncio.sleep(0.05)

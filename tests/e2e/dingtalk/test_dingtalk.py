@@ -278,8 +278,9 @@ def test_two_stream_processes_share_the_messages_and_answer_a_message_both_get_o
 
 
 def test_stream_system_frames_ping_and_disconnect(stack: Stack, stream_process: Proc, user: str) -> None:
-    """DingTalk's SYSTEM frames: a ping is acked with its data echoed; after a disconnect botgw reconnects at
-    once (DingTalk closes the old connection 10 s later) and loses nothing pushed after the new one is up."""
+    """DingTalk's SYSTEM frames: a ping is acked with its data echoed; after a disconnect botgw opens the next
+    connection at once, while the old one is still open (DingTalk goes silent on it and closes it 10 s later): a
+    hand-over, not a lost link, and nothing pushed meanwhile is dropped."""
     app_key = bot(stack, "ding-stream").app_key
     httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/system-ping", json={"interval_s": 0.5}, timeout=5)
     try:
@@ -292,6 +293,7 @@ def test_stream_system_frames_ping_and_disconnect(stack: Stack, stream_process: 
     assert stats["pings_sent"] - stats["pings_acked"] <= 1, "every ping but one in flight is acked with its data"
 
     opened = stats["opened"]
+    losses_before = stream_process.log_path.read_text(errors="replace").count("dingtalk stream lost")
     body = {"grace_s": 10.0}
     assert httpx.post(f"{stack.sim_url}/__sim__/dingtalk/stream/disconnect", json=body, timeout=5).json()[
         "disconnected"
@@ -299,8 +301,13 @@ def test_stream_system_frames_ping_and_disconnect(stack: Stack, stream_process: 
     started = time.monotonic()
     wait_connected(stack, opened + 1, timeout=20)
     assert time.monotonic() - started < 5.0, "botgw reconnects when told, without waiting to be closed"
-    assert stream_stats(stack)["live"][app_key] == 1
+    during = stream_stats(stack)
+    assert during["live"][app_key] == 1
+    assert during["draining"] == 1, "the next connection is open before DingTalk closes the old one"
+    assert during["dropped_offline"] == stats["dropped_offline"]
     assert "dingtalk asked to reconnect" in stream_process.tail(200)
+    log_text = stream_process.log_path.read_text(errors="replace")
+    assert log_text.count("dingtalk stream lost") == losses_before, "a hand-over is not a lost link"
     for _ in range(3):
         send(stack, "ding-stream", user, "/help")  # a command: no engine needed
     assert len(wait_replies(stack, f"cid-single-{user}", 3, settle=1.5)) == 3
