@@ -1,4 +1,5 @@
-"""What reading one uploaded document may cost: the bounds formats.py applies to DOCX, XLSX and PDF.
+"""What reading one uploaded document may cost: the bounds formats.py applies to DOCX, XLSX, PDF, and to Markdown,
+plain text, HTML and CSV.
 
 DOCX and XLSX are zip files of XML parts. A few hundred KB can unpack to gigabytes, name its main part anything
 (`word/media/document.xml` is as good as `word/document.xml`), or hold millions of tiny XML elements that the
@@ -21,6 +22,12 @@ no theme, properties, charts or images.
 
 PDF (pypdf) is bounded through pypdf's own Configuration (PDF_CONFIGURATION) and the page count and decoded bytes
 counted in formats.parse_pdf.
+
+Markdown, plain text and HTML need no unpacking, but their parsers cost by structure, not by size: markdown-it
+takes about 20 µs a line (a list item, a table row, a paragraph) and BeautifulSoup about 15 µs an element, so a
+1 MB file of "a\n\n" (333,000 paragraphs) took 9 s and 580 MB before the paragraph limit refused it. formats.py
+counts paragraphs, lines and tags in the raw text first (counting costs milliseconds, at most a second for a 20 MB
+file) and refuses before parsing. CSV rows are counted as the reader yields them, as XLSX rows are.
 """
 
 from __future__ import annotations
@@ -55,6 +62,15 @@ MAX_XLSX_STREAMED_ELEMENTS = 2_000_000  # sheets and shared strings: what openpy
 MAX_ROWS = 100_000  # rows of all sheets, empty ones the sheet skips included; more than 50,000 Q&A rows is refused
 MAX_GRID_CELLS = 2_000_000  # cells of those rows as the sheet's grid spans them, empty ones included
 MAX_SHARED_STRINGS = 500_000  # openpyxl keeps every shared string in a list
+
+# Markdown and plain text: lines that are not blank. markdown-it takes up to ~25 µs a line (a list of one-word items);
+# plain text ~0.5 µs. Paragraphs (blocks) are counted against formats.MAX_BLOCKS before either is parsed.
+MAX_MARKDOWN_LINES = 50_000
+MAX_TEXT_LINES = 500_000
+# Markdown headings with inline marks ([link](…), *emphasis*): their plain text is parsed at up to ~4 µs a character
+MAX_MARKED_HEADING_CHARS = 200_000
+# HTML: tags (`<` and a letter), parsed by lxml (no quadratic cases, unlike html.parser) at ~15 µs an element
+MAX_HTML_TAGS = 100_000
 
 # PDF (pypdf): pages, what one stream may decode to, and what all pages' streams decode to together.
 MAX_PDF_PAGES = 2_000

@@ -40,7 +40,7 @@ class StoreSettings(BaseModel):
     qdrant_url: str | None = Field(default=None, description="a Qdrant server or cluster: several workers share it")
     api_key: SecretStr | None = None
     collection: str = Field(default="botgw_knowledge", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, description="a Qdrant server's calls; whole seconds, rounded up")
     idle_release_s: float = Field(
         default=10.0, ge=0, description="embedded: a worker closes the folder after this long unused (0: never)"
     )

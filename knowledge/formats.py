@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from xml.sax.saxutils import quoteattr
 
 from knowledge.bounds import (
     DOCX_LIMITS,
     MAX_GRID_CELLS,
+    MAX_HTML_TAGS,
+    MAX_MARKDOWN_LINES,
+    MAX_MARKED_HEADING_CHARS,
     MAX_PDF_DECODED_BYTES,
     MAX_PDF_PAGES,
     MAX_PDF_STREAM_BYTES,
     MAX_ROWS,
+    MAX_TEXT_LINES,
     PDF_CONFIGURATION,
     XLSX_LIMITS,
     BoundedZip,
@@ -30,6 +35,11 @@ from knowledge.bounds import (
 )
 from knowledge.bounds import MAX_UNPACKED_BYTES as MAX_UNPACKED_BYTES  # what tests and callers knew it as
 from knowledge.errors import FileRejected
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+    from markdown_it.rules_block import StateBlock
+    from markdown_it.token import Token
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,45 @@ def parse(name: str, data: bytes) -> ParsedDocument:
     if not any(block.text.strip() for block in document.blocks):
         raise FileRejected("no text found in the file")
     if len(document.blocks) > MAX_BLOCKS:
-        raise FileRejected(f"{len(document.blocks)} paragraphs and rows, over {MAX_BLOCKS}: split the document")
+        raise _too_many_blocks(len(document.blocks))
     return document
+
+
+def _too_many_blocks(count: int) -> FileRejected:
+    return FileRejected(f"{count} paragraphs and rows, over {MAX_BLOCKS}: split the document")
+
+
+# What str.splitlines() breaks lines at (\r\n once), and the spaces that are not one of them
+_BREAK_CHARS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAK = rf"(?>\r\n|[{_BREAK_CHARS}])"  # atomic: \r\n is one break, never read as \r, \n (a blank line)
+_SPACE = rf"[^\S{_BREAK_CHARS}]"
+_PARAGRAPH_START = re.compile(rf"(?:\A|{_BREAK}{_SPACE}*{_BREAK}){_SPACE}*\S")  # text after a blank line (or first)
+_LINE_WITH_TEXT = re.compile(rf"(?:\A|{_BREAK}){_SPACE}*\S")
+_TAG_START = re.compile(rb"<[A-Za-z]")
+
+
+def _at_most(pattern: re.Pattern[Any], text: Any, limit: int) -> int:
+    """How often `pattern` occurs in `text`, counted up to limit + 1 only (enough to refuse)."""
+    return sum(1 for _ in itertools.islice(pattern.finditer(text), limit + 1))
+
+
+def check_text_size(text: str, max_lines: int) -> None:
+    """Refuse Markdown or plain text of more paragraphs than MAX_BLOCKS or more lines than `max_lines` before it is
+    parsed: parsing costs by the line, and the paragraph limit checked after the parse came seconds and hundreds of
+    MB too late (knowledge/bounds.py). Paragraphs separated by blank lines are what both parsers make blocks of."""
+    if sum(map(text.count, _BREAK_CHARS)) < min(MAX_BLOCKS, max_lines):  # the usual file: nothing to count
+        return
+    paragraphs = _PARAGRAPH_START.subn("", text)[1]  # counted in C: twice as fast as a Python loop over the matches
+    if paragraphs > MAX_BLOCKS:
+        raise _too_many_blocks(paragraphs)
+    if _at_most(_LINE_WITH_TEXT, text, max_lines) > max_lines:
+        raise FileRejected(f"over {max_lines} lines: split the document")
+
+
+def check_html_size(data: bytes) -> None:
+    """Refuse HTML of more than MAX_HTML_TAGS tags before it is parsed (knowledge/bounds.py)."""
+    if data.count(b"<") > MAX_HTML_TAGS and _at_most(_TAG_START, data, MAX_HTML_TAGS) > MAX_HTML_TAGS:
+        raise FileRejected(f"over {MAX_HTML_TAGS} tags: split the page")
 
 
 def decode_text(data: bytes) -> str:
@@ -179,17 +226,24 @@ class _Sections:
 
 
 def parse_markdown(data: bytes) -> ParsedDocument:
-    """Headings from the Markdown itself; each top-level block (paragraph, list, table, code) kept as written."""
-    from markdown_it import MarkdownIt
+    """Headings from the Markdown itself, as plain text; each top-level block (paragraph, list, table, code) kept
+    as written.
 
+    Only the block structure is parsed, and tables are paragraphs to it (their lines are kept as written either
+    way): the inline parse of every paragraph and the cells of every table row cost seconds per MB and would not be
+    used (knowledge/bounds.py). A heading is parsed inline on its own, for its plain text: a section name is shown
+    in the page's sources and in 来源 lines, where `## [退款请点此](https://evil.example/login)` would be a link
+    (found by a review)."""
     text = decode_text(data)
+    check_text_size(text, MAX_MARKDOWN_LINES)
     lines = text.splitlines()
-    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    tokens = _markdown_blocks().parse(text)
+    headings = _HeadingText()
     sections = _Sections("")
     depth = 0
     for index, token in enumerate(tokens):
         if token.type == "heading_open":
-            sections.heading(int(token.tag[1:]), tokens[index + 1].content)
+            sections.heading(int(token.tag[1:]), headings.plain(tokens[index + 1].content))
         elif depth == 0 and token.map and token.nesting >= 0 and token.type != "hr":
             start, end = token.map  # the block as written: list markers and table pipes are meaningful
             sections.add("\n".join(lines[start:end]))
@@ -197,9 +251,65 @@ def parse_markdown(data: bytes) -> ParsedDocument:
     return sections.document()
 
 
+_THEMATIC_BREAK = re.compile(r"([-*_])(?:[ \t]*+\1)*+[ \t]*+")  # a line of only ---, ***, ___ (spaced or not)
+
+
+def _markdown_blocks() -> MarkdownIt:
+    """markdown-it for the block structure only (parse_markdown says why). Its thematic-break rule reads a line
+    character by character in Python, once for each list it is nested in: a 2 MB line of `- - - …` took 2 s. Here
+    one regular expression (in C) says first whether the line can be a break at all."""
+    from markdown_it import MarkdownIt
+    from markdown_it.rules_block import hr
+
+    def thematic_break(state: StateBlock, start: int, end: int, silent: bool) -> bool:
+        first = state.bMarks[start] + state.tShift[start]
+        return bool(_THEMATIC_BREAK.fullmatch(state.src, first, state.eMarks[start])) and hr(state, start, end, silent)
+
+    markdown = MarkdownIt("commonmark").disable("inline")
+    markdown.block.ruler.at("hr", thematic_break, {"alt": ["paragraph", "reference", "blockquote", "list"]})  # its own
+    return markdown
+
+
+class _HeadingText:
+    """Markdown headings' plain text. A heading without a character that can start a mark is its own plain text;
+    the others are parsed inline, at most MAX_MARKED_HEADING_CHARS of them in a document (knowledge/bounds.py)."""
+
+    MARK = re.compile(r"[\\`*_\[\]<>!&]")
+
+    def __init__(self) -> None:
+        from markdown_it import MarkdownIt
+
+        self._inline = MarkdownIt("commonmark")
+        self._parsed = 0
+
+    def plain(self, markdown: str) -> str:
+        if not self.MARK.search(markdown):
+            return markdown
+        self._parsed += len(markdown)
+        if self._parsed > MAX_MARKED_HEADING_CHARS:
+            raise FileRejected(f"headings of over {MAX_MARKED_HEADING_CHARS} characters of Markdown marks: "
+                               "split the document")  # fmt: skip
+        return _plain_text(self._inline.parseInline(markdown)[0].children or [])
+
+
+def _plain_text(tokens: Sequence[Token]) -> str:
+    """What inline tokens show as text: marks, link addresses and HTML tags dropped; an image's description kept."""
+    parts = []
+    for token in tokens:
+        if token.type in ("text", "code_inline"):
+            parts.append(token.content)
+        elif token.type in ("softbreak", "hardbreak"):
+            parts.append(" ")
+        elif token.children:  # an image: its description
+            parts.append(_plain_text(token.children))
+    return "".join(parts)
+
+
 def parse_text(data: bytes) -> ParsedDocument:
-    document = outline_lines(decode_text(data).splitlines(), wrapped=False)
-    return document
+    """Plain text: numbered lines are headings, blank lines end paragraphs (outline_lines)."""
+    text = decode_text(data)
+    check_text_size(text, MAX_TEXT_LINES)
+    return outline_lines(text.splitlines(), wrapped=False)
 
 
 _HTML_SKIP = {"script", "style", "nav", "footer", "header", "noscript", "template", "form", "aside", "head"}
@@ -208,10 +318,16 @@ _HTML_BLOCK = {"p", "pre", "blockquote", "dd", "dt", "figcaption", "address", "s
 
 
 def parse_html(data: bytes) -> ParsedDocument:
-    """The page's text without its scripts, styles and navigation; headings h1–h6, lists and tables kept."""
+    """The page's text without its scripts, styles and navigation; headings h1–h6, lists and tables kept.
+
+    lxml parses it (a dependency of python-docx): Python's html.parser is quadratic on some input (1.9 MB of
+    `<![CDATA[` took a minute, 1 MB of `<!--` longer) and 2 MB of one tag's attributes took it 600 MB. lxml's
+    `huge_tree` lifts libxml2's 10 MB limits, past which the push parser BeautifulSoup feeds hung on 10 MB of `<!`:
+    what it reads is bounded here (the file's size by knowledge.max_file_mb, its tags by check_html_size)."""
     from bs4 import BeautifulSoup, NavigableString, Tag
 
-    soup = BeautifulSoup(data, "html.parser")
+    check_html_size(data)
+    soup = BeautifulSoup(data, "lxml", huge_tree=True)
     title = soup.title.get_text(strip=True) if soup.title else ""
     sections = _Sections(title)
     pending: list[str] = []
@@ -477,11 +593,11 @@ def qa_rows(rows: Iterable[list[str]], section: tuple[str, ...]) -> list[Block]:
 
 
 def parse_csv(data: bytes) -> ParsedDocument:
+    """A Q&A table; at most MAX_ROWS rows and MAX_GRID_CELLS cells, counted as they are read (as in XLSX)."""
     try:
-        rows = list(csv.reader(io.StringIO(decode_text(data))))
+        blocks = qa_rows(_bounded_rows(csv.reader(io.StringIO(decode_text(data))), {"rows": 0, "cells": 0}), ())
     except csv.Error as exc:
         raise FileRejected(f"not a readable CSV ({exc})") from None
-    blocks = qa_rows(rows, ())
     if not blocks:
         raise FileRejected("no question/answer rows (a Q&A table needs a question column and an answer column)")
     return ParsedDocument("", blocks)
@@ -495,25 +611,10 @@ def parse_xlsx(data: bytes) -> ParsedDocument:
     book = _open_workbook(data)
     blocks: list[Block] = []
     counted = {"rows": 0, "cells": 0}
-
-    def bounded(rows: Iterable[tuple[Any, ...]]) -> Iterable[list[str]]:
-        for row in rows:
-            counted["rows"] += 1
-            counted["cells"] += len(row)
-            if counted["rows"] > MAX_ROWS:
-                raise FileRejected(f"over {MAX_ROWS} rows: split the table")
-            if counted["cells"] > MAX_GRID_CELLS:
-                raise FileRejected(f"over {MAX_GRID_CELLS} cells (empty ones in the sheet's grid included): "
-                                   f"split the table, or delete what is beyond its last column")  # fmt: skip
-            cells = [("" if cell is None else str(cell)) for cell in row]
-            while cells and not cells[-1].strip():  # the grid's empty tail: qa_rows reads columns by position
-                cells.pop()
-            yield cells
-
     try:
         for sheet in book.worksheets:
             section = (sheet.title,) if len(book.worksheets) > 1 else ()
-            blocks += qa_rows(bounded(sheet.iter_rows(values_only=True)), section)
+            blocks += qa_rows(_bounded_rows(sheet.iter_rows(values_only=True), counted), section)
     except FileRejected:
         raise
     except Exception as exc:
@@ -523,6 +624,23 @@ def parse_xlsx(data: bytes) -> ParsedDocument:
     if not blocks:
         raise FileRejected("no question/answer rows (a Q&A table needs a question column and an answer column)")
     return ParsedDocument("", blocks)
+
+
+def _bounded_rows(rows: Iterable[Sequence[Any]], counted: dict[str, int]) -> Iterator[list[str]]:
+    """A table's rows as text, refused past MAX_ROWS rows or MAX_GRID_CELLS cells (`counted`: so far, across the
+    tables of one file), without the empty cells that end a row (qa_rows reads columns by position)."""
+    for row in rows:
+        counted["rows"] += 1
+        counted["cells"] += len(row)
+        if counted["rows"] > MAX_ROWS:
+            raise FileRejected(f"over {MAX_ROWS} rows: split the table")
+        if counted["cells"] > MAX_GRID_CELLS:
+            raise FileRejected(f"over {MAX_GRID_CELLS} cells (empty ones in the sheet's grid included): "
+                               f"split the table, or delete what is beyond its last column")  # fmt: skip
+        cells = [("" if cell is None else str(cell)) for cell in row]
+        while cells and not cells[-1].strip():
+            cells.pop()
+        yield cells
 
 
 def _open_workbook(data: bytes) -> Any:

@@ -96,6 +96,7 @@ def collect(paths: Iterable[str | Path]) -> list[Found]:
 
 
 REACQUIRE_WAIT_S = 120.0  # a worker holds the embedded store for store.idle_release_s after its last question
+PUBLISH_ROUNDS = 10  # times _publish reads its record again after another add or a removal changed it
 
 
 class Ingestor:
@@ -286,28 +287,53 @@ class Ingestor:
     def _publish(self, record: DocRecord, points: list[ChunkPoint]) -> None:
         """New chunks, then the flip, then the old chunks out. A failure before the flip removes what it wrote.
 
-        Nothing locks a document across processes (a Qdrant server, several gateways, `botgw kb add`), so a removal
-        or another add of it may run meanwhile (found by a review): the old chunks are pruned only while this
-        version is the current one (else the add that replaced it decides what stays), and a version found
-        current without its chunks (pruned by the other while this one was written) is written again."""
-        self._store.ensure(self._embedder.identity, int(points[0].dense.shape[0]))
+        Nothing locks a document across processes (a Qdrant server, several gateways, `botgw kb add`), so another
+        add or a removal of it may run at any step of this one (found by reviews). What keeps its record and its
+        chunks together:
+        - an add deletes only the versions it found stored before it wrote its own: older adds' (current, stale or
+          crashed). A version written after that (an add begun later) is never deleted by it;
+        - before it deletes or writes anything back, it reads the record again, and goes on only while the record
+          names its version. A record that names a later add's version: that add decides what stays, and this
+          one's chunks are deleted. No record: the document was removed, and so are this add's chunks (written
+          back after a removal, they would be reachable by nothing);
+        - a record that names an older version (an add begun before this one that flipped after it) is flipped
+          back: the add begun later wins, whichever flips last;
+        - its chunks found missing while its record is current (a removal between its write and its flip) are
+          written again."""
+        kb, doc, version = record.kb, record.doc, record.version
+        store = self._store
+        store.ensure(self._embedder.identity, int(points[0].dense.shape[0]))
+        older = store.versions(kb, doc) - {version}
         try:
-            self._store.write(points)
+            store.write(points)
         except BaseException:
             try:
-                self._store.drop_version(record.kb, record.doc, record.version)
+                store.drop_versions(kb, doc, {version})
             except Exception:  # unreachable (not current) chunks: the next add of this document deletes them
-                log.warning("knowledge: could not remove the partly written %s/%s", record.kb, record.doc)
+                log.warning("knowledge: could not remove the partly written %s/%s", kb, doc)
             raise
-        self._store.publish(record)
-        current = self._store.document(record.kb, record.doc)
-        if current is None or current.version != record.version:
-            return  # removed or replaced meanwhile
-        self._store.prune(record.kb, record.doc, keep=record.version)
-        if self._store.count(record.kb, record.doc, record.version) < len(points):
-            log.warning("knowledge: %s/%s lost chunks to a removal or add running beside it; written again",
-                        record.kb, record.doc)  # fmt: skip
-            self._store.write(points)
+        store.publish(record)
+        for _ in range(PUBLISH_ROUNDS):
+            current = self._current_version(kb, doc)
+            if current in older:
+                store.publish(record)
+            elif current != version:
+                store.drop_versions(kb, doc, {version})  # removed, or replaced by a later add
+                return
+            else:
+                store.drop_versions(kb, doc, older)
+                if store.count(kb, doc, version) >= len(points):
+                    return
+                if self._current_version(kb, doc) == version:
+                    log.warning("knowledge: %s/%s lost chunks to a removal or add running beside it; written again",
+                                kb, doc)  # fmt: skip
+                    store.write(points)  # then the record is read again: a removal may have come meanwhile
+        log.warning("knowledge: %s/%s was changed by other adds or removals %d times while it was published; "
+                    "check it with `botgw kb list`", kb, doc, PUBLISH_ROUNDS)  # fmt: skip
+
+    def _current_version(self, kb: str, doc: str) -> str | None:
+        record = self._store.document(kb, doc)
+        return record.version if record is not None else None
 
 
 def _parse_and_cut(name: str, data: bytes, size: int, overlap: int) -> tuple[ParsedDocument, list[Chunk]]:

@@ -14,7 +14,7 @@ old version of one of its own documents, comes or goes (Qdrant's modifier counts
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,13 +74,13 @@ class LocalIndex:
             self._alive[number] = False
             self._alive_count -= 1
 
-    def remove_where(self, kb: str, doc: str, version: str | None = None, keep: str | None = None) -> None:
-        """Mirror a delete by filter: the document's rows of `version`, or of every version but `keep`."""
+    def remove_where(self, kb: str, doc: str, versions: Collection[str] | None = None, keep: str | None = None) -> None:
+        """Mirror a delete by filter: the document's rows of `versions`, or of every version but `keep`."""
         for point_id, number in list(self._where.items()):
             payload = self._rows[number].payload
             if payload.get("kb") != kb or payload.get("doc") != doc or payload.get("version") == keep:
                 continue
-            if version is None or payload.get("version") == version:
+            if versions is None or payload.get("version") in versions:
                 self._kill(self._where.pop(point_id))
         self._views.clear()
         if len(self._rows) > 1000 and self._alive_count < len(self._rows) // 2:

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
@@ -128,7 +128,9 @@ class KnowledgeStore:
 
         if settings.qdrant_url:
             api_key = settings.api_key.get_secret_value() if settings.api_key else None
-            client = QdrantClient(url=settings.qdrant_url, api_key=api_key, timeout=int(settings.timeout_s))
+            # whole seconds (its gRPC timeout is an int), rounded up: int() made 0.5 a 0 that failed every call
+            timeout = math.ceil(settings.timeout_s)
+            client = QdrantClient(url=settings.qdrant_url, api_key=api_key, timeout=timeout)
             return cls(client, settings, redact_url(settings.qdrant_url))  # `where` is shown in messages
         folder = settings.folder()
         folder.mkdir(parents=True, exist_ok=True)
@@ -384,21 +386,45 @@ class KnowledgeStore:
                     self._index.remove_where(kb, doc, keep=keep)
             self._drop_terms(client, must, must_not)
 
-    def drop_version(self, kb: str, doc: str, version: str) -> None:
-        """Delete the chunks of one version (one that was being written when its add failed)."""
+    def drop_versions(self, kb: str, doc: str, versions: Collection[str]) -> None:
+        """Delete the document's chunks of these versions (and nothing else: another add's may be there too)."""
         from qdrant_client import models
 
+        if not versions:
+            return
         must = [
-            models.FieldCondition(key=key, match=models.MatchValue(value=value))
-            for key, value in (("kb", kb), ("doc", doc), ("version", version))
+            models.FieldCondition(key="kb", match=models.MatchValue(value=kb)),
+            models.FieldCondition(key="doc", match=models.MatchValue(value=doc)),
+            models.FieldCondition(key="version", match=models.MatchAny(any=sorted(versions))),
         ]
         with self._call() as client:
             if client.collection_exists(self.chunks):
                 selector = models.FilterSelector(filter=models.Filter(must=must))
                 client.delete(self.chunks, points_selector=selector, wait=True)
                 if self._index is not None:
-                    self._index.remove_where(kb, doc, version=version)
+                    self._index.remove_where(kb, doc, versions=set(versions))
             self._drop_terms(client, must, [])
+
+    def versions(self, kb: str, doc: str) -> set[str]:
+        """The versions the document has chunks of now, current or not."""
+        from qdrant_client import models
+
+        must = [
+            models.FieldCondition(key="kb", match=models.MatchValue(value=kb)),
+            models.FieldCondition(key="doc", match=models.MatchValue(value=doc)),
+        ]
+        found: set[str] = set()
+        with self._call() as client:
+            if not client.collection_exists(self.chunks):
+                return found
+            offset = None
+            while True:
+                points, offset = client.scroll(
+                    self.chunks, models.Filter(must=must), limit=1000, offset=offset, with_payload=["version"]
+                )
+                found.update(str((point.payload or {}).get("version")) for point in points)
+                if offset is None:
+                    return found
 
     def count(self, kb: str | None = None, doc: str | None = None, version: str | None = None) -> int:
         """Chunks stored, current or not (a check that nothing was left behind), of one version where given."""

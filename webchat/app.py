@@ -22,7 +22,7 @@ from bots.web.config import PRESETS, WebBotConfig
 from knowledge.prompt import CITATION_MARK
 from webchat.bot_settings import page_settings
 from webchat.guard import header_user
-from webchat.markdown import ImageLinks, images_as_links
+from webchat.markdown import ImageLinks, images_as_links, sources_text
 from webchat.oauth import install as install_company_logins
 from webchat.passwords import PasswordSignIn
 
@@ -218,13 +218,6 @@ def question_buttons(question: dict) -> list[cl.Action]:
     shown[str(question.get("id", ""))] = buttons
     cl.user_session.set("questions", shown)
     return buttons
-
-
-def sources_text(sources: list[dict]) -> str:
-    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer (names and
-    sections come from the documents: an image in them is shown as a link)."""
-    text = "；".join(f"《{source['doc']}》{source.get('section', '')}" for source in sources)
-    return CITATION_MARK + images_as_links(text)
 
 
 def without_citation(text: str) -> str:

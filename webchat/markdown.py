@@ -8,11 +8,17 @@ someone clicks it. Reference images (`![alt][ref]`, `![ref]`) become links too. 
 
 Answers stream in pieces, and a piece can end in the middle of `![alt](ht`: `ImageLinks` holds back the few
 characters that are still undecided and lets everything before them through at once.
+
+Text that is not the answer's but is shown in Markdown, the sources under a grounded answer (document names and
+their sections, taken from documents someone uploaded), is shown as written: `literal` escapes its marks.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+
+from knowledge.prompt import CITATION_MARK
 
 ALT = re.compile(r"[^\[\]\n]{0,500}\]")  # an image's description with no brackets of its own, then its ]
 OWN_PATH = re.compile(r"/[^/\\&\s)<>]")  # a path on this origin: not //host, not /\host, not an entity
@@ -91,3 +97,20 @@ class ImageLinks:
     def flush(self) -> str:
         shown, self._held = _scan(self._held, final=True)[0], ""
         return shown
+
+
+_ASCII_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def literal(text: str) -> str:
+    """`text` as Markdown that shows it as written: every ASCII punctuation mark backslash-escaped (CommonMark
+    renders each as itself), so that no link, image, emphasis, HTML or bare-URL autolink can form in it."""
+    return _ASCII_PUNCTUATION.sub(r"\\\1", text)
+
+
+def sources_text(sources: Sequence[Mapping[str, str]]) -> str:
+    """来源：《售后服务政策.md》退货 › 期限；《常见问题.csv》: what the page shows under a grounded answer. Names and
+    sections come from uploaded documents: a heading `[退款请点此](https://evil.example/login)` is shown as that
+    text, not as a link (found by a review)."""
+    shown = (f"《{literal(source['doc'])}》{literal(source.get('section') or '')}" for source in sources)
+    return CITATION_MARK + "；".join(shown)
