@@ -70,7 +70,8 @@ async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict]:
         )
         yield chunk
     if not finished:
-        raise EngineError("engine stream ended before the answer did (no [DONE], no finish_reason)")
+        # 502, as a proxy says of a cut upstream: the pool asks /health before it takes the engine out for it
+        raise EngineError("engine stream ended before the answer did (no [DONE], no finish_reason)", status=502)
 
 
 def _streamed_error(error: object) -> EngineError:

@@ -85,15 +85,13 @@ def eplb_config(expert_parallel_size: int) -> str:
 
 def check_tensor_parallel_size(tensor_parallel_size: int) -> None:
     """vLLM splits the attention heads among the tensor-parallel ranks (their number must divide by the size,
-    vllm/config/model.py) and the KV heads too, or copies them when the ranks are more (then the size must divide
-    by their number): for ERNIE-4.5-21B-A3B's 20 heads and 4 KV heads, 1, 2, 4 or 20."""
+    vllm/config/model.py) and the KV heads too: for ERNIE-4.5-21B-A3B's 20 heads and 4 KV heads, 1, 2 or 4 (more
+    ranks than KV heads would also have to split its MLPs, whose sizes 20 does not divide)."""
     heads, kv_heads = ERNIE_21B_ATTENTION_HEADS, ERNIE_21B_KV_HEADS
-    if tensor_parallel_size < 1 or heads % tensor_parallel_size or (
-        kv_heads % tensor_parallel_size and tensor_parallel_size % kv_heads
-    ):
+    if tensor_parallel_size < 1 or heads % tensor_parallel_size or kv_heads % tensor_parallel_size:
         raise ValueError(
             f"tensor parallel size {tensor_parallel_size} cannot run ERNIE-4.5-21B-A3B: vLLM needs it to divide the "
-            f"model's {heads} attention heads and to divide or be a multiple of its {kv_heads} KV heads (1, 2 or 4)"
+            f"model's {heads} attention heads and its {kv_heads} KV heads (1, 2 or 4)"
         )
 
 
@@ -105,6 +103,9 @@ def ernie_21b_a3b_profile(tensor_parallel_size: int = 1, data_parallel_size: int
     if tensor_parallel_size < 1 or data_parallel_size < 1:
         raise ValueError("parallel sizes must be >= 1")
     check_tensor_parallel_size(tensor_parallel_size)
+    if tensor_parallel_size * data_parallel_size < 2:  # vLLM refuses EPLB without expert parallelism to balance
+        raise ValueError("expert parallelism needs 2 GPUs or more: tensor parallel size x data parallel size >= 2 "
+                         "(one GPU: profile ernie-0.3b-gpu, or vLLM without --enable-expert-parallel)")
     return EngineProfile(
         name="ernie-21b-a3b",
         description=(f"baidu/ERNIE-4.5-21B-A3B-PT (MoE, 64 experts top-6) on GPU, "

@@ -70,8 +70,12 @@ class EngineSettings(BaseModel):
     @model_validator(mode="after")
     def _first_token_comes_first(self) -> EngineSettings:
         """A first-token limit at or past the whole request's could never fire: the request's would, saying "did not
-        finish in time" of an engine that never began."""
+        finish in time" of an engine that never began. Refused when both were set; a request limit lowered below the
+        first token's default takes half of it for the first token."""
         if self.first_token_timeout_s >= self.request_timeout_s:
+            if "first_token_timeout_s" not in self.model_fields_set:  # only the request's was lowered: follow it
+                self.first_token_timeout_s = self.request_timeout_s / 2
+                return self
             raise ValueError(
                 f"first_token_timeout_s ({self.first_token_timeout_s:g}) must be shorter than request_timeout_s "
                 f"({self.request_timeout_s:g})"

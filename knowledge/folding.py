@@ -43,8 +43,9 @@ _RADICALS = (
     "⺠民 ⺩王 ⻄西 ⻅见 ⻆角 ⻉贝 ⻋车 ⻑長 ⻓长 ⻔门 ⻗雨 ⻘青 ⻙韦 ⻚页 ⻛风 "
     "⻜飞 ⻝食 ⻢马 ⻣骨 ⻤鬼 ⻥鱼 ⻦鸟 ⻧卤 ⻨麦 ⻩黄 ⻪黾 ⻬齐 ⻮齿 ⻰龙 ⻱龜"
 )
-# hyphen, non-breaking hyphen, figure dash, en dash, em dash, minus sign, small and full-width hyphen-minus
-_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2212\ufe63\uff0d"
+# hyphen, non-breaking hyphen, figure dash, en dash, minus sign, small and full-width hyphen-minus (not the em dash:
+# Chinese writes —— as punctuation)
+_DASHES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _COMPATIBLE = [
     (0xFF10, 0xFF19), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A),  # ０-９ Ａ-Ｚ ａ-ｚ
     (0xF900, 0xFAFF), (0x2F800, 0x2FA1F), (0x2F00, 0x2FDF),  # compatibility ideographs, Kangxi radicals

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 import traceback
@@ -54,6 +55,7 @@ USER_AGENT = "botgw-dingtalk-stream/1"
 # How long a connection DingTalk asked to reconnect is still read, at most: DingTalk closes it itself "10s" after its
 # SYSTEM disconnect (S12 protocol.md, disconnect 请求处理; the module doc).
 HANDOVER_GRACE_S = 10.0
+STEADY_CONNECTION_S = 10.0  # a connection that lasted this long resets the reconnect backoff
 FRAMES_IN_HAND_S = 5.0  # how long a connection being closed waits for the frames it read to be queued and acked
 
 
@@ -123,9 +125,11 @@ class DingTalkStreamConnection:
 
     async def _connect_until(self, stop: asyncio.Event) -> None:
         backoff = 1.0
+        hurried = 0  # hand-overs in a row asked before their connection was steady
         draining: set[asyncio.Task[None]] = set()  # connections handed over, read until closed (module doc)
         try:
             while not stop.is_set():
+                opened_at = math.inf
                 try:
                     endpoint, ticket = await self._open()
                     uri = f"{endpoint}?ticket={quote_plus(ticket)}"
@@ -137,11 +141,22 @@ class DingTalkStreamConnection:
                         close_timeout=2,
                     )
                     self.connections += 1
-                    backoff = 1.0
+                    opened_at = time.monotonic()
                     log.info("dingtalk stream connected", extra={"bot_id": self.config.id})
                     if await self._serve_until_handed_over(socket, stop, draining):
-                        continue  # DingTalk asked for a new connection: opened now, the old one drains meanwhile
+                        steady = time.monotonic() - opened_at >= STEADY_CONNECTION_S
+                        hurried = 0 if steady else hurried + 1
+                        if steady:
+                            backoff = 1.0
+                        if hurried <= 1:
+                            continue  # DingTalk asked for a new connection: opened now, the old one drains meanwhile
+                        # asked again right after the last hand-over: not at once, or an endpoint that always asks
+                        # would have botgw open connections (and drain old ones) in a loop
+                        log.warning("dingtalk asked to reconnect right after connecting again; waiting",
+                                    extra={"bot_id": self.config.id, "retry_in_s": backoff})  # fmt: skip
                 except (OSError, TimeoutError, httpx.HTTPError, websockets.WebSocketException, StreamOpenError) as exc:
+                    if time.monotonic() - opened_at >= STEADY_CONNECTION_S:
+                        backoff, hurried = 1.0, 0  # a connection that served a while: lost, not refused
                     log.warning(
                         "dingtalk stream lost; reconnecting",
                         extra={"bot_id": self.config.id, "error": f"{type(exc).__name__}: {exc}",

@@ -139,7 +139,8 @@ end
 # Returns -1 when the signature was first seen with another message (a replay: nothing is changed),
 # 0 for a duplicate delivery, else the lane's length after the append.
 # A signature that covers less than the body (DingTalk HTTP signs the timestamp alone) is bound to the messages it
-# came with: a hash of their ids, and '@' the first one's arrival (Redis's clock, the same for every gateway).
+# came with: a hash of their ids (as 'm:<id>': an id is the unsigned body's, and may be anything, '@' too), and '@'
+# the first one's arrival (Redis's clock, the same for every gateway).
 # Another message may join for SHARE_SIGNATURE_MS after the first, up to SHARE_SIGNATURE_MAX in all: DingTalk's
 # pushes in the same millisecond carry the same pair (a busy bot's second one was refused as a replay); a captured
 # pair reused later carries nothing. A string key is a binding of an earlier release: its one message.
@@ -153,17 +154,18 @@ end
 local function bind(key, message_id, ttl)
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'string' then return redis.call('GET', key) == message_id end
+  local field = 'm:' .. message_id
   if kind == 'none' then
-    redis.call('HSET', key, '@', now_ms(), message_id, 1)
+    redis.call('HSET', key, '@', now_ms(), field, 1)
     redis.call('EXPIRE', key, ttl)
     return true
   end
-  if redis.call('HEXISTS', key, message_id) == 1 then return true end
+  if redis.call('HEXISTS', key, field) == 1 then return true end
   local first = tonumber(redis.call('HGET', key, '@')) or 0
   if now_ms() - first > {SHARE_SIGNATURE_MS} or redis.call('HLEN', key) - 1 >= {SHARE_SIGNATURE_MAX} then
     return false
   end
-  redis.call('HSET', key, message_id, 1)
+  redis.call('HSET', key, field, 1)
   return true
 end
 """

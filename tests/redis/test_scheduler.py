@@ -463,5 +463,7 @@ async def test_a_signature_carries_the_messages_of_its_moment_and_no_later_one(s
     assert 0 < await redis.ttl(key) <= 3600
     many = [await bind("t2:s2", f"n{i}") for i in range(SHARE_SIGNATURE_MAX + 2)]
     assert many == [1] * SHARE_SIGNATURE_MAX + [-1, -1], "more pushes than one millisecond carries"
+    assert await bind("t1:s1", "@") == -1, "an id that is the hash's own field name (the body is not signed)"
+    assert await bind("t4:s4", "@") == 1 and await bind("t4:s4", "x") == 1, "a first id '@' is an id like any"
     await redis.set(keys.signature_binding("bot", "t3:s3"), "old", ex=60)  # bound by the release before
     assert [await bind("t3:s3", "old"), await bind("t3:s3", "other")] == [1, -1]

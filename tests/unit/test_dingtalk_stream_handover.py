@@ -334,3 +334,27 @@ async def test_the_simulator_refuses_connections_open_with_bad_credentials_as_se
         body = {"clientId": bot.app_key, "clientSecret": "wrong", "subscriptions": []}
         answer = await http.post(f"{base}/v1.0/gateway/connections/open", json=body)
     assert answer.status_code == 401 and answer.json()["code"] == "authFailed"
+
+
+async def test_an_endpoint_that_asks_to_reconnect_at_once_every_time_is_not_reopened_in_a_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first hand-over right after connecting is taken at once (nothing is lost); a second one in a row waits
+    the reconnect backoff: without it, a server that always asks had botgw open connections (and keep old ones
+    draining) as fast as it could (found by a review)."""
+    events: list[str] = []
+    sockets_ = [ScriptedSocket(f"s{i}", events) for i in range(40)]
+    for socket in sockets_:
+        socket.push(DISCONNECT)
+
+    async def sink(message: Any) -> None:
+        return None
+
+    conn = _scripted(monkeypatch, ScriptedConnect(sockets_, events), sink)
+    stop = asyncio.Event()
+    running = asyncio.create_task(conn.run(stop))
+    await asyncio.sleep(2.0)
+    opened = sum(1 for event in events if event.endswith("opened"))
+    stop.set()
+    await asyncio.wait_for(running, timeout=30)
+    assert 2 <= opened <= 4, f"{opened} connections opened in 2 s"

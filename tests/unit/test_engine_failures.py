@@ -232,3 +232,8 @@ async def test_a_whole_stream_with_its_finish_reason_is_an_answer_even_without_d
 def test_engine_timeouts_that_could_never_work_fail_at_start(fields: dict, said: str) -> None:
     with pytest.raises(ValidationError, match=said):
         EngineSettings(**fields)
+
+
+def test_a_request_timeout_lowered_alone_takes_the_first_token_limit_with_it() -> None:
+    settings = EngineSettings(request_timeout_s=30)  # a config written before the check: still starts
+    assert settings.first_token_timeout_s == 15 and settings.request_timeout_s == 30

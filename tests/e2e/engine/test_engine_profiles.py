@@ -98,9 +98,11 @@ def test_moe_profiles_divide_the_model_as_vllm_requires() -> None:
     two_by_eight = commands["multinode 2x8"]  # the documented deployment: 16 GPUs, groups of 4, 2 ranks a node
     assert [flag(two_by_eight, f) for f in ("--tensor-parallel-size", "--data-parallel-size",
                                             "--data-parallel-size-local")] == [4, 4, 2]  # fmt: skip
-    for refused in (8, 3, 5):
+    for refused in (8, 3, 5, 20):
         with pytest.raises(ValueError, match="20 attention heads"):
             launcher.ernie_21b_a3b_profile(refused, 1)
+    with pytest.raises(ValueError, match="2 GPUs or more"):  # vLLM refuses EPLB with nothing to balance over
+        launcher.ernie_21b_a3b_profile(1, 1)
 
 
 def test_engine_plan_refuses_parallel_sizes_the_model_cannot_run() -> None:
