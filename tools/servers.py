@@ -503,6 +503,8 @@ def _why(exc: BaseException) -> str:
         if exc.error.code == CONNECTION_CLOSED:
             return "closed the connection"
         return f"refused to start a session (error {exc.error.code})"
+    if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
+        return "closed the connection"  # a server gone before its answer was read: which of these is a race
     if isinstance(exc, OSError):
         return f"its command cannot be started ({type(exc).__name__})"
     return f"failed ({type(exc).__name__})"
