@@ -41,6 +41,7 @@ RESULT_CHARS = 16_000  # a tool's answer beyond this is cut: it goes into the mo
 CLOSE_WAIT_S = 5.0  # a session's orderly close (stdio: the child's exit; HTTP: the DELETE) before it is cancelled
 SESSION_FORGOTTEN = 32600  # the SDK's error code for an HTTP 404 on a session id: the server does not know it
 CLIENT_INFO = types.Implementation(name="botgw", version="1")
+TRANSPORT_GONE = anyio.ClosedResourceError | anyio.BrokenResourceError  # the session's streams closed or broken
 
 T = TypeVar("T")
 
@@ -208,7 +209,7 @@ class _Connection:
         exc = work.exception()
         if exc is None:
             return work.result()
-        if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError) or (
+        if isinstance(exc, TRANSPORT_GONE) or (
             isinstance(exc, McpError) and exc.error.code == CONNECTION_CLOSED
         ):
             self._stop.set()  # the transport is gone though the keeper may not know yet
@@ -503,7 +504,7 @@ def _why(exc: BaseException) -> str:
         if exc.error.code == CONNECTION_CLOSED:
             return "closed the connection"
         return f"refused to start a session (error {exc.error.code})"
-    if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
+    if isinstance(exc, TRANSPORT_GONE | anyio.EndOfStream):
         return "closed the connection"  # a server gone before its answer was read: which of these is a race
     if isinstance(exc, OSError):
         return f"its command cannot be started ({type(exc).__name__})"
