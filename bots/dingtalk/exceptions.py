@@ -6,6 +6,10 @@ from bots.base import PermanentSendError, RetryableSendError, SendError, Throttl
 
 SEND_TOO_FAST = 130101  # "send too fast, exceed 20 times per minute": the robot throttled 10 minutes (seen in public)
 THROTTLE_PROBE_S = 15.0  # how often a throttled conversation is tried again (the throttle's end is not told)
+# A sessionWebhook that will not take the reply: the OpenAPI is asked instead. Neither code is in DingTalk's docs
+# (UNCONFIRMED): 300001 is an ended session's answer in public logs ("session 不存在", agentscope-ai/agentscope#1318),
+# 310000 "security check failed" a third party's (platform-protocols.md). Nothing depends on them alone: any
+# refusal of the webhook that is not a rate limit falls back the same way (adapter.py).
 SESSION_EXPIRED_CODES = frozenset({300001, 310000})
 OLD_API_QPS_CODES = frozenset({90018, 90002})  # 附录B：如何处理钉钉服务端API限流, as QPS_LIMIT_CODES in client.py
 
